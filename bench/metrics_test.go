@@ -21,7 +21,7 @@ func timeline() *Result {
 	}
 }
 
-func near(a, b float64) bool { return math.Abs(a-b) < 1e-9*math.Max(1, math.Abs(b)) }
+func near(a, b float64) bool { return a == b || math.Abs(a-b) < 1e-9*math.Max(1, math.Abs(b)) }
 
 func TestSummarizeHandBuiltTimeline(t *testing.T) {
 	s := Summarize(timeline(), MetricOptions{Percentiles: []float64{50, 99}})
