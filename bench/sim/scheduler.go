@@ -1,0 +1,388 @@
+package sim
+
+import (
+	"fmt"
+	"time"
+)
+
+// engine is the clock-free core of one replica: vLLM V1's scheduler over a
+// block-pool KV cache. A driver calls schedule(now) to decide the next step
+// and learn its duration, lets that much time pass (real or virtual), then
+// calls complete(end) to apply the step's outputs. Requests may be added or
+// aborted between those two calls; an abort frees the sequence's blocks at
+// once and its share of the step is discarded.
+//
+// Scheduling follows vLLM V1 (vllm/v1/core/sched/scheduler.py): running
+// sequences first, in order, each taking what it still needs (one token when
+// decoding, a chunk of the budget when prefilling); when a sequence can't get
+// the blocks it needs, the last running sequence is preempted (recompute:
+// blocks freed, back to the front of the waiting queue). Then, unless
+// something was preempted, waiting sequences are admitted FCFS while there is
+// budget, a free seat under max_num_seqs and room for their blocks (after
+// prefix-cache hits). The head of the queue blocks the rest (no skipping).
+//
+// Not safe for concurrent use: a Replica guards it with its mutex.
+type engine struct {
+	cost        costModel
+	kv          *kvCache
+	blockSize   int
+	maxNumSeqs  int
+	budget      int
+	maxModelLen int
+	chunked     bool
+	m           *engineMetrics
+
+	waiting deque
+	running []*seq
+	batch   []batchEntry
+	load    stepLoad
+
+	// Totals, also in m, kept as plain numbers for reports.
+	preemptions   int
+	prefixQueries int
+	prefixHits    int
+}
+
+type batchEntry struct {
+	s *seq
+	n int // tokens computed for s in this step
+}
+
+func newEngine(p Profile, m *engineMetrics) (*engine, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	d, _ := p.derive()
+	e := &engine{
+		cost:        newCostModel(p, d),
+		kv:          newKVCache(d.numGPUBlocks, p.Engine.EnablePrefixCaching),
+		blockSize:   d.blockSize,
+		maxNumSeqs:  p.Engine.MaxNumSeqs,
+		budget:      p.Engine.MaxNumBatchedTokens,
+		maxModelLen: d.maxModelLen,
+		chunked:     p.Engine.EnableChunkedPrefill,
+		m:           m,
+	}
+	return e, nil
+}
+
+// check rejects a request the engine could never run, as vLLM's frontend
+// does before queueing it. It reads only immutable fields: no lock needed.
+func (e *engine) check(prompt, maxTokens int) error {
+	if prompt+maxTokens > e.maxModelLen {
+		return fmt.Errorf("This model's maximum context length is %d tokens. However, you requested %d tokens "+
+			"(%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
+			e.maxModelLen, prompt+maxTokens, prompt, maxTokens)
+	}
+	return nil
+}
+
+// add queues s (FCFS). now is when the engine receives it.
+func (e *engine) add(s *seq, now time.Time) {
+	s.state = stateWaiting
+	s.queued = now
+	e.waiting.pushBack(s)
+	e.gauges()
+}
+
+// idle reports whether there is nothing to schedule.
+func (e *engine) idle() bool { return len(e.running) == 0 && e.waiting.len() == 0 }
+
+// schedule decides the next step and returns its modelled duration; 0 means
+// nothing to do. The decision (blocks allocated, queue moves) takes effect
+// now; outputs appear at complete.
+func (e *engine) schedule(now time.Time) time.Duration {
+	e.batch = e.batch[:0]
+	e.load = stepLoad{}
+	budget := e.budget
+	preempted := false
+
+	for i := 0; i < len(e.running) && budget > 0; i++ {
+		s := e.running[i]
+		need := min(s.numTokens()-s.computed, budget)
+		if need <= 0 {
+			continue
+		}
+		for !e.fits(s, need) {
+			victim := e.running[len(e.running)-1]
+			e.running = e.running[:len(e.running)-1]
+			e.preempt(victim)
+			preempted = true
+			if victim == s {
+				s = nil
+				break
+			}
+		}
+		if s == nil {
+			break
+		}
+		e.grow(s, need)
+		e.take(s, need)
+		budget -= need
+	}
+
+	for !preempted && budget > 0 && e.waiting.len() > 0 && len(e.running) < e.maxNumSeqs {
+		s := e.waiting.front()
+		hits := e.cachedBlocks(s)
+		need := s.numTokens() - hits*e.blockSize
+		if !e.chunked && need > budget {
+			break
+		}
+		need = min(need, budget)
+		newBlocks := ceilDiv(hits*e.blockSize+need, e.blockSize) - hits
+		if newBlocks+e.kv.evictableHitsOf(s, hits) > e.kv.nfree {
+			break
+		}
+		e.waiting.popFront()
+		for i := range hits {
+			s.blocks = append(s.blocks, e.kv.touch(s.blockHash(i)))
+		}
+		s.computed, s.sealed = hits*e.blockSize, hits
+		if e.kv.cached != nil {
+			e.prefixQueries += s.numTokens()
+			e.prefixHits += hits * e.blockSize
+			e.m.prefixQueries.Add(float64(s.numTokens()))
+			e.m.prefixHits.Add(float64(hits * e.blockSize))
+		}
+		e.grow(s, need)
+		s.state = stateRunning
+		if s.scheduled.IsZero() {
+			s.scheduled = now
+		}
+		e.running = append(e.running, s)
+		e.take(s, need)
+		budget -= need
+	}
+
+	e.gauges()
+	if len(e.batch) == 0 {
+		return 0
+	}
+	e.m.iterationTokens.Observe(float64(e.load.tokens))
+	return e.cost.stepTime(e.load)
+}
+
+func ceilDiv(a, b int) int { return (a + b - 1) / b }
+
+// cachedBlocks is how many leading blocks of s are cached; never all of its
+// tokens (the last one must be computed to sample from).
+func (e *engine) cachedBlocks(s *seq) int {
+	if e.kv.cached == nil {
+		return 0
+	}
+	limit := (s.numTokens() - 1) / e.blockSize
+	n := 0
+	for n < limit {
+		if _, ok := e.kv.cached[s.blockHash(n)]; !ok {
+			break
+		}
+		n++
+	}
+	return n
+}
+
+// evictableHitsOf counts s's first k cached blocks that nobody references.
+func (c *kvCache) evictableHitsOf(s *seq, k int) int {
+	n := 0
+	for i := range k {
+		if c.ref[c.cached[s.blockHash(i)]] == 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// fits reports whether s can get the blocks for need more tokens.
+func (e *engine) fits(s *seq, need int) bool {
+	return ceilDiv(s.computed+need, e.blockSize)-len(s.blocks) <= e.kv.nfree
+}
+
+// grow allocates the blocks s needs for need more tokens.
+func (e *engine) grow(s *seq, need int) {
+	for len(s.blocks) < ceilDiv(s.computed+need, e.blockSize) {
+		s.blocks = append(s.blocks, e.kv.alloc())
+	}
+}
+
+func (e *engine) take(s *seq, need int) {
+	e.batch = append(e.batch, batchEntry{s: s, n: need})
+	e.load.add(s.computed, need)
+}
+
+// preempt frees s's blocks and requeues it at the front (recompute).
+func (e *engine) preempt(s *seq) {
+	e.kv.release(s.blocks)
+	s.blocks = s.blocks[:0]
+	s.computed, s.sealed = 0, 0
+	s.state = stateWaiting
+	s.preempts++
+	e.waiting.pushFront(s)
+	e.preemptions++
+	e.m.preemptions.Inc()
+}
+
+// complete applies the step scheduled last: KV computed, one token sampled
+// for every sequence whose context is now complete, finished sequences
+// released. now is when the step's outputs are available.
+func (e *engine) complete(now time.Time) {
+	generated := 0
+	finished := false
+	for _, b := range e.batch {
+		s := b.s
+		if s.state != stateRunning {
+			continue // aborted during the step
+		}
+		s.computed += b.n
+		if e.kv.cached != nil {
+			for s.sealed < s.computed/e.blockSize {
+				e.kv.seal(s.blocks[s.sealed], s.blockHash(s.sealed))
+				s.sealed++
+			}
+		}
+		if s.computed < s.numTokens() {
+			continue // prefill chunk
+		}
+		s.output++
+		generated++
+		if s.firstToken.IsZero() {
+			s.firstToken = now
+			e.m.ttft.Observe(now.Sub(s.arrival).Seconds())
+			e.m.promptTokens.Add(float64(s.prompt))
+		} else {
+			e.m.itl.Observe(now.Sub(s.lastToken).Seconds())
+		}
+		s.lastToken = now
+		reason := reasonNone
+		switch {
+		case s.output >= s.maxTokens || s.numTokens() >= e.maxModelLen:
+			reason = reasonLength
+		case s.output >= s.target:
+			reason = reasonStop
+		}
+		if reason != reasonNone {
+			e.finish(s, reason, now)
+			finished = true
+		}
+		s.sink.emit(1, reason, now)
+	}
+	e.batch = e.batch[:0]
+	if finished {
+		e.compactRunning()
+	}
+	e.m.generationTokens.Add(float64(generated))
+	e.gauges()
+}
+
+func (e *engine) compactRunning() {
+	j := 0
+	for _, s := range e.running {
+		if s.state == stateRunning {
+			e.running[j] = s
+			j++
+		}
+	}
+	clear(e.running[j:])
+	e.running = e.running[:j]
+}
+
+func (e *engine) finish(s *seq, reason finishReason, now time.Time) {
+	e.kv.release(s.blocks)
+	s.blocks = nil
+	s.state = stateFinished
+	e.m.finished(s, reason, now)
+}
+
+// abort ends s now, wherever it is, and frees its blocks. It reports whether
+// s was still live. The sink is told (reasonAbort).
+func (e *engine) abort(s *seq, now time.Time) bool {
+	switch s.state {
+	case stateWaiting:
+		e.waiting.remove(s)
+	case stateRunning:
+		s.state = stateFinished // complete skips it
+		e.compactRunning()
+	default:
+		return false
+	}
+	e.finish(s, reasonAbort, now)
+	s.sink.emit(0, reasonAbort, now)
+	e.gauges()
+	return true
+}
+
+// reset aborts everything (engine crash or shutdown).
+func (e *engine) reset(now time.Time) {
+	for e.waiting.len() > 0 {
+		e.abort(e.waiting.front(), now)
+	}
+	for len(e.running) > 0 {
+		e.abort(e.running[len(e.running)-1], now)
+	}
+	e.batch = e.batch[:0]
+}
+
+func (e *engine) gauges() {
+	e.m.running.Set(float64(len(e.running)))
+	e.m.waiting.Set(float64(e.waiting.len()))
+	e.m.kvUsage.Set(e.kv.usage())
+}
+
+// deque is a FIFO of sequences with cheap push at both ends.
+type deque struct {
+	buf        []*seq
+	head, size int
+}
+
+func (q *deque) len() int { return q.size }
+
+func (q *deque) grow() {
+	nb := make([]*seq, max(16, 2*len(q.buf)))
+	for i := range q.size {
+		nb[i] = q.buf[(q.head+i)%len(q.buf)]
+	}
+	q.buf, q.head = nb, 0
+}
+
+func (q *deque) pushBack(s *seq) {
+	if q.size == len(q.buf) {
+		q.grow()
+	}
+	q.buf[(q.head+q.size)%len(q.buf)] = s
+	q.size++
+}
+
+func (q *deque) pushFront(s *seq) {
+	if q.size == len(q.buf) {
+		q.grow()
+	}
+	q.head = (q.head - 1 + len(q.buf)) % len(q.buf)
+	q.buf[q.head] = s
+	q.size++
+}
+
+func (q *deque) front() *seq { return q.buf[q.head] }
+
+func (q *deque) popFront() *seq {
+	s := q.buf[q.head]
+	q.buf[q.head] = nil
+	q.head = (q.head + 1) % len(q.buf)
+	q.size--
+	return s
+}
+
+func (q *deque) at(i int) *seq { return q.buf[(q.head+i)%len(q.buf)] }
+
+// remove deletes s, keeping order.
+func (q *deque) remove(s *seq) {
+	for i := range q.size {
+		if q.at(i) != s {
+			continue
+		}
+		for j := i; j < q.size-1; j++ {
+			q.buf[(q.head+j)%len(q.buf)] = q.at(j + 1)
+		}
+		q.buf[(q.head+q.size-1)%len(q.buf)] = nil
+		q.size--
+		return
+	}
+}

@@ -1,0 +1,174 @@
+package sim
+
+import "time"
+
+// finishReason is why a sequence ended, as vLLM labels request_success_total.
+type finishReason uint8
+
+const (
+	reasonNone   finishReason = iota
+	reasonStop                // the model stopped on its own (EOS)
+	reasonLength              // max_tokens (or max_model_len) reached
+	reasonAbort               // client went away, or the engine was reset
+)
+
+func (r finishReason) String() string {
+	switch r {
+	case reasonStop:
+		return "stop"
+	case reasonLength:
+		return "length"
+	case reasonAbort:
+		return "abort"
+	}
+	return ""
+}
+
+type seqState uint8
+
+const (
+	stateNew seqState = iota
+	stateWaiting
+	stateRunning
+	stateFinished
+)
+
+// sink receives a sequence's output. The engine calls it with its lock held,
+// so implementations must not block or call back into the engine.
+type sink interface {
+	// emit reports n new tokens (n may be 0) and, when reason is not
+	// reasonNone, that the sequence ended.
+	emit(n int, reason finishReason, now time.Time)
+}
+
+// seq is one request inside the engine.
+type seq struct {
+	id        uint64
+	prompt    int      // prompt tokens
+	target    int      // output tokens this sequence will produce
+	maxTokens int      // the request's cap: reaching it finishes with "length"
+	hashes    []uint64 // content hashes of the full prompt blocks (prefix caching)
+	salt      uint64   // makes generated blocks' hashes unique to this request
+	sink      sink
+
+	state    seqState
+	output   int     // tokens generated so far
+	computed int     // tokens whose KV is in the cache
+	blocks   []int32 // KV blocks held, in order
+	sealed   int     // leading blocks whose hash is recorded
+	genHash  []uint64
+	preempts int
+
+	arrival    time.Time // request received by the frontend
+	queued     time.Time // entered the waiting queue
+	scheduled  time.Time // first scheduled
+	firstToken time.Time
+	lastToken  time.Time
+}
+
+func (s *seq) numTokens() int { return s.prompt + s.output }
+
+// blockHash is the chained hash of block i (which must be full): the prompt's
+// content hash, or for generated tokens a hash unique to this request, so
+// that only the request itself hits them again (after a preemption).
+func (s *seq) blockHash(i int) uint64 {
+	if i < len(s.hashes) {
+		return s.hashes[i]
+	}
+	for len(s.hashes)+len(s.genHash) <= i {
+		k := len(s.hashes) + len(s.genHash)
+		prev := s.salt
+		if k > 0 {
+			prev = s.blockHash(k - 1)
+		}
+		s.genHash = append(s.genHash, nonzero(mix64(prev^s.salt, uint64(k))))
+	}
+	return s.genHash[i-len(s.hashes)]
+}
+
+const (
+	fnvOffset = 14695981039346656037
+	fnvPrime  = 1099511628211
+)
+
+func mix64(a, b uint64) uint64 {
+	x := a ^ (b + 0x9E3779B97F4A7C15 + a<<6 + a>>2)
+	x ^= x >> 33
+	x *= 0xff51afd7ed558ccd
+	x ^= x >> 33
+	x *= 0xc4ceb9fe1a85ec53
+	x ^= x >> 33
+	return x
+}
+
+func nonzero(h uint64) uint64 {
+	if h == 0 {
+		return 1
+	}
+	return h
+}
+
+// prefixHasher turns prompt text into chained block hashes so that prompts
+// with the same leading text share their leading blocks. It works on words
+// (whitespace-separated) as a stand-in for tokens: text from the shared
+// estimator's Synthesize is exactly one token per word, and for other text
+// the word sequence is as prefix-stable as the token sequence. Blocks past
+// the last word (text has fewer words than tokens) hash as "more of the
+// same text", which only identical texts share.
+type prefixHasher struct {
+	blockSize int
+	limit     int // full blocks wanted
+	out       []uint64
+	h         uint64
+	words     int
+	inWord    bool
+}
+
+func newPrefixHasher(blockSize, fullBlocks int) *prefixHasher {
+	return &prefixHasher{blockSize: blockSize, limit: fullBlocks, h: fnvOffset, out: make([]uint64, 0, fullBlocks)}
+}
+
+func (p *prefixHasher) done() bool { return len(p.out) >= p.limit }
+
+// write feeds text.
+func (p *prefixHasher) write(text string) {
+	for i := 0; i < len(text) && !p.done(); i++ {
+		c := text[i]
+		if c == ' ' || c == '\n' || c == '\t' || c == '\r' {
+			p.endWord()
+			continue
+		}
+		p.h = (p.h ^ uint64(c)) * fnvPrime
+		p.inWord = true
+	}
+}
+
+// sep marks a boundary (between chat messages or role and content).
+func (p *prefixHasher) sep() {
+	p.endWord()
+	p.h = (p.h ^ 0x1F) * fnvPrime
+}
+
+func (p *prefixHasher) endWord() {
+	if !p.inWord || p.done() {
+		return
+	}
+	p.inWord = false
+	p.h = (p.h ^ ' ') * fnvPrime
+	p.words++
+	if p.words == p.blockSize {
+		p.out = append(p.out, nonzero(p.h))
+		p.words = 0
+		p.h = mix64(p.h, fnvOffset)
+	}
+}
+
+// sum returns the block hashes, one per full block.
+func (p *prefixHasher) sum() []uint64 {
+	p.endWord()
+	for !p.done() {
+		p.h = mix64(p.h, uint64(len(p.out))+0xB10C)
+		p.out = append(p.out, nonzero(p.h))
+	}
+	return p.out
+}
