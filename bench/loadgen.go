@@ -83,6 +83,10 @@ type Config struct {
 	Clock Clock
 	// Progress receives a progress bar; nil draws none.
 	Progress io.Writer
+	// OnMeasureStart, if set, is called after the warm-ups and before the
+	// first measured request is scheduled: the place to scrape servers'
+	// metrics so their deltas cover exactly the measured requests.
+	OnMeasureStart func(ctx context.Context)
 }
 
 func (c *Config) endpoint() string {
@@ -191,6 +195,9 @@ func Run(ctx context.Context, c Config) (*Result, error) {
 		}
 	} else {
 		offsets = Arrivals(len(c.Requests), c.RequestRate, c.Burstiness, newRand(c.Seed))
+	}
+	if c.OnMeasureStart != nil {
+		c.OnMeasureStart(ctx)
 	}
 	g.maxInFlight.Store(0)
 	res.Start = g.clock.Now()
