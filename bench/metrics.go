@@ -60,8 +60,9 @@ type Summary struct {
 	ClientQueue, Lag Dist
 	// FailuresByReason counts failed requests by Record.Reason.
 	FailuresByReason map[string]int
-	// UseCases has one entry per use case label, in first-seen order; empty
-	// when no request has a label.
+	// UseCases has one entry per use case label, shortest mean output
+	// first (for the usecase mix: ultra-short Q&A … long-form); empty when
+	// no request has a label.
 	UseCases []UseCaseSummary
 }
 
@@ -148,6 +149,12 @@ func Summarize(res *Result, o MetricOptions) *Summary {
 			u.MeanOutputTokens = float64(ucOut[u.Name]) / float64(u.Completed)
 		}
 	}
+	slices.SortStableFunc(s.UseCases, func(a, b UseCaseSummary) int {
+		if c := cmp.Compare(a.MeanOutputTokens, b.MeanOutputTokens); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Name, b.Name)
+	})
 	if sec := res.Duration.Seconds(); sec > 0 {
 		s.RequestThroughput = float64(s.Completed) / sec
 		s.OutputThroughput = float64(s.TotalOutput) / sec

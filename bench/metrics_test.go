@@ -64,7 +64,8 @@ func TestSummarizeHandBuiltTimeline(t *testing.T) {
 	if want := 3 + 0.97*97; !near(s.Lag.At(99), want) {
 		t.Errorf("lag p99 %v, want %v", s.Lag.At(99), want)
 	}
-	if len(s.UseCases) != 2 || s.UseCases[0].Name != "a" || s.UseCases[0].Completed != 2 || s.UseCases[1].Failed != 1 || !near(s.UseCases[0].P50, 105) {
+	// Shortest mean output first: b (2 tokens) before a (2.5).
+	if len(s.UseCases) != 2 || s.UseCases[1].Name != "a" || s.UseCases[1].Completed != 2 || s.UseCases[0].Failed != 1 || !near(s.UseCases[1].P50, 105) || s.UseCases[1].MeanOutputTokens != 2.5 {
 		t.Errorf("use cases %+v", s.UseCases)
 	}
 }
