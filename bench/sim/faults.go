@@ -1,0 +1,180 @@
+package sim
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// Faults are failures a replica imitates, for testing how a router copes.
+// They are set at start (ReplicaConfig.Faults, `gpurouter sim --faults`),
+// from Go (SetFaults) or over HTTP: POST /sim/faults with this document as
+// JSON replaces the whole set (send {} to clear), GET /sim/faults returns
+// it. The zero value is a healthy replica.
+type Faults struct {
+	// ErrorRate is the fraction of inference requests answered with
+	// ErrorStatus (an OpenAI-shaped error) before anything is streamed.
+	ErrorRate float64 `json:"error_rate,omitempty"`
+	// ErrorStatus is the status of those errors: 500, 502 or 503. 0 = 500.
+	ErrorStatus int `json:"error_status,omitempty"`
+	// Hang accepts inference requests and never answers them (until the
+	// client gives up). /health, /metrics still answer, as a wedged engine
+	// behind a live API server does.
+	Hang bool `json:"hang,omitempty"`
+	// HangAll makes every endpoint hang, /health and /metrics included
+	// (only /sim/* still answers): a wedged process.
+	HangAll bool `json:"hang_all,omitempty"`
+	// Dead is vLLM's EngineDeadError: inference requests get 500 and /health
+	// 503.
+	Dead bool `json:"dead,omitempty"`
+	// Health overrides /health: "" tells the truth (200, or 503 when Dead),
+	// "ok" always answers 200, "fail" always 503.
+	Health string `json:"health,omitempty"`
+	// StaleMetricsSeconds serves /metrics as it was this many seconds ago
+	// (history is kept for 2 minutes at 1 s resolution).
+	StaleMetricsSeconds float64 `json:"stale_metrics_seconds,omitempty"`
+	// SlowStartSeconds makes the engine SlowStartFactor times slower for this
+	// long after each start or restart (cold caches, compilation). Setting it
+	// at runtime starts a slow window now.
+	SlowStartSeconds float64 `json:"slow_start_seconds,omitempty"`
+	// SlowStartFactor is the slowdown during slow start. 0 = 4.
+	SlowStartFactor float64 `json:"slow_start_factor,omitempty"`
+	// Speed multiplies the replica's configured speed (0.5 = a degraded
+	// replica running at half speed). 0 = unchanged.
+	Speed float64 `json:"speed,omitempty"`
+	// CrashSeconds, when set in a POST or SetFaults, crashes the replica now
+	// and keeps it down that long (see Replica.Crash). It is an action, not
+	// a state: it reads back as 0.
+	CrashSeconds float64 `json:"crash_seconds,omitempty"`
+	// XidErrors and ThrottleReasons are reported by /v1/gpus; throttling
+	// also lowers the reported SM clock. They don't change timing: use
+	// Speed for that.
+	XidErrors       uint64   `json:"xid_errors,omitempty"`
+	ThrottleReasons []string `json:"throttle_reasons,omitempty"`
+}
+
+func (f Faults) validate() error {
+	var errs []error
+	if f.ErrorRate < 0 || f.ErrorRate > 1 {
+		errs = append(errs, fmt.Errorf("error_rate %v not in [0,1]", f.ErrorRate))
+	}
+	switch f.ErrorStatus {
+	case 0, 500, 502, 503:
+	default:
+		errs = append(errs, fmt.Errorf("error_status %d: want 500, 502 or 503", f.ErrorStatus))
+	}
+	switch f.Health {
+	case "", "ok", "fail":
+	default:
+		errs = append(errs, fmt.Errorf("health %q: want \"\", \"ok\" or \"fail\"", f.Health))
+	}
+	if f.StaleMetricsSeconds < 0 || f.SlowStartSeconds < 0 || f.SlowStartFactor < 0 || f.Speed < 0 || f.CrashSeconds < 0 {
+		errs = append(errs, errors.New("durations, factors and speed must be >= 0"))
+	}
+	if f.StaleMetricsSeconds > maxStaleHistory.Seconds() {
+		errs = append(errs, fmt.Errorf("stale_metrics_seconds %v > %v", f.StaleMetricsSeconds, maxStaleHistory.Seconds()))
+	}
+	return errors.Join(errs...)
+}
+
+func (f Faults) slowStartFactor() float64 {
+	if f.SlowStartFactor <= 0 {
+		return 4
+	}
+	return f.SlowStartFactor
+}
+
+func (f Faults) errorStatus() int {
+	if f.ErrorStatus == 0 {
+		return fasthttp.StatusInternalServerError
+	}
+	return f.ErrorStatus
+}
+
+// Faults returns the faults in effect.
+func (r *Replica) Faults() Faults { return *r.faults.Load() }
+
+// SetFaults replaces the faults in effect. A positive CrashSeconds crashes
+// the replica now (see Crash).
+func (r *Replica) SetFaults(f Faults) error {
+	if err := f.validate(); err != nil {
+		return fmt.Errorf("sim: faults: %w", err)
+	}
+	crash := f.CrashSeconds
+	f.CrashSeconds = 0
+	old := r.faults.Swap(&f)
+	if f.SlowStartSeconds > 0 && (f.SlowStartSeconds != old.SlowStartSeconds || f.SlowStartFactor != old.SlowStartFactor) {
+		r.warmStart.Store(time.Now().UnixNano())
+	}
+	if crash > 0 {
+		r.Crash(time.Duration(crash * 1e9))
+	}
+	return nil
+}
+
+// serveFaults answers GET and POST /sim/faults.
+func (inc *incarnation) serveFaults(ctx *fasthttp.RequestCtx) {
+	r := inc.r
+	switch string(ctx.Method()) {
+	case fasthttp.MethodGet:
+	case fasthttp.MethodPost, fasthttp.MethodPut:
+		var f Faults
+		dec := json.NewDecoder(bytes.NewReader(ctx.PostBody()))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&f); err != nil {
+			writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "invalid faults: "+err.Error())
+			return
+		}
+		if err := f.validate(); err != nil {
+			writeError(ctx, fasthttp.StatusBadRequest, "BadRequestError", "invalid faults: "+err.Error())
+			return
+		}
+		if f.CrashSeconds > 0 {
+			// Crash once this response is on the wire, so the caller hears
+			// back before its connection is cut.
+			crash := f.CrashSeconds
+			f.CrashSeconds = 0
+			_ = r.SetFaults(f)
+			body, _ := json.Marshal(r.Faults())
+			ctx.SetContentType("application/json")
+			ctx.SetConnectionClose()
+			ctx.SetBodyStream(&afterWrite{data: body, fn: func() { r.Crash(time.Duration(crash * 1e9)) }}, len(body))
+			return
+		}
+		_ = r.SetFaults(f)
+	default:
+		writeMethodNotAllowed(ctx)
+		return
+	}
+	body, _ := json.Marshal(r.Faults())
+	ctx.SetContentType("application/json")
+	ctx.SetBody(body)
+}
+
+// afterWrite is a response body that runs fn once it has been written.
+type afterWrite struct {
+	data []byte
+	fn   func()
+}
+
+func (a *afterWrite) Read(p []byte) (int, error) {
+	if len(a.data) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, a.data)
+	a.data = a.data[n:]
+	return n, nil
+}
+
+func (a *afterWrite) CloseWithError(error) error {
+	if a.fn != nil {
+		a.fn()
+		a.fn = nil
+	}
+	return nil
+}

@@ -1,0 +1,413 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
+
+	"github.com/gpurouter/gpurouter/admission/tokens"
+)
+
+// ReplicaConfig configures one simulated vLLM replica. Only Profile is
+// required.
+type ReplicaConfig struct {
+	Profile Profile
+	// ServedModelNames are the names the replica answers to, like vLLM's
+	// --served-model-name: the first one appears in responses and in the
+	// model_name metric label, the others are aliases. Empty = the
+	// profile's model name.
+	ServedModelNames []string
+	// Index is the replica's position in a fleet; it only names things (GPU
+	// UUID, host name in /v1/gpus).
+	Index int
+	// Speed divides every step's duration: 0.5 is a replica half as fast as
+	// its profile says (heterogeneous fleets). 0 = 1.
+	Speed float64
+	// Registry receives the replica's metrics and is what /metrics serves.
+	// nil = a fresh registry. Never the global one: each replica needs its
+	// own, since all register the same names.
+	Registry *prometheus.Registry
+	// Estimator counts prompt tokens. nil = tokens.New() (the router's own
+	// estimator, so both sides count alike). Share one across replicas: it
+	// is safe for concurrent use and costly to build.
+	Estimator *tokens.Estimator
+	// LegacyMetrics exposes the KV gauge under its pre-0.10 name
+	// vllm:gpu_cache_usage_perc instead of vllm:kv_cache_usage_perc.
+	LegacyMetrics bool
+	// Faults are in effect from the start; see SetFaults.
+	Faults Faults
+	// Seed makes output lengths and error-rate draws reproducible.
+	Seed uint64
+}
+
+// Replica is one simulated vLLM server: an engine (scheduler, KV cache, cost
+// model), its HTTP API and its metrics. Build with NewReplica, then run the
+// engine with Run and serve HTTP with Serve (or mount Handler); both stop
+// when their context is cancelled. Methods are safe for concurrent use.
+type Replica struct {
+	cfg      ReplicaConfig
+	names    []string // served model names, first = primary
+	est      *tokens.Estimator
+	reg      *prometheus.Registry
+	m        *engineMetrics
+	expo     *exposition
+	d        derived
+	words    [][]byte // filler tokens for generated text
+	created  int64    // for /v1/models
+	profName string
+
+	mu      sync.Mutex // guards eng, rng, nextID, lag
+	eng     *engine
+	rng     *rand.Rand
+	nextID  uint64
+	lag     lagRing
+	running bool // Run is active
+
+	wake    chan struct{} // a request arrived; cap 1
+	stopped chan struct{} // closed when Run returns
+	crashCh chan time.Duration
+
+	faults    atomic.Pointer[Faults]
+	warmStart atomic.Int64 // unix nanos of the last (re)start, for slow start
+	downUntil atomic.Int64 // unix nanos; >now while crashed
+	busyNanos atomic.Int64 // modelled GPU time spent in steps
+	inflight  atomic.Int64 // inference requests being answered (GET /load)
+	gpuMeter  gpuMeter
+
+	waitMu  sync.Mutex // guards waiters
+	waiters map[*request]struct{}
+}
+
+// NewReplica builds a replica. It starts nothing and binds nothing.
+func NewReplica(cfg ReplicaConfig) (*Replica, error) {
+	p := cfg.Profile
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	d, _ := p.derive()
+	if cfg.Speed < 0 {
+		return nil, fmt.Errorf("sim: replica %d: speed %v < 0", cfg.Index, cfg.Speed)
+	}
+	if cfg.Speed == 0 {
+		cfg.Speed = 1
+	}
+	if err := cfg.Faults.validate(); err != nil {
+		return nil, fmt.Errorf("sim: replica %d: %w", cfg.Index, err)
+	}
+	est := cfg.Estimator
+	if est == nil {
+		var err error
+		if est, err = tokens.New(); err != nil {
+			return nil, err
+		}
+	}
+	reg := cfg.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	names := cfg.ServedModelNames
+	if len(names) == 0 {
+		names = []string{p.Model.Name}
+	}
+	m := newEngineMetrics(reg, metricsOptions{modelName: names[0], maxModelLen: d.maxModelLen,
+		legacyKV: cfg.LegacyMetrics, cacheInfo: cacheInfo(p, d)})
+	eng, err := newEngine(p, m)
+	if err != nil {
+		return nil, err
+	}
+	r := &Replica{
+		cfg: cfg, names: names, est: est, reg: reg, m: m, expo: &exposition{gatherer: reg}, d: d,
+		words: fillerWords(), created: time.Now().Unix(), profName: p.Name,
+		eng: eng, rng: rand.New(rand.NewPCG(cfg.Seed, uint64(cfg.Index))),
+		wake: make(chan struct{}, 1), stopped: make(chan struct{}), crashCh: make(chan time.Duration, 1),
+		waiters: make(map[*request]struct{}),
+	}
+	f := cfg.Faults
+	f.CrashSeconds = 0
+	r.faults.Store(&f)
+	return r, nil
+}
+
+// ModelName is the primary served model name.
+func (r *Replica) ModelName() string { return r.names[0] }
+
+// Profile is the profile the replica was built with.
+func (r *Replica) Profile() Profile { return r.cfg.Profile }
+
+// Registry is the replica's metrics registry.
+func (r *Replica) Registry() *prometheus.Registry { return r.reg }
+
+// NumGPUBlocks is the KV cache capacity in blocks.
+func (r *Replica) NumGPUBlocks() int { return r.d.numGPUBlocks }
+
+// EngineState is a point-in-time view of the engine, for tests and tools.
+type EngineState struct {
+	Running, Waiting int
+	KVUsage          float64 // as vllm:kv_cache_usage_perc
+	UsedBlocks       int     // blocks referenced by live sequences
+	Preemptions      int
+}
+
+// State reports the engine's current state.
+func (r *Replica) State() EngineState {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e := r.eng
+	used := 0
+	for _, c := range e.kv.ref {
+		if c > 0 {
+			used++
+		}
+	}
+	return EngineState{Running: len(e.running), Waiting: e.waiting.len(), KVUsage: e.kv.usage(),
+		UsedBlocks: used, Preemptions: e.preemptions}
+}
+
+// speedFactor is the divisor of modelled step time right now.
+func (r *Replica) speedFactor(now time.Time) float64 {
+	f := r.faults.Load()
+	s := r.cfg.Speed
+	if f.Speed > 0 {
+		s *= f.Speed
+	}
+	if f.SlowStartSeconds > 0 {
+		if since := now.Sub(time.Unix(0, r.warmStart.Load())); since < time.Duration(f.SlowStartSeconds*1e9) {
+			s /= f.slowStartFactor()
+		}
+	}
+	return s
+}
+
+func (r *Replica) isDown(now time.Time) bool { return now.UnixNano() < r.downUntil.Load() }
+
+// Crash makes the replica fail like a process that died: every connection is
+// closed at once (streams cut mid-way), the engine loses all requests, and
+// new connections are refused for d; then it comes back empty (with slow
+// start if that fault is set). It needs Serve running; without it only the
+// engine is reset.
+func (r *Replica) Crash(d time.Duration) {
+	now := time.Now()
+	r.downUntil.Store(now.Add(d).UnixNano())
+	r.mu.Lock()
+	r.eng.reset(now)
+	r.mu.Unlock()
+	select {
+	case r.crashCh <- d:
+	default: // a crash is already pending
+	}
+}
+
+// Serve answers HTTP on ln until ctx is cancelled, then closes every
+// connection and returns once all handlers have finished. A crash closes ln
+// and, for TCP listeners, listens on the same address again when the
+// downtime is over; other listeners stay open and drop new connections
+// while down.
+func (r *Replica) Serve(ctx context.Context, ln net.Listener) error {
+	addr := ln.Addr().String()
+	_, isTCP := ln.(*net.TCPListener)
+	for {
+		inc := r.newIncarnation()
+		srv := inc.server()
+		errc := make(chan error, 1)
+		go func() { errc <- srv.Serve(ln) }()
+		var down time.Duration
+		for {
+			select {
+			case <-ctx.Done():
+				inc.stop(srv, ln, errc)
+				return nil
+			case down = <-r.crashCh:
+			}
+			inc.closeConns()
+			if isTCP {
+				break
+			}
+			// Can't refuse connections on this listener: keep it, and let
+			// the incarnation drop new ones until the downtime is over.
+			if !sleepCtx(ctx, down) {
+				inc.stop(srv, ln, errc)
+				return nil
+			}
+			r.restarted()
+		}
+		inc.stop(srv, ln, errc)
+		if !sleepCtx(ctx, down) {
+			return nil
+		}
+		var err error
+		for {
+			if ln, err = net.Listen("tcp", addr); err == nil {
+				break
+			}
+			if !sleepCtx(ctx, 50*time.Millisecond) {
+				return nil
+			}
+		}
+		r.restarted()
+	}
+}
+
+func (r *Replica) restarted() {
+	r.warmStart.Store(time.Now().UnixNano())
+	r.downUntil.Store(0)
+}
+
+// sleepCtx sleeps d; false if ctx ended first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// incarnation is one life of the HTTP server between start and a crash or
+// shutdown: its connections and a channel that tells its handlers to give
+// up.
+type incarnation struct {
+	r    *Replica
+	quit chan struct{}
+
+	mu    sync.Mutex // guards conns, closed
+	conns map[net.Conn]struct{}
+	done  bool
+}
+
+func (r *Replica) newIncarnation() *incarnation {
+	return &incarnation{r: r, quit: make(chan struct{}), conns: make(map[net.Conn]struct{})}
+}
+
+func (inc *incarnation) server() *fasthttp.Server {
+	return &fasthttp.Server{
+		Handler:                       inc.handle,
+		Name:                          "uvicorn",
+		IdleTimeout:                   5 * time.Second, // uvicorn's keep-alive timeout
+		ReadBufferSize:                64 << 10,
+		MaxRequestBodySize:            64 << 20,
+		DisableHeaderNamesNormalizing: false,
+		NoDefaultDate:                 false,
+		ConnState:                     inc.connState,
+		CloseOnShutdown:               true,
+		Logger:                        discardLogger{}, // aborted streams are routine here
+	}
+}
+
+type discardLogger struct{}
+
+func (discardLogger) Printf(string, ...any) {}
+
+func (inc *incarnation) connState(c net.Conn, s fasthttp.ConnState) {
+	inc.mu.Lock()
+	defer inc.mu.Unlock()
+	switch s {
+	case fasthttp.StateNew:
+		if inc.done || inc.r.isDown(time.Now()) {
+			_ = c.Close()
+			return
+		}
+		inc.conns[c] = struct{}{}
+	case fasthttp.StateClosed, fasthttp.StateHijacked:
+		delete(inc.conns, c)
+	}
+}
+
+// closeConns closes every open connection (a crash or shutdown).
+func (inc *incarnation) closeConns() {
+	inc.mu.Lock()
+	defer inc.mu.Unlock()
+	for c := range inc.conns {
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0)
+		}
+		_ = c.Close()
+	}
+}
+
+// stop ends the incarnation: no new connections, handlers told to give up,
+// connections closed, then waits for the server to finish.
+func (inc *incarnation) stop(srv *fasthttp.Server, ln net.Listener, errc <-chan error) {
+	inc.mu.Lock()
+	inc.done = true
+	inc.mu.Unlock()
+	_ = ln.Close()
+	close(inc.quit)
+	inc.closeConns()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = srv.ShutdownWithContext(ctx)
+	<-errc
+}
+
+// lagRing keeps the most recent step lags for StepLag.
+type lagRing struct {
+	buf  []time.Duration
+	next int
+	n    int
+}
+
+const lagRingSize = 1 << 16
+
+func (l *lagRing) add(d time.Duration) {
+	if l.buf == nil {
+		l.buf = make([]time.Duration, lagRingSize)
+	}
+	l.buf[l.next] = d
+	l.next = (l.next + 1) % lagRingSize
+	l.n++
+}
+
+// LagStats summarises how late the real-time loop ended its steps (actual −
+// intended end time) over the most recent steps (up to 65,536).
+type LagStats struct {
+	Steps         int // steps measured in total
+	P50, P99, Max time.Duration
+}
+
+// StepLag reports the real-time loop's timing error. The same numbers feed
+// the gpurouter_sim_step_lag_seconds histogram.
+func (r *Replica) StepLag() LagStats {
+	r.mu.Lock()
+	n := min(r.lag.n, lagRingSize)
+	xs := make([]time.Duration, n)
+	copy(xs, r.lag.buf[:n])
+	total := r.lag.n
+	r.mu.Unlock()
+	s := summarize(xs)
+	var mx time.Duration
+	for _, x := range xs {
+		mx = max(mx, x)
+	}
+	return LagStats{Steps: total, P50: s.Median, P99: s.P99, Max: mx}
+}
+
+// ResetStepLag forgets the lag measured so far (e.g. after warm-up).
+func (r *Replica) ResetStepLag() {
+	r.mu.Lock()
+	r.lag = lagRing{}
+	r.mu.Unlock()
+}
+
+func fillerWords() [][]byte {
+	const text = "the of and to in is that for it as with was on be at by this had not are but from or have an " +
+		"they which one you were her all she there would their we him been has when who will more no if out so " +
+		"said what up its about into than them can only other new some could time these"
+	var out [][]byte
+	for _, w := range strings.Fields(text) {
+		out = append(out, []byte(" "+w))
+	}
+	return out
+}
+
+var errRunTwice = errors.New("sim: Replica.Run called twice")

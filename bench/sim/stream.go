@@ -1,0 +1,413 @@
+package sim
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+var (
+	errAborted  = errors.New("sim: request aborted")
+	errShutdown = errors.New("sim: replica stopping")
+)
+
+// request is one inference request in flight: the engine emits tokens into
+// it, and the response side (a streaming body reader on the connection's
+// goroutine, or the waiting handler for non-streaming requests) turns them
+// into vLLM's response shapes.
+type request struct {
+	r     *Replica
+	inc   *incarnation
+	s     *seq
+	conn  net.Conn
+	chat  bool
+	usage bool // send the usage chunk (stream_options.include_usage)
+
+	id      string
+	model   []byte // JSON-quoted served model name
+	created int64
+
+	mu      sync.Mutex // guards pending, total, reason
+	pending int        // tokens emitted and not yet written
+	total   int
+	reason  finishReason
+	notify  chan struct{} // cap 1: something changed
+
+	// Used only by the goroutine writing the response.
+	out     []byte
+	off     int
+	written int // tokens written
+	began   bool
+	eof     bool
+}
+
+func (q *request) emit(n int, reason finishReason, _ time.Time) {
+	q.mu.Lock()
+	q.pending += n
+	q.total += n
+	if q.reason == reasonNone {
+		q.reason = reason
+	}
+	q.mu.Unlock()
+	select {
+	case q.notify <- struct{}{}:
+	default:
+	}
+}
+
+// disconnected is called by the sweeper when the client has gone.
+func (q *request) disconnected() {
+	if q.s == nil { // a hung request: just wake the handler
+		q.emit(0, reasonAbort, time.Time{})
+		return
+	}
+	q.r.abort(q)
+}
+
+// abort ends q's sequence now, freeing its KV blocks (no-op if it ended).
+func (r *Replica) abort(q *request) {
+	r.mu.Lock()
+	r.eng.abort(q.s, time.Now())
+	r.mu.Unlock()
+}
+
+func (q *request) snapshot() (pending, total int, reason finishReason) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	pending, total, reason = q.pending, q.total, q.reason
+	q.pending = 0
+	return
+}
+
+// Read makes request a streaming body (fasthttp.Response.SetBodyStream with
+// unknown length): fasthttp writes and flushes what each call returns. It
+// blocks until tokens arrive; an abort (crash, shutdown) ends the stream
+// with an error, which makes fasthttp drop the connection mid-stream.
+func (q *request) Read(p []byte) (int, error) {
+	for q.off >= len(q.out) {
+		if q.eof {
+			return 0, io.EOF
+		}
+		q.out, q.off = q.out[:0], 0
+		n, _, reason := q.snapshot()
+		if reason == reasonAbort {
+			return 0, errAborted
+		}
+		if n == 0 && reason == reasonNone {
+			select {
+			case <-q.notify:
+			case <-q.inc.quit:
+				return 0, errShutdown
+			case <-q.r.stopped:
+				return 0, errShutdown
+			}
+			continue
+		}
+		if !q.began {
+			q.began = true
+			q.r.unwatch(q) // writes now tell us about disconnects
+			if q.chat {
+				q.out = q.appendChunk(q.out, -1, reasonNone)
+			}
+		}
+		q.out = q.appendChunk(q.out, n, reason)
+		if reason != reasonNone {
+			if q.usage {
+				q.out = q.appendUsage(q.out)
+			}
+			q.out = append(q.out, "data: [DONE]\n\n"...)
+			q.eof = true
+		}
+	}
+	n := copy(p, q.out[q.off:])
+	q.off += n
+	return n, nil
+}
+
+// CloseWithError is called by fasthttp when the body is done: err is the
+// client write error if the client went away, and then the sequence is
+// aborted at once.
+func (q *request) CloseWithError(err error) error {
+	q.r.unwatch(q)
+	if err != nil || !q.eof {
+		q.r.abort(q)
+	}
+	q.r.inflight.Add(-1)
+	return nil
+}
+
+// appendChunk appends one SSE event with n tokens of text (n = -1: the chat
+// role chunk), carrying finish_reason when the sequence ended.
+func (q *request) appendChunk(b []byte, n int, reason finishReason) []byte {
+	b = append(b, `data: {"id":"`...)
+	b = append(b, q.id...)
+	if q.chat {
+		b = append(b, `","object":"chat.completion.chunk","created":`...)
+	} else {
+		b = append(b, `","object":"text_completion","created":`...)
+	}
+	b = strconv.AppendInt(b, q.created, 10)
+	b = append(b, `,"model":`...)
+	b = append(b, q.model...)
+	if q.chat {
+		b = append(b, `,"choices":[{"index":0,"delta":{`...)
+		if n < 0 {
+			b = append(b, `"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
+			return b
+		}
+		b = append(b, `"content":"`...)
+		b = q.appendText(b, n)
+		b = append(b, `"},"logprobs":null,"finish_reason":`...)
+	} else {
+		b = append(b, `,"choices":[{"index":0,"text":"`...)
+		b = q.appendText(b, n)
+		b = append(b, `","logprobs":null,"finish_reason":`...)
+	}
+	if reason == reasonNone {
+		b = append(b, `null`...)
+	} else {
+		b = append(b, '"')
+		b = append(b, reason.String()...)
+		b = append(b, '"')
+	}
+	b = append(b, `,"stop_reason":null}]}`+"\n\n"...)
+	return b
+}
+
+// appendText appends the next n filler tokens (JSON-safe words).
+func (q *request) appendText(b []byte, n int) []byte {
+	w := q.r.words
+	for i := 0; i < n; i++ {
+		b = append(b, w[(int(q.s.salt%uint64(len(w)))+q.written)%len(w)]...)
+		q.written++
+	}
+	return b
+}
+
+func (q *request) appendUsage(b []byte) []byte {
+	b = append(b, `data: {"id":"`...)
+	b = append(b, q.id...)
+	if q.chat {
+		b = append(b, `","object":"chat.completion.chunk","created":`...)
+	} else {
+		b = append(b, `","object":"text_completion","created":`...)
+	}
+	b = strconv.AppendInt(b, q.created, 10)
+	b = append(b, `,"model":`...)
+	b = append(b, q.model...)
+	b = append(b, `,"choices":[],"usage":`...)
+	b = q.appendUsageObject(b)
+	b = append(b, "}\n\n"...)
+	return b
+}
+
+func (q *request) appendUsageObject(b []byte) []byte {
+	b = append(b, `{"prompt_tokens":`...)
+	b = strconv.AppendInt(b, int64(q.s.prompt), 10)
+	b = append(b, `,"total_tokens":`...)
+	b = strconv.AppendInt(b, int64(q.s.prompt+q.written), 10)
+	b = append(b, `,"completion_tokens":`...)
+	b = strconv.AppendInt(b, int64(q.written), 10)
+	return append(b, '}')
+}
+
+// inference serves POST /v1/chat/completions and /v1/completions.
+func (inc *incarnation) inference(ctx *fasthttp.RequestCtx, chat bool) {
+	r := inc.r
+	f := r.faults.Load()
+	if f.Hang {
+		inc.hang(ctx)
+		return
+	}
+	if f.Dead {
+		writeError(ctx, fasthttp.StatusInternalServerError, "InternalServerError",
+			"EngineCore encountered an issue. See stack trace (above) for the root cause.")
+		return
+	}
+	if f.ErrorRate > 0 {
+		r.mu.Lock()
+		fail := r.rng.Float64() < f.ErrorRate
+		r.mu.Unlock()
+		if fail {
+			writeError(ctx, f.errorStatus(), "InternalServerError", "simulated failure (error_rate fault)")
+			return
+		}
+	}
+
+	arrival := time.Now()
+	var req inferenceRequest
+	if err := json.Unmarshal(ctx.PostBody(), &req); err != nil {
+		writeBadRequest(ctx, "invalid JSON body: "+err.Error())
+		return
+	}
+	if !r.knownModel(req.Model) {
+		writeError(ctx, fasthttp.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", req.Model))
+		return
+	}
+	if req.N != nil && *req.N != 1 {
+		writeBadRequest(ctx, fmt.Sprintf("n=%d is not supported: the simulator generates exactly one choice (n=1)", *req.N))
+		return
+	}
+	if req.StreamOptions != nil && !req.Stream {
+		writeBadRequest(ctx, "Stream options can only be defined when `stream=True`.")
+		return
+	}
+	pi, err := r.parsePrompt(&req, chat)
+	if err != nil {
+		writeBadRequest(ctx, err.Error())
+		return
+	}
+	maxTokens := r.d.maxModelLen - pi.tokens
+	if req.MaxCompletionTokens != nil {
+		maxTokens = *req.MaxCompletionTokens
+	} else if req.MaxTokens != nil {
+		maxTokens = *req.MaxTokens
+	}
+	if maxTokens < 1 {
+		if req.MaxTokens == nil && req.MaxCompletionTokens == nil {
+			maxTokens = 1 // the prompt alone fills the context: reported below
+		} else {
+			writeBadRequest(ctx, fmt.Sprintf("max_tokens must be at least 1, got %d.", maxTokens))
+			return
+		}
+	}
+	if err := r.eng.check(pi.tokens, maxTokens); err != nil {
+		writeBadRequest(ctx, err.Error())
+		return
+	}
+
+	q := &request{r: r, inc: inc, conn: ctx.Conn(), chat: chat, created: arrival.Unix(), notify: make(chan struct{}, 1)}
+	q.usage = req.StreamOptions != nil && (req.StreamOptions.IncludeUsage == nil || *req.StreamOptions.IncludeUsage)
+	q.model, _ = json.Marshal(r.names[0])
+	s := &seq{prompt: pi.tokens, maxTokens: maxTokens, hashes: pi.hashes, sink: q, arrival: arrival}
+	q.s = s
+
+	// The frontend's own time (HTTP, template, tokenisation) before the
+	// engine sees the request.
+	p := r.cfg.Profile.Overheads
+	if delay := p.API + time.Duration(pi.tokens)*p.APIPerPromptToken - time.Since(arrival); delay > 0 {
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-inc.quit:
+			t.Stop()
+			dropConn(ctx)
+			return
+		}
+	}
+
+	r.mu.Lock()
+	r.nextID++
+	s.id = r.nextID
+	s.salt = r.rng.Uint64()
+	s.target = maxTokens
+	if !req.IgnoreEOS {
+		s.target = min(maxTokens, max(req.MinTokens, drawLength(r.rng, r.cfg.Profile.Model.OutputLen)))
+	}
+	reqID := string(ctx.Request.Header.Peek("X-Request-Id"))
+	if reqID == "" {
+		reqID = fmt.Sprintf("%016x%016x", s.salt, s.id)
+	}
+	r.eng.add(s, time.Now())
+	r.mu.Unlock()
+	r.kick()
+	r.inflight.Add(1)
+	r.watch(q)
+	if chat {
+		q.id = "chatcmpl-" + reqID
+	} else {
+		q.id = "cmpl-" + reqID
+	}
+
+	if req.Stream {
+		ctx.SetContentType("text/event-stream; charset=utf-8")
+		ctx.Response.Header.Set("Cache-Control", "no-cache")
+		ctx.Response.ImmediateHeaderFlush = true
+		ctx.SetBodyStream(q, -1) // q.CloseWithError releases everything
+		return
+	}
+	defer r.inflight.Add(-1)
+	defer r.unwatch(q)
+	for {
+		_, total, reason := q.snapshot()
+		if reason == reasonAbort {
+			dropConn(ctx)
+			return
+		}
+		if reason != reasonNone {
+			q.written = total
+			writeJSON(ctx, fasthttp.StatusOK, q.completion(reason))
+			return
+		}
+		select {
+		case <-q.notify:
+		case <-inc.quit:
+			r.abort(q)
+			dropConn(ctx)
+			return
+		case <-r.stopped:
+			dropConn(ctx)
+			return
+		}
+	}
+}
+
+// completion is the non-streaming response document.
+func (q *request) completion(reason finishReason) any {
+	text := string(q.appendTextFrom(nil, q.written))
+	usage := json.RawMessage(q.appendUsageObject(nil))
+	if q.chat {
+		type message struct {
+			Role      string `json:"role"`
+			Content   string `json:"content"`
+			ToolCalls []any  `json:"tool_calls"`
+		}
+		type choice struct {
+			Index        int     `json:"index"`
+			Message      message `json:"message"`
+			Logprobs     any     `json:"logprobs"`
+			FinishReason string  `json:"finish_reason"`
+			StopReason   any     `json:"stop_reason"`
+		}
+		return struct {
+			ID      string          `json:"id"`
+			Object  string          `json:"object"`
+			Created int64           `json:"created"`
+			Model   json.RawMessage `json:"model"`
+			Choices []choice        `json:"choices"`
+			Usage   json.RawMessage `json:"usage"`
+		}{q.id, "chat.completion", q.created, q.model,
+			[]choice{{Message: message{Role: "assistant", Content: text, ToolCalls: []any{}}, FinishReason: reason.String()}}, usage}
+	}
+	type choice struct {
+		Index        int    `json:"index"`
+		Text         string `json:"text"`
+		Logprobs     any    `json:"logprobs"`
+		FinishReason string `json:"finish_reason"`
+		StopReason   any    `json:"stop_reason"`
+	}
+	return struct {
+		ID      string          `json:"id"`
+		Object  string          `json:"object"`
+		Created int64           `json:"created"`
+		Model   json.RawMessage `json:"model"`
+		Choices []choice        `json:"choices"`
+		Usage   json.RawMessage `json:"usage"`
+	}{q.id, "text_completion", q.created, q.model, []choice{{Text: text, FinishReason: reason.String()}}, usage}
+}
+
+// appendTextFrom appends the first n filler tokens.
+func (q *request) appendTextFrom(b []byte, n int) []byte {
+	saved := q.written
+	q.written = 0
+	b = q.appendText(b, n)
+	q.written = saved
+	return b
+}
