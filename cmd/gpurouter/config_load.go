@@ -15,12 +15,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpurouter/gpurouter/balancer"
 	"go.yaml.in/yaml/v3"
 )
 
-// knownPolicies lists the pool policy names validate accepts; add a name
-// here when its Picker lands in the balancer. Read-only.
-var knownPolicies = []string{"least_request", "round_robin"}
+// knownPolicies lists the pool policy names validate accepts: exactly the
+// balancer's pickers, so the two cannot drift. Read-only.
+var knownPolicies = balancer.Policies()
 
 // knownLogLevels and knownLogFormats are the accepted log.level and
 // log.format values. Read-only.
