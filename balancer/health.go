@@ -1,0 +1,158 @@
+package balancer
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Prober checks one replica once. It returns nil when the replica is fit to
+// serve.
+type Prober interface {
+	Probe(ctx context.Context, r *Replica) error
+}
+
+// HTTPProber probes GET {replica URL}{Path} and expects 200, which is how
+// vLLM's /health reports a live engine (503 when the engine is dead).
+type HTTPProber struct {
+	Client *http.Client // nil means a client with no timeout of its own (the context bounds it)
+	Path   string       // default /health
+}
+
+// Probe implements Prober.
+func (p HTTPProber) Probe(ctx context.Context, r *Replica) error {
+	path := p.Path
+	if path == "" {
+		path = "/health"
+	}
+	c := p.Client
+	if c == nil {
+		c = http.DefaultClient
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.URL()+path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("health: %s answered %d", path, resp.StatusCode)
+	}
+	return nil
+}
+
+// HealthConfig tunes active health checking. Zero fields take the defaults
+// given in brackets.
+type HealthConfig struct {
+	Interval           time.Duration // between rounds [2s]
+	Timeout            time.Duration // per probe [1s]
+	UnhealthyThreshold int           // consecutive failures before marking down [2]
+	HealthyThreshold   int           // consecutive successes before marking up [1]
+}
+
+func (c HealthConfig) withDefaults() HealthConfig {
+	if c.Interval <= 0 {
+		c.Interval = 2 * time.Second
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = time.Second
+	}
+	if c.UnhealthyThreshold <= 0 {
+		c.UnhealthyThreshold = 2
+	}
+	if c.HealthyThreshold <= 0 {
+		c.HealthyThreshold = 1
+	}
+	return c
+}
+
+// HealthChecker probes every replica periodically and flips Replica.Healthy
+// after the configured number of consecutive results, so one lost probe
+// doesn't take a replica out and a flapping one doesn't oscillate per probe.
+type HealthChecker struct {
+	cfg      HealthConfig
+	prober   Prober
+	replicas func() []*Replica // the current replica set (it may change on reload)
+	log      *zap.Logger
+
+	mu     sync.Mutex // guards streak: touched only by rounds, never by requests
+	streak map[*Replica]int
+}
+
+// NewHealthChecker builds a checker; Run starts it.
+func NewHealthChecker(cfg HealthConfig, prober Prober, replicas func() []*Replica, log *zap.Logger) *HealthChecker {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &HealthChecker{
+		cfg:      cfg.withDefaults(),
+		prober:   prober,
+		replicas: replicas,
+		log:      log,
+		streak:   make(map[*Replica]int),
+	}
+}
+
+// Run probes every Interval until ctx ends.
+func (h *HealthChecker) Run(ctx context.Context) error {
+	t := time.NewTicker(h.cfg.Interval)
+	defer t.Stop()
+	for {
+		h.CheckOnce(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// CheckOnce probes every replica concurrently and applies the results. It
+// returns when all probes have finished (each bounded by Timeout).
+func (h *HealthChecker) CheckOnce(ctx context.Context) {
+	rs := h.replicas()
+	results := make([]error, len(rs))
+	var wg sync.WaitGroup
+	for i, r := range rs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pctx, cancel := context.WithTimeout(ctx, h.cfg.Timeout)
+			defer cancel()
+			results[i] = h.prober.Probe(pctx, r)
+		}()
+	}
+	wg.Wait()
+	if ctx.Err() != nil {
+		return // a probe cut short by shutdown says nothing about the replica
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	live := make(map[*Replica]int, len(rs))
+	for i, r := range rs {
+		// streak > 0 counts successes in a row, < 0 failures in a row.
+		s := h.streak[r]
+		if results[i] == nil {
+			s = max(s, 0) + 1
+		} else {
+			s = min(s, 0) - 1
+		}
+		live[r] = s
+		switch {
+		case !r.Healthy() && s >= h.cfg.HealthyThreshold:
+			r.SetHealthy(true)
+			h.log.Info("replica healthy", zap.String("replica", r.Name()))
+		case r.Healthy() && -s >= h.cfg.UnhealthyThreshold:
+			r.SetHealthy(false)
+			h.log.Warn("replica unhealthy", zap.String("replica", r.Name()), zap.Error(results[i]))
+		}
+	}
+	h.streak = live // drops replicas that left the set
+}

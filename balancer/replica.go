@@ -1,0 +1,210 @@
+// Package balancer owns what a routing decision looks at: replicas with their
+// live state (atomics and telemetry snapshots), pools of replicas serving one
+// model, the policies that pick among them, health checks and circuit
+// breakers. It does no forwarding; the proxy asks it for a replica and tells
+// it how the request ended.
+package balancer
+
+import (
+	"errors"
+	"net/url"
+	"sync/atomic"
+	"time"
+
+	"github.com/sony/gobreaker/v2"
+)
+
+// ErrNotReplicaFault marks a request outcome that says nothing about the
+// replica's health (the client went away, the client sent a bad request).
+// Wrap it into the error given to a Lease's Done so the breaker ignores it.
+var ErrNotReplicaFault = errors.New("balancer: outcome is not the replica's fault")
+
+// ErrBreakerOpen is returned by Replica.Acquire when the replica's circuit
+// breaker refuses traffic (open, or half-open with its probes in flight).
+var ErrBreakerOpen = errors.New("balancer: circuit breaker open")
+
+// BreakerConfig tunes every replica's circuit breaker. The zero value is
+// filled by Defaults: 5 consecutive failures open it for 10 s, then one probe.
+type BreakerConfig struct {
+	ConsecutiveFailures int           // failures in a row that open the breaker
+	OpenTimeout         time.Duration // how long it stays open before a probe
+	HalfOpenRequests    int           // probes let through while half-open
+}
+
+func (c BreakerConfig) withDefaults() BreakerConfig {
+	if c.ConsecutiveFailures <= 0 {
+		c.ConsecutiveFailures = 5
+	}
+	if c.OpenTimeout <= 0 {
+		c.OpenTimeout = 10 * time.Second
+	}
+	if c.HalfOpenRequests <= 0 {
+		c.HalfOpenRequests = 1
+	}
+	return c
+}
+
+// ReplicaConfig describes one upstream engine.
+type ReplicaConfig struct {
+	Name   string  // label in metrics and logs; default: host:port of URL
+	URL    string  // base URL, e.g. http://10.0.0.5:8000
+	Weight float64 // relative capacity; 0 means 1
+}
+
+// Replica is one upstream engine and everything the router knows about it
+// right now. Its fields are read on the hot path without locks: counters are
+// atomics, the breaker mirrors its state into an atomic, telemetry arrives
+// as an immutable snapshot. Build with NewReplica; the zero value is unusable.
+type Replica struct {
+	name   string
+	url    string
+	addr   string // host:port
+	tls    bool
+	weight float64
+
+	inFlight atomic.Int64 // requests the router has sent and not yet finished
+	served   atomic.Int64 // requests ever acquired, for tests and debug views
+
+	// healthy is the active health check's verdict. A replica starts healthy
+	// so traffic flows before the first check completes.
+	healthy atomic.Bool
+	// openUntil mirrors the breaker: unix nanos until which it is open (0 =
+	// closed or half-open). Pick skips the replica until then; after it the
+	// breaker itself decides whether a probe may go through.
+	openUntil atomic.Int64
+
+	breaker     *gobreaker.TwoStepCircuitBreaker[struct{}]
+	openTimeout time.Duration
+	now         func() time.Time
+}
+
+// NewReplica builds a replica. now is the clock used to stamp breaker state
+// changes (nil means time.Now).
+func NewReplica(cfg ReplicaConfig, bc BreakerConfig, now func() time.Time) (*Replica, error) {
+	u, err := url.Parse(cfg.URL)
+	if err != nil {
+		return nil, err
+	}
+	if u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		return nil, errors.New("balancer: replica URL must be http(s)://host[:port]: " + cfg.URL)
+	}
+	if now == nil {
+		now = time.Now
+	}
+	addr := u.Host
+	if u.Port() == "" {
+		if u.Scheme == "https" {
+			addr += ":443"
+		} else {
+			addr += ":80"
+		}
+	}
+	r := &Replica{
+		name:   cfg.Name,
+		url:    cfg.URL,
+		addr:   addr,
+		tls:    u.Scheme == "https",
+		weight: cfg.Weight,
+		now:    now,
+	}
+	if r.name == "" {
+		r.name = addr
+	}
+	if r.weight <= 0 {
+		r.weight = 1
+	}
+	r.healthy.Store(true)
+	bc = bc.withDefaults()
+	r.openTimeout = bc.OpenTimeout
+	r.breaker = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
+		Name:        r.name,
+		MaxRequests: uint32(bc.HalfOpenRequests),
+		Timeout:     bc.OpenTimeout,
+		ReadyToTrip: func(c gobreaker.Counts) bool {
+			return c.ConsecutiveFailures >= uint32(bc.ConsecutiveFailures)
+		},
+		IsExcluded:    func(err error) bool { return errors.Is(err, ErrNotReplicaFault) },
+		OnStateChange: func(_ string, _, to gobreaker.State) { r.breakerChanged(to) },
+	})
+	return r, nil
+}
+
+func (r *Replica) breakerChanged(to gobreaker.State) {
+	if to == gobreaker.StateOpen {
+		r.openUntil.Store(r.now().Add(r.openTimeout).UnixNano())
+		return
+	}
+	r.openUntil.Store(0)
+}
+
+// Name is the replica's label in metrics and logs.
+func (r *Replica) Name() string { return r.name }
+
+// URL is the replica's base URL.
+func (r *Replica) URL() string { return r.url }
+
+// Addr is host:port to dial.
+func (r *Replica) Addr() string { return r.addr }
+
+// TLS reports whether the replica is reached over https.
+func (r *Replica) TLS() bool { return r.tls }
+
+// Weight is the replica's relative capacity (≥ some positive number).
+func (r *Replica) Weight() float64 { return r.weight }
+
+// InFlight is the number of requests the router has sent to the replica
+// and not yet seen finish (the stream closed).
+func (r *Replica) InFlight() int64 { return r.inFlight.Load() }
+
+// Served is how many requests were ever sent to the replica.
+func (r *Replica) Served() int64 { return r.served.Load() }
+
+// Healthy is the active health check's current verdict.
+func (r *Replica) Healthy() bool { return r.healthy.Load() }
+
+// SetHealthy records the health check's verdict.
+func (r *Replica) SetHealthy(ok bool) { r.healthy.Store(ok) }
+
+// BreakerState is the circuit breaker's state: "closed", "half-open" or "open".
+func (r *Replica) BreakerState() string { return r.breaker.State().String() }
+
+// Available reports whether a picker may choose the replica at now: healthy
+// and its breaker not open (an open breaker whose timeout has passed counts
+// as available, so the breaker gets its half-open probe).
+func (r *Replica) Available(now time.Time) bool {
+	if !r.healthy.Load() {
+		return false
+	}
+	until := r.openUntil.Load()
+	return until == 0 || now.UnixNano() >= until
+}
+
+// Lease is one request's hold on a replica, from Acquire to Done.
+type Lease struct {
+	r    *Replica
+	done func(error)
+}
+
+// Acquire asks the breaker for permission and counts the request in flight.
+// It fails with ErrBreakerOpen when the breaker refuses. The caller must call
+// Done exactly once, when the response has ended (stream closed).
+func (r *Replica) Acquire() (Lease, error) {
+	done, err := r.breaker.Allow()
+	if err != nil {
+		return Lease{}, ErrBreakerOpen
+	}
+	r.inFlight.Add(1)
+	r.served.Add(1)
+	return Lease{r: r, done: done}, nil
+}
+
+// Done ends the lease. err nil is a success; an error wrapping
+// ErrNotReplicaFault is ignored by the breaker; any other error counts as a
+// failure of the replica.
+func (l Lease) Done(err error) {
+	if l.r == nil {
+		return
+	}
+	l.r.inFlight.Add(-1)
+	l.done(err)
+}

@@ -1,0 +1,201 @@
+package proxy
+
+import (
+	"errors"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/gpurouter/gpurouter/balancer"
+	"go.uber.org/zap"
+)
+
+// outcome is how a request ended, in a few low-cardinality words for metric
+// labels and logs.
+type outcome uint8
+
+const (
+	outcomeOK            outcome = iota // served, stream ended with [DONE]
+	outcomeClientError                  // 4xx: the client's request was refused (by the router or the engine)
+	outcomeCanceled                     // the client went away (499)
+	outcomeNoReplica                    // no healthy replica (503)
+	outcomeShed                         // refused by admission (429)
+	outcomeUpstreamError                // the engine failed: 5xx, bad body, error event
+	outcomeBrokenStream                 // the stream ended without [DONE]
+	outcomeTimeout                      // first-byte, idle or total deadline hit
+	outcomeShutdown                     // aborted by router shutdown
+)
+
+var outcomeNames = [...]string{"ok", "client_error", "canceled", "no_replica", "shed", "upstream_error", "broken_stream", "timeout", "shutdown"}
+
+func (o outcome) String() string { return outcomeNames[o] }
+
+// exchange is one request's journey through the router: what was asked,
+// where it went, and when each thing happened. It lives from the handler
+// until the response stream closes, and is finished exactly once.
+type exchange struct {
+	s        *Server
+	id       string
+	ep       endpoint
+	req      request
+	pool     *balancer.Pool
+	up       *upstream // the replica that answered (nil if none did)
+	lease    balancer.Lease
+	attempts int
+
+	received  time.Time // full request read by the router
+	sent      time.Time // last attempt handed to the upstream client
+	firstByte time.Time // upstream response headers read
+	firstTok  time.Time // first token chunk relayed
+	lastTok   time.Time // last token chunk relayed
+	itlCount  int
+	itlSum    time.Duration
+	itlMax    time.Duration
+
+	promptTokens     int // from the engine's usage (estimate if none came)
+	completionTokens int
+	gotUsage         bool
+	tokenChunks      int
+
+	status  int
+	outcome outcome
+	err     error
+	done    atomic.Bool
+}
+
+// tokenChunk records the arrival of a chunk carrying output.
+func (x *exchange) tokenChunk(now time.Time) {
+	x.tokenChunks++
+	if x.firstTok.IsZero() {
+		x.firstTok = now
+		if x.up != nil {
+			x.up.m.ttft.Observe(now.Sub(x.received).Seconds())
+		}
+	} else {
+		gap := now.Sub(x.lastTok)
+		x.itlCount++
+		x.itlSum += gap
+		x.itlMax = max(x.itlMax, gap)
+		if x.up != nil {
+			x.up.m.itl.Observe(gap.Seconds())
+		}
+	}
+	x.lastTok = now
+}
+
+// outcomeOf maps a terminal error to an outcome and tells whether the
+// breaker should count it against the replica.
+func outcomeOf(err error, status int) (outcome, error) {
+	switch {
+	case err == nil && status < 400:
+		return outcomeOK, nil
+	case err == nil && status == 429:
+		return outcomeShed, balancer.ErrNotReplicaFault
+	case err == nil && status < 500:
+		return outcomeClientError, nil
+	case err == nil:
+		return outcomeUpstreamError, errors.New("upstream status " + strconv.Itoa(status))
+	case errors.Is(err, ErrClientGone):
+		return outcomeCanceled, errors.Join(err, balancer.ErrNotReplicaFault)
+	case errors.Is(err, ErrShuttingDown):
+		return outcomeShutdown, errors.Join(err, balancer.ErrNotReplicaFault)
+	case errors.Is(err, ErrTimeout):
+		return outcomeTimeout, err
+	case errors.Is(err, errBrokenStream):
+		return outcomeBrokenStream, err
+	case errors.Is(err, ErrNoReplica):
+		return outcomeNoReplica, nil
+	case errors.Is(err, ErrShed):
+		return outcomeShed, nil
+	case errors.Is(err, ErrBadRequest), errors.Is(err, ErrUnknownModel), errors.Is(err, ErrNotFound),
+		errors.Is(err, ErrMethodNotAllowed), errors.Is(err, ErrBodyTooLarge):
+		return outcomeClientError, nil
+	}
+	return outcomeUpstreamError, err
+}
+
+// finish ends the exchange once: releases the replica, records metrics, the
+// access log line and the debug record. err is the terminal error (nil for
+// a clean end); status is what the client got.
+func (x *exchange) finish(err error, status int) {
+	if !x.done.CompareAndSwap(false, true) {
+		return
+	}
+	end := x.s.now()
+	x.status = status
+	x.err = err
+	var breakerErr error
+	x.outcome, breakerErr = outcomeOf(err, status)
+	if x.up != nil {
+		x.lease.Done(breakerErr)
+	}
+	s := x.s
+	s.active.Add(-1)
+
+	model, replica := "", ""
+	if x.pool != nil {
+		model = x.pool.Model()
+	}
+	if x.up != nil {
+		replica = x.up.replica.Name()
+	}
+	s.m.requests.WithLabelValues(model, replica, statusText(status), x.outcome.String()).Inc()
+
+	e2eEnd := end
+	if !x.lastTok.IsZero() {
+		e2eEnd = x.lastTok // as vllm bench: the last token chunk, not [DONE]
+	}
+	if x.up != nil && x.outcome == outcomeOK {
+		x.up.m.e2e.Observe(e2eEnd.Sub(x.received).Seconds())
+		if x.gotUsage {
+			x.up.m.promptToks.Add(float64(x.promptTokens))
+			x.up.m.genToks.Add(float64(x.completionTokens))
+		}
+		if x.completionTokens > 1 && !x.firstTok.IsZero() {
+			tpot := x.lastTok.Sub(x.firstTok).Seconds() / float64(x.completionTokens-1)
+			x.up.m.tpot.Observe(tpot)
+		}
+	}
+	s.records.add(x.record(e2eEnd))
+	if ce := s.log.Check(zap.InfoLevel, "request"); ce != nil {
+		ce.Write(
+			zap.String("request_id", x.id),
+			zap.String("endpoint", x.ep.String()),
+			zap.String("model", model),
+			zap.String("replica", replica),
+			zap.Int("status", status),
+			zap.String("outcome", x.outcome.String()),
+			zap.Bool("stream", x.req.stream),
+			zap.Int("attempts", x.attempts),
+			zap.Duration("ttft", sinceOr(x.firstTok, x.received)),
+			zap.Duration("e2e", e2eEnd.Sub(x.received)),
+			zap.Int("prompt_tokens", x.promptTokens),
+			zap.Int("completion_tokens", x.completionTokens),
+			zap.NamedError("error", errOrNil(err, x.outcome)),
+		)
+	}
+}
+
+func sinceOr(t, from time.Time) time.Duration {
+	if t.IsZero() {
+		return 0
+	}
+	return t.Sub(from)
+}
+
+func errOrNil(err error, o outcome) error {
+	if o == outcomeOK {
+		return nil
+	}
+	return err
+}
+
+func statusText(status int) string {
+	switch status {
+	case 200:
+		return "200"
+	case 0:
+		return "0"
+	}
+	return strconv.Itoa(status)
+}

@@ -1,0 +1,240 @@
+package proxy
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/tidwall/gjson"
+	"github.com/valyala/bytebufferpool"
+	"github.com/valyala/fasthttp"
+)
+
+// hopByHop are the headers that describe one connection, not the message
+// (RFC 9110 §7.6.1), plus Accept-Encoding: the router must read the
+// engine's stream, so it asks for identity.
+var hopByHop = [...][]byte{
+	[]byte("Connection"), []byte("Keep-Alive"), []byte("Proxy-Authenticate"),
+	[]byte("Proxy-Authorization"), []byte("Proxy-Connection"), []byte("Te"),
+	[]byte("Trailer"), []byte("Transfer-Encoding"), []byte("Upgrade"),
+}
+
+func isHopByHop(k []byte) bool {
+	for _, h := range hopByHop {
+		if bytes.EqualFold(k, h) {
+			return true
+		}
+	}
+	return false
+}
+
+// upstreamRequest builds the request sent to replicas: the client's headers
+// minus hop-by-hop ones, the request id, and the (possibly rewritten) body.
+func (s *Server) upstreamRequest(ctx *fasthttp.RequestCtx, x *exchange, ep endpoint, body []byte) *fasthttp.Request {
+	u := fasthttp.AcquireRequest()
+	// Headers named in Connection are hop-by-hop too (RFC 9110 §7.6.1).
+	connHdr := ctx.Request.Header.Peek("Connection")
+	ctx.Request.Header.VisitAll(func(k, v []byte) {
+		if isHopByHop(k) || bytes.EqualFold(k, []byte("Accept-Encoding")) ||
+			bytes.EqualFold(k, []byte("Content-Length")) || bytes.EqualFold(k, []byte("Host")) ||
+			listsToken(connHdr, k) {
+			return
+		}
+		u.Header.SetBytesKV(k, v)
+	})
+	u.Header.SetMethod(fasthttp.MethodPost)
+	u.SetRequestURI(ep.path())
+	u.Header.Set("X-Request-Id", x.id)
+	u.Header.Set("X-Forwarded-For", ctx.RemoteIP().String())
+	u.SetBodyRaw(body)
+	return u
+}
+
+// listsToken reports whether a comma-separated header value names tok.
+func listsToken(list, tok []byte) bool {
+	for len(list) > 0 {
+		var item []byte
+		item, list, _ = bytes.Cut(list, []byte(","))
+		if bytes.EqualFold(bytes.TrimSpace(item), tok) {
+			return true
+		}
+	}
+	return false
+}
+
+// retryable reports an upstream status that says "not now, try elsewhere"
+// before the engine started on the request.
+func retryable(status int) bool {
+	return status == fasthttp.StatusBadGateway || status == fasthttp.StatusServiceUnavailable || status == fasthttp.StatusTooManyRequests
+}
+
+// forward picks a replica and sends the request, retrying on another
+// replica when the connection fails or the replica answers 502/503/429 —
+// only possible because nothing has reached the client yet. On success the
+// exchange holds the replica's lease and the response is ready to relay.
+func (s *Server) forward(rt *routeTable, x *exchange, ureq *fasthttp.Request) (*fasthttp.Response, error) {
+	breq := balancer.Request{
+		Model:        x.req.model,
+		PromptTokens: x.req.promptTokens(),
+		MaxTokens:    x.req.maxTokens,
+		AffinityKey:  x.req.user,
+		Now:          x.received,
+	}
+	var triedArr [8]*balancer.Replica
+	tried := triedArr[:0]
+	var lastErr error
+	for attempt := 0; attempt < s.cfg.MaxAttempts; {
+		if attempt > 0 {
+			s.sleep(s.backoff(attempt))
+			if s.totalExceeded(x) {
+				return nil, fmt.Errorf("%w: total deadline passed while retrying (%v)", ErrTimeout, lastErr)
+			}
+			breq.Now = s.now()
+		}
+		rep := x.pool.PickExcept(&breq, tried)
+		if rep == nil {
+			if lastErr == nil {
+				return nil, fmt.Errorf("%w for model %q", ErrNoReplica, x.pool.Model())
+			}
+			return nil, lastErr
+		}
+		tried = append(tried, rep)
+		lease, err := rep.Acquire()
+		if err != nil {
+			// An open breaker is not an attempt: nothing was sent.
+			lastErr = fmt.Errorf("%w for model %q (breakers open)", ErrNoReplica, x.pool.Model())
+			continue
+		}
+		attempt++
+		x.attempts++
+		up := rt.upstreams[rep]
+		resp := fasthttp.AcquireResponse()
+		resp.StreamBody = true
+		ureq.Header.SetHost(rep.Addr())
+		x.sent = s.now()
+		err = up.client.Do(ureq, resp)
+		if err != nil {
+			fasthttp.ReleaseResponse(resp)
+			lastErr = upstreamError(rep, err)
+			lease.Done(lastErr)
+			s.m.retries.WithLabelValues(x.pool.Model(), retryReason(lastErr)).Inc()
+			continue
+		}
+		status := resp.StatusCode()
+		if retryable(status) && attempt < s.cfg.MaxAttempts {
+			if status == fasthttp.StatusTooManyRequests {
+				lease.Done(balancer.ErrNotReplicaFault)
+			} else {
+				lease.Done(fmt.Errorf("upstream status %d", status))
+			}
+			resp.CloseBodyStream()
+			fasthttp.ReleaseResponse(resp)
+			lastErr = fmt.Errorf("%w: %s answered %d", ErrUpstream, rep.Name(), status)
+			s.m.retries.WithLabelValues(x.pool.Model(), fmt.Sprint(status)).Inc()
+			continue
+		}
+		x.up, x.lease, x.firstByte = up, lease, s.now()
+		return resp, nil
+	}
+	return nil, lastErr
+}
+
+func upstreamError(rep *balancer.Replica, err error) error {
+	if isTimeout(err) {
+		return fmt.Errorf("%w: %s sent no response in time: %v", ErrTimeout, rep.Name(), err)
+	}
+	return fmt.Errorf("%w: %s: %v", ErrUpstream, rep.Name(), err)
+}
+
+func retryReason(err error) string {
+	if errors.Is(err, ErrTimeout) {
+		return "timeout"
+	}
+	return "connect"
+}
+
+// backoff is full-jitter exponential: uniform in [0, min(max, base·2^n)).
+func (s *Server) backoff(attempt int) time.Duration {
+	d := s.cfg.BackoffBase << (attempt - 1)
+	if d > s.cfg.BackoffMax || d <= 0 {
+		d = s.cfg.BackoffMax
+	}
+	return time.Duration(s.jitter(int64(d)) + 1)
+}
+
+func isEventStream(resp *fasthttp.Response) bool {
+	return bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream"))
+}
+
+// copyHeaders copies the upstream response headers the client should see.
+func copyHeaders(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, x *exchange) {
+	resp.Header.VisitAll(func(k, v []byte) {
+		if isHopByHop(k) || bytes.EqualFold(k, []byte("Content-Length")) || bytes.EqualFold(k, []byte("Server")) ||
+			bytes.EqualFold(k, []byte("Date")) {
+			return
+		}
+		ctx.Response.Header.SetBytesKV(k, v)
+	})
+	ctx.Response.Header.Set("X-Request-Id", x.id)
+	ctx.Response.Header.Set("X-Gpurouter-Replica", x.up.replica.Name())
+}
+
+// startStream commits the 200 and hands the upstream stream to a relay;
+// fasthttp reads it after the handler returns.
+func (s *Server) startStream(ctx *fasthttp.RequestCtx, x *exchange, resp *fasthttp.Response, strip bool) {
+	copyHeaders(ctx, resp, x)
+	ctx.SetStatusCode(fasthttp.StatusOK)
+	ctx.Response.Header.Set("Cache-Control", "no-cache")
+	ctx.Response.ImmediateHeaderFlush = true
+	r := newRelay(x, resp, strip)
+	r.watch = s.startWatch(x, ctx.Conn(), r.abort)
+	ctx.Response.SetBodyStream(r, -1)
+}
+
+// respondWhole reads a non-streamed response (bounded, watched for client
+// disconnect) and passes it on; a 200 that is not JSON is a broken upstream.
+func (s *Server) respondWhole(ctx *fasthttp.RequestCtx, x *exchange, resp *fasthttp.Response) {
+	stream, _ := resp.BodyStream().(fasthttp.ReadCloserWithError)
+	buf := bytebufferpool.Get()
+	defer bytebufferpool.Put(buf)
+	var err error
+	if stream != nil {
+		w := s.startWatch(x, ctx.Conn(), func(e error) { stream.CloseWithError(e) })
+		_, err = buf.ReadFrom(io.LimitReader(stream, int64(s.cfg.MaxResponseBytes)+1))
+		w.stop()
+		if err == nil && buf.Len() > s.cfg.MaxResponseBytes {
+			err = fmt.Errorf("%w: response over %d bytes", ErrUpstream, s.cfg.MaxResponseBytes)
+		}
+		stream.CloseWithError(err)
+	} else {
+		buf.Set(resp.Body())
+	}
+	status := resp.StatusCode()
+	ctype := append([]byte(nil), resp.Header.ContentType()...)
+	if err == nil && status == fasthttp.StatusOK && !gjson.ValidBytes(buf.B) {
+		err = fmt.Errorf("%w: %s returned a malformed JSON body", ErrUpstream, x.up.replica.Name())
+	}
+	if err != nil {
+		fasthttp.ReleaseResponse(resp)
+		switch {
+		case isTimeout(err):
+			err = fmt.Errorf("%w: %v", ErrTimeout, err)
+		case !errors.Is(err, ErrUpstream) && !errors.Is(err, ErrClientGone):
+			err = fmt.Errorf("%w: %v", ErrUpstream, err)
+		}
+		s.reject(ctx, x, err)
+		return
+	}
+	if p, c, ok := readUsage(buf.B); ok {
+		x.promptTokens, x.completionTokens, x.gotUsage = p, c, true
+	}
+	copyHeaders(ctx, resp, x)
+	fasthttp.ReleaseResponse(resp)
+	ctx.SetStatusCode(status)
+	ctx.Response.Header.SetContentTypeBytes(ctype)
+	ctx.SetBody(buf.B)
+	x.finish(nil, status)
+}

@@ -1,0 +1,172 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/valyala/fasthttp"
+)
+
+// handle dispatches by path: the OpenAI API goes through proxyAPI, the
+// router's own endpoints are answered here.
+func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	path := string(ctx.Path())
+	switch path {
+	case "/health":
+		ctx.SetStatusCode(fasthttp.StatusOK)
+		return
+	case "/ready":
+		s.serveReady(ctx)
+		return
+	case "/metrics":
+		s.serveMetrics(ctx)
+		return
+	case "/v1/models":
+		if !ctx.IsGet() {
+			writeError(ctx, fmt.Errorf("%w: %s %s", ErrMethodNotAllowed, ctx.Method(), path))
+			return
+		}
+		s.serveModels(ctx)
+		return
+	case "/debug/requests":
+		s.serveDebugRequests(ctx)
+		return
+	case "/debug/pools":
+		s.serveDebugPools(ctx)
+		return
+	}
+	rt := s.routes.Load()
+	ep, prefixPool := rt.apiRoute(path)
+	switch {
+	case ep == 0:
+		writeError(ctx, fmt.Errorf("%w: no route for %s", ErrNotFound, path))
+	case !ctx.IsPost():
+		ctx.Response.Header.Set("Allow", "POST")
+		writeError(ctx, fmt.Errorf("%w: %s %s (use POST)", ErrMethodNotAllowed, ctx.Method(), path))
+	default:
+		s.proxyAPI(ctx, rt, ep, prefixPool)
+	}
+}
+
+// proxyAPI is one API request, top to bottom. Everything it acquires is
+// released in exchange.finish, called exactly once: here for requests that
+// end before a response stream starts, in relay.CloseWithError otherwise.
+func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint, prefixPool *balancer.Pool) {
+	x := &exchange{s: s, ep: ep, received: s.now()}
+	s.active.Add(1)
+	x.id = string(ctx.Request.Header.Peek("X-Request-Id"))
+	if x.id == "" {
+		x.id = s.ids()
+	}
+	ctx.Response.Header.Set("X-Request-Id", x.id)
+	if s.draining.Load() {
+		s.reject(ctx, x, ErrShuttingDown)
+		return
+	}
+
+	// 1. Parse the body once: model, stream, max_tokens, prompt size, user.
+	body := ctx.PostBody()
+	req, err := parseRequest(body, ep)
+	if err != nil {
+		s.reject(ctx, x, err)
+		return
+	}
+	x.req = req
+
+	// 2. Find the pool: the path prefix's, else the body's model.
+	x.pool, err = s.poolFor(rt, req.model, prefixPool)
+	if err != nil {
+		s.reject(ctx, x, err)
+		return
+	}
+
+	// The router needs exact token counts: ask the engine for the usage
+	// chunk, and hide it again if the client did not ask for it.
+	strip := false
+	if req.stream && !req.clientUsage && ep != epEmbeddings {
+		if body, err = withIncludeUsage(body, req.hasOptions); err != nil {
+			s.reject(ctx, x, fmt.Errorf("%w: %v", ErrBadRequest, err))
+			return
+		}
+		strip = true
+	}
+
+	// 3. Admission control (queueing when the pool is saturated) comes with
+	// the admission package; until then every parsed request is admitted.
+
+	// 4–5. Pick a replica and forward, retrying elsewhere before any byte
+	// has reached the client.
+	ureq := s.upstreamRequest(ctx, x, ep, body)
+	resp, err := s.forward(rt, x, ureq)
+	fasthttp.ReleaseRequest(ureq)
+	if !x.sent.IsZero() {
+		s.m.queue.WithLabelValues(x.pool.Model()).Observe(x.sent.Sub(x.received).Seconds())
+	}
+	if err != nil {
+		s.reject(ctx, x, err)
+		return
+	}
+
+	// 6. Relay: SSE event by event, or the whole body.
+	if resp.StatusCode() == fasthttp.StatusOK && isEventStream(resp) {
+		s.startStream(ctx, x, resp, strip)
+		return
+	}
+	s.respondWhole(ctx, x, resp)
+}
+
+// poolFor resolves the pool for a request.
+func (s *Server) poolFor(rt *routeTable, model string, prefixPool *balancer.Pool) (*balancer.Pool, error) {
+	if prefixPool != nil {
+		return prefixPool, nil
+	}
+	if model == "" {
+		if len(rt.pools) == 1 {
+			return rt.pools[0], nil // vLLM serves its one model when none is named
+		}
+		return nil, badParam("model", fmt.Sprintf("required; available models: %s", availableModels(rt)))
+	}
+	if p, ok := rt.byModel[model]; ok {
+		return p, nil
+	}
+	return nil, fmt.Errorf("%w: the model %q does not exist; available models: %s", ErrUnknownModel, model, availableModels(rt))
+}
+
+func availableModels(rt *routeTable) string {
+	out := ""
+	for _, p := range rt.pools {
+		for _, n := range append([]string{p.Model()}, p.Aliases()...) {
+			if out != "" {
+				out += ", "
+			}
+			out += n
+		}
+	}
+	return out
+}
+
+// reject answers with err's status and OpenAI error body and finishes the
+// exchange.
+func (s *Server) reject(ctx *fasthttp.RequestCtx, x *exchange, err error) {
+	writeError(ctx, err)
+	ctx.Response.Header.Set("X-Request-Id", x.id)
+	if x.up != nil {
+		ctx.Response.Header.Set("X-Gpurouter-Replica", x.up.replica.Name())
+	}
+	x.finish(err, statusOf(err))
+}
+
+// handleParseError answers requests fasthttp could not read (body over the
+// limit, malformed HTTP) with an OpenAI error.
+func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
+	var tooLarge bool
+	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+		tooLarge = true
+	}
+	if tooLarge {
+		writeError(ctx, fmt.Errorf("%w: limit is %d bytes", ErrBodyTooLarge, s.cfg.MaxBodyBytes))
+		return
+	}
+	writeError(ctx, fmt.Errorf("%w: %v", ErrBadRequest, err))
+}

@@ -1,0 +1,134 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// testRouter is a Server on a loopback port over the given upstreams.
+type testRouter struct {
+	url   string
+	srv   *Server
+	pool  *balancer.Pool
+	reps  []*balancer.Replica
+	reg   *prometheus.Registry
+	sleep []time.Duration
+}
+
+type routerOpt func(*Config, *balancer.PoolConfig, *balancer.BreakerConfig)
+
+func withPolicy(p string) routerOpt {
+	return func(_ *Config, pc *balancer.PoolConfig, _ *balancer.BreakerConfig) { pc.Policy = p }
+}
+
+func withConfig(f func(*Config)) routerOpt {
+	return func(c *Config, _ *balancer.PoolConfig, _ *balancer.BreakerConfig) { f(c) }
+}
+
+func withBreaker(n int) routerOpt {
+	return func(_ *Config, _ *balancer.PoolConfig, bc *balancer.BreakerConfig) {
+		bc.ConsecutiveFailures = n
+		bc.OpenTimeout = time.Hour
+	}
+}
+
+func startRouter(t *testing.T, urls []string, opts ...routerOpt) *testRouter {
+	t.Helper()
+	cfg := Config{DisconnectCheck: 20 * time.Millisecond}
+	pc := balancer.PoolConfig{Model: "m", Aliases: []string{"m-alias"}, Policy: "round_robin"}
+	bc := balancer.BreakerConfig{}
+	for _, o := range opts {
+		o(&cfg, &pc, &bc)
+	}
+	tr := &testRouter{reg: prometheus.NewRegistry()}
+	for i, u := range urls {
+		r, err := balancer.NewReplica(balancer.ReplicaConfig{Name: "r" + string(rune('0'+i)), URL: u}, bc, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr.reps = append(tr.reps, r)
+	}
+	p, err := balancer.NewPool(pc, tr.reps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.pool = p
+	srv, err := New(Options{
+		Config: cfg, Pools: []*balancer.Pool{p}, Registerer: tr.reg, Gatherer: tr.reg,
+		Sleep: func(d time.Duration) { tr.sleep = append(tr.sleep, d) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.srv = srv
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.url = "http://" + ln.Addr().String()
+	done := make(chan struct{})
+	go func() { srv.Serve(ln); close(done) }() //nolint:errcheck
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx) //nolint:errcheck
+		<-done
+	})
+	return tr
+}
+
+// post sends a JSON body and returns the response (caller closes it).
+func post(t *testing.T, url, body string, hdr ...string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest("POST", url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+// sseEvents reads every data: payload of a stream.
+func sseEvents(t *testing.T, r io.Reader) []string {
+	t.Helper()
+	var out []string
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		if p, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// waitFor polls cond (bounded: 5 s) — for effects that happen on another
+// goroutine after the response, like the finish of a stream.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+const chatStream = `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+const chatPlain = `{"model":"m","messages":[{"role":"user","content":"hi"}]}`

@@ -1,0 +1,108 @@
+package proxy
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// vLLM's histogram boundaries (vllm/v1/metrics/loggers.py), so router and
+// engine histograms compare bucket by bucket.
+var (
+	ttftBuckets = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560}
+	itlBuckets  = []float64{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}
+	e2eBuckets  = []float64{0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920, 7680}
+	// Connect times are far below vLLM's request scales; these resolve
+	// loopback (sub-ms) up to a slow cross-zone handshake.
+	connectBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}
+)
+
+// metrics are the router's own Prometheus series. Per-replica children are
+// resolved once per replica (replicaMetrics) so the hot path only observes.
+type metrics struct {
+	requests   *prometheus.CounterVec // model, replica, status, outcome
+	retries    *prometheus.CounterVec // model, reason
+	ttft       *prometheus.HistogramVec
+	itl        *prometheus.HistogramVec
+	tpot       *prometheus.HistogramVec
+	e2e        *prometheus.HistogramVec
+	queue      *prometheus.HistogramVec // model
+	connect    *prometheus.HistogramVec // replica
+	promptToks *prometheus.CounterVec
+	genToks    *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	lr := []string{"model", "replica"}
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpurouter_requests_total",
+			Help: "Requests finished, by model, replica (\"\" if none was reached), HTTP status and outcome.",
+		}, []string{"model", "replica", "status", "outcome"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpurouter_retries_total",
+			Help: "Attempts retried on another replica before any byte reached the client, by reason.",
+		}, []string{"model", "reason"}),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "gpurouter_time_to_first_token_seconds",
+			Help:    "Router-side TTFT: request fully received to first token chunk relayed.",
+			Buckets: ttftBuckets,
+		}, lr),
+		itl: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "gpurouter_inter_token_latency_seconds",
+			Help:    "Router-side gap between consecutive token chunks.",
+			Buckets: itlBuckets,
+		}, lr),
+		tpot: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "gpurouter_request_time_per_output_token_seconds",
+			Help:    "Router-side (e2e - TTFT) / (output tokens - 1), per request with more than one output token.",
+			Buckets: itlBuckets,
+		}, lr),
+		e2e: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "gpurouter_e2e_request_latency_seconds",
+			Help:    "Router-side end-to-end latency: request fully received to last token chunk (or response end).",
+			Buckets: e2eBuckets,
+		}, lr),
+		queue: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "gpurouter_request_queue_time_seconds",
+			Help:    "Time a request spent in the router before being sent upstream (admission wait, picking, retries).",
+			Buckets: e2eBuckets,
+		}, []string{"model"}),
+		connect: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "gpurouter_upstream_connect_seconds",
+			Help:    "TCP connect time to a replica, per new connection.",
+			Buckets: connectBuckets,
+		}, []string{"replica"}),
+		promptToks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpurouter_prompt_tokens_total",
+			Help: "Prompt tokens of finished requests, as the engine reported them in usage.",
+		}, lr),
+		genToks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpurouter_generation_tokens_total",
+			Help: "Generated tokens of finished requests, as the engine reported them in usage.",
+		}, lr),
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.retries, m.ttft, m.itl, m.tpot, m.e2e, m.queue, m.connect, m.promptToks, m.genToks} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// replicaMetrics are one replica's pre-resolved children.
+type replicaMetrics struct {
+	ttft, itl, tpot, e2e prometheus.Observer
+	connect              prometheus.Observer
+	promptToks, genToks  prometheus.Counter
+}
+
+func (m *metrics) forReplica(model, replica string) *replicaMetrics {
+	return &replicaMetrics{
+		ttft:       m.ttft.WithLabelValues(model, replica),
+		itl:        m.itl.WithLabelValues(model, replica),
+		tpot:       m.tpot.WithLabelValues(model, replica),
+		e2e:        m.e2e.WithLabelValues(model, replica),
+		connect:    m.connect.WithLabelValues(replica),
+		promptToks: m.promptToks.WithLabelValues(model, replica),
+		genToks:    m.genToks.WithLabelValues(model, replica),
+	}
+}

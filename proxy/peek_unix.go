@@ -1,0 +1,26 @@
+//go:build unix
+
+package proxy
+
+import "syscall"
+
+// peerClosed reports whether the peer of a socket has closed it, without
+// consuming data: a non-blocking MSG_PEEK read returns 0 bytes only at
+// end of stream, and an error other than "would block" means the
+// connection is dead (reset).
+func peerClosed(raw syscall.RawConn) bool {
+	var closed bool
+	var b [1]byte
+	err := raw.Read(func(fd uintptr) bool {
+		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		switch {
+		case err == syscall.EAGAIN || err == syscall.EINTR:
+		case err != nil:
+			closed = true
+		case n == 0:
+			closed = true
+		}
+		return true
+	})
+	return closed || err != nil
+}

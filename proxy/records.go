@@ -1,0 +1,131 @@
+package proxy
+
+import (
+	"encoding/json"
+	"sync"
+	"time"
+)
+
+// Record is one finished request as the router measured it, kept in a
+// bounded ring for `gpurouter bench`, which matches records to its own
+// requests by request id to compare client and router latency per request.
+// Times are Unix nanoseconds (0 = did not happen); durations are seconds.
+type Record struct {
+	RequestID        string  `json:"request_id"`
+	Model            string  `json:"model"`
+	Replica          string  `json:"replica"`
+	Status           int     `json:"status"`
+	Outcome          string  `json:"outcome"`
+	Stream           bool    `json:"stream"`
+	Attempts         int     `json:"attempts"`
+	ReceivedNs       int64   `json:"received_unix_ns"`
+	AdmittedNs       int64   `json:"admitted_unix_ns"`
+	FirstByteNs      int64   `json:"first_byte_unix_ns"`
+	FirstTokenNs     int64   `json:"first_token_unix_ns"`
+	DoneNs           int64   `json:"done_unix_ns"`
+	QueueS           float64 `json:"queue_s"`
+	TTFTS            float64 `json:"ttft_s"`
+	E2ES             float64 `json:"e2e_s"`
+	ITLMeanS         float64 `json:"itl_mean_s"`
+	ITLMaxS          float64 `json:"itl_max_s"`
+	ITLCount         int     `json:"itl_count"`
+	PromptTokens     int     `json:"prompt_tokens"`
+	CompletionTokens int     `json:"completion_tokens"`
+}
+
+func unixNs(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func (x *exchange) record(end time.Time) Record {
+	r := Record{
+		RequestID:        x.id,
+		Status:           x.status,
+		Outcome:          x.outcome.String(),
+		Stream:           x.req.stream,
+		Attempts:         x.attempts,
+		ReceivedNs:       unixNs(x.received),
+		AdmittedNs:       unixNs(x.sent),
+		FirstByteNs:      unixNs(x.firstByte),
+		FirstTokenNs:     unixNs(x.firstTok),
+		DoneNs:           unixNs(end),
+		E2ES:             end.Sub(x.received).Seconds(),
+		ITLCount:         x.itlCount,
+		PromptTokens:     x.promptTokens,
+		CompletionTokens: x.completionTokens,
+	}
+	if x.pool != nil {
+		r.Model = x.pool.Model()
+	}
+	if x.up != nil {
+		r.Replica = x.up.replica.Name()
+	}
+	if !x.sent.IsZero() {
+		r.QueueS = x.sent.Sub(x.received).Seconds()
+	}
+	if !x.firstTok.IsZero() {
+		r.TTFTS = x.firstTok.Sub(x.received).Seconds()
+	}
+	if x.itlCount > 0 {
+		r.ITLMeanS = x.itlSum.Seconds() / float64(x.itlCount)
+		r.ITLMaxS = x.itlMax.Seconds()
+	}
+	return r
+}
+
+// recordRing keeps the most recent records; older ones are overwritten.
+type recordRing struct {
+	mu   sync.Mutex // guards buf, next, full
+	buf  []Record
+	next int
+	full bool
+}
+
+func newRecordRing(n int) *recordRing { return &recordRing{buf: make([]Record, n)} }
+
+func (r *recordRing) add(rec Record) {
+	r.mu.Lock()
+	r.buf[r.next] = rec
+	r.next++
+	if r.next == len(r.buf) {
+		r.next, r.full = 0, true
+	}
+	r.mu.Unlock()
+}
+
+// since returns records finished at or after sinceNs, oldest first, at most
+// limit of them (the newest ones when more match).
+func (r *recordRing) since(sinceNs int64, limit int) []Record {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []Record
+	n := r.next
+	start := 0
+	if r.full {
+		n = len(r.buf)
+		start = r.next
+	}
+	for i := 0; i < n; i++ {
+		rec := r.buf[(start+i)%len(r.buf)]
+		if rec.DoneNs >= sinceNs {
+			out = append(out, rec)
+		}
+	}
+	if limit > 0 && len(out) > limit {
+		out = out[len(out)-limit:]
+	}
+	return out
+}
+
+// recordsJSON is the /debug/requests document.
+func recordsJSON(recs []Record) ([]byte, error) {
+	if recs == nil {
+		recs = []Record{}
+	}
+	return json.Marshal(struct {
+		Records []Record `json:"records"`
+	}{recs})
+}

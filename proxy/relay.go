@@ -1,0 +1,233 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+
+	"github.com/valyala/fasthttp"
+)
+
+// errBrokenStream marks an upstream stream that ended, or failed, before
+// its data: [DONE]; the client is told with an error event.
+var errBrokenStream = fmt.Errorf("%w: stream ended without [DONE]", ErrUpstream)
+
+// maxEventBytes bounds one SSE event; an upstream sending more without a
+// blank line is broken, not a reason to grow memory without bound.
+const maxEventBytes = 4 << 20
+
+var doneEvent = []byte("data: [DONE]\n\n")
+
+// relay streams an upstream SSE response to the client event by event. It
+// is the body stream fasthttp reads from after the handler returns: every
+// Read hands over the complete events that have arrived, so each is
+// flushed as soon as it lands. It records token timings on the exchange,
+// removes the usage chunk the router injected, turns an upstream failure
+// into an error event plus [DONE], and on close releases everything the
+// request held (see CloseWithError).
+type relay struct {
+	x     *exchange
+	body  fasthttp.ReadCloserWithError // the upstream response stream
+	resp  *fasthttp.Response
+	strip bool // drop the usage-only chunk: the client did not ask for it
+
+	buf     []byte // backing store of in
+	in      []byte // upstream bytes not yet split into events
+	out     []byte // processed bytes the client has not read yet
+	outPos  int
+	sawDone bool
+	eof     bool  // nothing more will be written after out
+	failure error // why the stream ended badly (nil for a clean end)
+	errEv   bool  // the upstream sent an error event
+
+	abortErr  atomic.Pointer[error] // set by abort, from the watcher
+	watch     *clientWatch
+	closeOnce sync.Once
+}
+
+var relayBufs = sync.Pool{New: func() any { b := make([]byte, 0, 16<<10); return &b }}
+
+func newRelay(x *exchange, resp *fasthttp.Response, strip bool) *relay {
+	bp := relayBufs.Get().(*[]byte)
+	r := &relay{
+		x:     x,
+		body:  resp.BodyStream().(fasthttp.ReadCloserWithError),
+		resp:  resp,
+		strip: strip,
+		buf:   (*bp)[:0],
+	}
+	r.in = r.buf[:0]
+	return r
+}
+
+// abort ends the stream from outside (client gone, shutdown, deadline): it
+// interrupts a blocked upstream read by closing the upstream connection,
+// which is also what tells the engine to stop generating.
+func (r *relay) abort(err error) {
+	if r.abortErr.CompareAndSwap(nil, &err) {
+		r.body.CloseWithError(err)
+	}
+}
+
+// Read implements io.Reader for fasthttp's body writer.
+func (r *relay) Read(p []byte) (int, error) {
+	for {
+		if r.outPos < len(r.out) {
+			n := copy(p, r.out[r.outPos:])
+			r.outPos += n
+			return n, nil
+		}
+		r.out, r.outPos = r.out[:0], 0
+		if r.eof {
+			return 0, io.EOF
+		}
+		if err := r.fill(); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// fill reads once from upstream and processes every complete event. It
+// returns an error only when the client is gone (nothing left to tell it).
+func (r *relay) fill() error {
+	if len(r.in) == cap(r.in) {
+		if len(r.in) >= maxEventBytes {
+			r.fail(fmt.Errorf("%w: event larger than %d bytes", ErrUpstream, maxEventBytes))
+			return nil
+		}
+		grown := make([]byte, len(r.in), 2*cap(r.in)+4096)
+		copy(grown, r.in)
+		r.buf, r.in = grown, grown
+	}
+	n, err := r.body.Read(r.in[len(r.in):cap(r.in)])
+	r.in = r.in[:len(r.in)+n]
+	if n > 0 {
+		r.process()
+	}
+	if err == nil {
+		if r.x.s.totalExceeded(r.x) {
+			r.fail(fmt.Errorf("%w: total request deadline", ErrTimeout))
+		}
+		return nil
+	}
+	if ap := r.abortErr.Load(); ap != nil {
+		if errors.Is(*ap, ErrClientGone) {
+			r.failure = *ap
+			r.eof = true
+			return *ap
+		}
+		r.fail(*ap)
+		return nil
+	}
+	switch {
+	case errors.Is(err, io.EOF) && r.sawDone:
+		r.eof = true
+	case errors.Is(err, io.EOF):
+		r.fail(errBrokenStream)
+	case isTimeout(err):
+		r.fail(fmt.Errorf("%w: no stream event for %s", ErrTimeout, r.x.s.cfg.IdleTimeout))
+	default:
+		r.fail(fmt.Errorf("%w: %v", errBrokenStream, err))
+	}
+	return nil
+}
+
+// process moves every complete event from in to out, recording timings.
+func (r *relay) process() {
+	now := r.x.s.now()
+	rest := r.in
+	for {
+		k := nextEvent(rest)
+		if k < 0 {
+			break
+		}
+		ev := rest[:k]
+		rest = rest[k:]
+		if r.sawDone {
+			continue // nothing after [DONE] is part of the answer
+		}
+		payload := eventData(ev)
+		switch classifyEvent(payload) {
+		case evToken:
+			r.x.tokenChunk(now)
+			r.takeUsage(payload)
+		case evUsageOnly:
+			r.takeUsage(payload)
+			if r.strip {
+				continue
+			}
+		case evDone:
+			r.sawDone = true
+		case evError:
+			r.errEv = true
+		}
+		r.out = append(r.out, ev...)
+	}
+	n := copy(r.buf[:cap(r.buf)], rest)
+	r.in = r.buf[:n]
+}
+
+func (r *relay) takeUsage(payload []byte) {
+	if p, c, ok := readUsage(payload); ok {
+		r.x.promptTokens, r.x.completionTokens, r.x.gotUsage = p, c, true
+	}
+}
+
+// fail ends the stream with an error event and [DONE], as OpenAI-compatible
+// servers do once the status line is already sent.
+func (r *relay) fail(err error) {
+	if r.failure == nil {
+		r.failure = err
+	}
+	r.out = append(r.out, "data: "...)
+	r.out = appendErrorJSON(r.out, err)
+	r.out = append(r.out, "\n\n"...)
+	r.out = append(r.out, doneEvent...)
+	r.eof = true
+}
+
+// CloseWithError is called once by fasthttp when it has finished writing
+// the body; err is non-nil when writing to the client failed. It releases
+// everything the request held: the watcher, the upstream stream (an unread
+// stream's connection is closed, which aborts the engine's sequence), the
+// response, the replica lease, and records the outcome.
+func (r *relay) CloseWithError(err error) error {
+	r.closeOnce.Do(func() {
+		r.watch.stop()
+		final := r.failure
+		if final == nil && err != nil {
+			final = fmt.Errorf("%w: %v", ErrClientGone, err)
+		}
+		if final == nil && !r.eof {
+			final = ErrClientGone // closed before the end without a write error
+		}
+		if final == nil && r.errEv {
+			final = fmt.Errorf("%w: error event in stream", ErrUpstream)
+		}
+		if !r.sawDone || final != nil {
+			r.body.CloseWithError(errors.Join(final, errBrokenStream))
+		} else {
+			r.body.CloseWithError(nil)
+		}
+		fasthttp.ReleaseResponse(r.resp)
+		r.resp = nil
+		if !r.x.lastTok.IsZero() && r.x.completionTokens == 0 && !r.x.gotUsage {
+			r.x.completionTokens = r.x.tokenChunks // no usage: one chunk ≈ one token
+		}
+		r.x.finish(final, fasthttp.StatusOK)
+		b := r.buf[:0]
+		if cap(b) <= 64<<10 {
+			relayBufs.Put(&b)
+		}
+		r.buf, r.in, r.out = nil, nil, nil
+	})
+	return nil
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, fasthttp.ErrTimeout) || (errors.As(err, &ne) && ne.Timeout())
+}

@@ -1,0 +1,269 @@
+package proxy
+
+import (
+	"bytes"
+	"strconv"
+	"strings"
+	"unsafe"
+
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
+)
+
+// endpoint is which OpenAI API a request is for.
+type endpoint uint8
+
+const (
+	epChat endpoint = iota + 1
+	epCompletions
+	epEmbeddings
+)
+
+// path is the upstream path of the endpoint.
+func (e endpoint) path() string {
+	switch e {
+	case epChat:
+		return "/v1/chat/completions"
+	case epCompletions:
+		return "/v1/completions"
+	case epEmbeddings:
+		return "/v1/embeddings"
+	}
+	return ""
+}
+
+func (e endpoint) String() string {
+	switch e {
+	case epChat:
+		return "chat"
+	case epCompletions:
+		return "completions"
+	case epEmbeddings:
+		return "embeddings"
+	}
+	return "unknown"
+}
+
+// request is what the router needs from a client request body, read in one
+// pass. Strings are copies: they outlive the fasthttp body buffer.
+type request struct {
+	model       string // "" when the body has none
+	stream      bool
+	clientUsage bool // the client asked for stream_options.include_usage itself
+	hasOptions  bool // stream_options is present and an object
+	maxTokens   int  // max_completion_tokens, else max_tokens; 0 when unset
+	promptBytes int  // bytes of prompt text (messages' content, prompt, input)
+	messages    int  // chat messages
+	user        string
+}
+
+// promptTokens estimates the prompt size in tokens from its bytes (about 4
+// bytes per token in English text, OpenAI's rule of thumb). The admission
+// controller refines estimates with a real tokenizer; routing only needs
+// the order of magnitude.
+func (r *request) promptTokens() int { return (r.promptBytes + 3) / 4 }
+
+// bytesView returns a string sharing b's memory, so gjson can scan the body
+// without copying it. The result must not outlive b or be retained: every
+// string kept from it is cloned (see parseRequest).
+func bytesView(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
+
+// parseRequest reads the fields the router needs from a JSON body and checks
+// their types, naming the first offending field.
+func parseRequest(body []byte, ep endpoint) (request, error) {
+	var r request
+	trimmed := bytes.TrimSpace(body)
+	if len(trimmed) == 0 {
+		return r, badParam("body", "empty request body; expected a JSON object")
+	}
+	view := bytesView(trimmed)
+	if !gjson.Valid(view) {
+		return r, badParam("body", "malformed JSON")
+	}
+	if trimmed[0] != '{' {
+		return r, badParam("body", "expected a JSON object")
+	}
+	var err error
+	var sawInput bool
+	gjson.Parse(view).ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "model":
+			if v.Type != gjson.String {
+				err = badParam("model", "must be a string")
+				return false
+			}
+			r.model = strings.Clone(v.Str)
+		case "stream":
+			if v.Type != gjson.True && v.Type != gjson.False && v.Type != gjson.Null {
+				err = badParam("stream", "must be a boolean")
+				return false
+			}
+			r.stream = v.Type == gjson.True
+		case "stream_options":
+			if v.Type == gjson.Null {
+				return true
+			}
+			if !v.IsObject() {
+				err = badParam("stream_options", "must be an object")
+				return false
+			}
+			r.hasOptions = true
+			iu := v.Get("include_usage")
+			if iu.Exists() && iu.Type != gjson.True && iu.Type != gjson.False && iu.Type != gjson.Null {
+				err = badParam("stream_options.include_usage", "must be a boolean")
+				return false
+			}
+			r.clientUsage = iu.Type == gjson.True
+		case "max_tokens", "max_completion_tokens":
+			if v.Type == gjson.Null {
+				return true
+			}
+			n, ok := nonNegInt(v)
+			if !ok {
+				err = badParam(k.Str, "must be a non-negative integer")
+				return false
+			}
+			if k.Str == "max_completion_tokens" || r.maxTokens == 0 {
+				r.maxTokens = n
+			}
+		case "user":
+			if v.Type != gjson.String && v.Type != gjson.Null {
+				err = badParam("user", "must be a string")
+				return false
+			}
+			r.user = strings.Clone(v.Str)
+		case "messages":
+			if ep != epChat {
+				return true
+			}
+			sawInput = true
+			err = r.readMessages(v)
+		case "prompt":
+			if ep != epCompletions {
+				return true
+			}
+			sawInput = true
+			r.promptBytes, err = textSize("prompt", v)
+		case "input":
+			if ep != epEmbeddings {
+				return true
+			}
+			sawInput = true
+			r.promptBytes, err = textSize("input", v)
+		}
+		return err == nil
+	})
+	if err != nil {
+		return r, err
+	}
+	if !sawInput {
+		switch ep {
+		case epChat:
+			return r, badParam("messages", "required")
+		case epCompletions:
+			return r, badParam("prompt", "required")
+		case epEmbeddings:
+			return r, badParam("input", "required")
+		}
+	}
+	return r, nil
+}
+
+func nonNegInt(v gjson.Result) (int, bool) {
+	if v.Type != gjson.Number {
+		return 0, false
+	}
+	f := v.Float()
+	if f < 0 || f != float64(int64(f)) || f > 1<<31 {
+		return 0, false
+	}
+	return int(f), true
+}
+
+// readMessages checks a chat messages array and sums its text size.
+func (r *request) readMessages(v gjson.Result) error {
+	if !v.IsArray() {
+		return badParam("messages", "must be an array of message objects")
+	}
+	var err error
+	i := 0
+	v.ForEach(func(_, m gjson.Result) bool {
+		if !m.IsObject() {
+			err = badParam("messages["+strconv.Itoa(i)+"]", "must be an object")
+			return false
+		}
+		role := m.Get("role")
+		if role.Type != gjson.String {
+			err = badParam("messages["+strconv.Itoa(i)+"].role", "required string")
+			return false
+		}
+		var n int
+		n, err = contentSize("messages["+strconv.Itoa(i)+"].content", m.Get("content"))
+		r.promptBytes += n + len(role.Str)
+		r.messages++
+		i++
+		return err == nil
+	})
+	if err == nil && r.messages == 0 {
+		err = badParam("messages", "must not be empty")
+	}
+	return err
+}
+
+// contentSize sizes a message content: a string, null, or an array of parts
+// where text parts carry "text".
+func contentSize(param string, c gjson.Result) (int, error) {
+	switch {
+	case !c.Exists() || c.Type == gjson.Null:
+		return 0, nil
+	case c.Type == gjson.String:
+		return len(c.Str), nil
+	case c.IsArray():
+		n := 0
+		c.ForEach(func(_, part gjson.Result) bool {
+			n += len(part.Get("text").Str)
+			return true
+		})
+		return n, nil
+	}
+	return 0, badParam(param, "must be a string or an array of content parts")
+}
+
+// textSize sizes a completions prompt or embeddings input: a string, an
+// array of strings, or token ids (counted at 4 bytes a token).
+func textSize(param string, v gjson.Result) (int, error) {
+	switch {
+	case v.Type == gjson.String:
+		return len(v.Str), nil
+	case v.IsArray():
+		n := 0
+		ok := true
+		v.ForEach(func(_, e gjson.Result) bool {
+			switch {
+			case e.Type == gjson.String:
+				n += len(e.Str)
+			case e.Type == gjson.Number:
+				n += 4
+			case e.IsArray():
+				n += 4 * len(e.Array())
+			default:
+				ok = false
+			}
+			return ok
+		})
+		if !ok {
+			return 0, badParam(param, "must be a string, an array of strings or an array of token ids")
+		}
+		return n, nil
+	}
+	return 0, badParam(param, "must be a string, an array of strings or an array of token ids")
+}
+
+// withIncludeUsage returns body with stream_options.include_usage set to
+// true, so the router sees exact token counts in the stream's usage chunk.
+func withIncludeUsage(body []byte, hasOptions bool) ([]byte, error) {
+	if hasOptions {
+		return sjson.SetBytes(body, "stream_options.include_usage", true)
+	}
+	return sjson.SetRawBytes(body, "stream_options", []byte(`{"include_usage":true}`))
+}

@@ -1,0 +1,215 @@
+// Package proxy is gpurouter's data plane: the fasthttp server that accepts
+// OpenAI-compatible requests, parses each body once, asks the balancer for a
+// replica, forwards with bounded retries before the first byte, relays SSE
+// streams event by event, maps every error to one OpenAI error shape, and
+// measures every request (TTFT, ITL, TPOT, e2e, queue time).
+//
+// Start reading at handler.go: it follows one request top to bottom.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"sort"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
+	"go.uber.org/zap"
+)
+
+// Options are a Server's dependencies. Zero fields take the defaults noted.
+type Options struct {
+	Config Config
+	Pools  []*balancer.Pool // at least one; model names and aliases must be unique
+
+	// Registerer receives the router's metrics; Gatherer serves /metrics.
+	// Both nil means a fresh private registry.
+	Registerer prometheus.Registerer
+	Gatherer   prometheus.Gatherer
+
+	Logger *zap.Logger           // nil means no logging
+	Now    func() time.Time      // nil means time.Now
+	Jitter func(n int64) int64   // uniform in [0,n); nil means math/rand/v2
+	IDs    func() string         // request id generator; nil means a per-process prefix and a counter
+	Sleep  func(d time.Duration) // retry backoff; nil means time.Sleep
+}
+
+// Server is the router's HTTP front end. Build with New, run with Serve,
+// stop with Shutdown.
+type Server struct {
+	cfg     Config
+	log     *zap.Logger
+	m       *metrics
+	gather  prometheus.Gatherer
+	routes  atomic.Pointer[routeTable]
+	records *recordRing
+	srv     *fasthttp.Server
+
+	now    func() time.Time
+	jitter func(int64) int64
+	ids    func() string
+	sleep  func(time.Duration)
+
+	active       atomic.Int64 // exchanges not yet finished
+	draining     atomic.Bool  // shutdown began: /ready fails, new requests get 503
+	abortStreams atomic.Bool  // drain deadline passed: streams in progress are ended
+}
+
+// New builds a Server. It starts nothing.
+func New(o Options) (*Server, error) {
+	if len(o.Pools) == 0 {
+		return nil, errors.New("proxy: no pools")
+	}
+	s := &Server{
+		cfg:    o.Config.withDefaults(),
+		log:    o.Logger,
+		now:    o.Now,
+		jitter: o.Jitter,
+		ids:    o.IDs,
+		sleep:  o.Sleep,
+	}
+	if s.log == nil {
+		s.log = zap.NewNop()
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	if s.jitter == nil {
+		s.jitter = rand.Int64N
+	}
+	if s.sleep == nil {
+		s.sleep = time.Sleep
+	}
+	if s.ids == nil {
+		s.ids = sequentialIDs(s.jitter)
+	}
+	reg, gather := o.Registerer, o.Gatherer
+	if reg == nil && gather == nil {
+		r := prometheus.NewRegistry()
+		reg, gather = r, r
+	}
+	if reg == nil || gather == nil {
+		return nil, errors.New("proxy: Registerer and Gatherer must be given together")
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, fmt.Errorf("proxy: metrics: %w", err)
+	}
+	if err := reg.Register(balancer.NewCollector(s.Pools)); err != nil {
+		return nil, fmt.Errorf("proxy: metrics: %w", err)
+	}
+	s.m, s.gather = m, gather
+	s.records = newRecordRing(s.cfg.RecordRing)
+	rt, err := buildRoutes(o.Pools, s.cfg, m, s.now)
+	if err != nil {
+		return nil, err
+	}
+	s.routes.Store(rt)
+	s.srv = &fasthttp.Server{
+		Handler:            s.handle,
+		ErrorHandler:       s.handleParseError,
+		Name:               "gpurouter",
+		MaxRequestBodySize: s.cfg.MaxBodyBytes,
+		ReadTimeout:        time.Minute, // a client must send its request within this (slowloris)
+		IdleTimeout:        2 * time.Minute,
+		// WriteTimeout stays 0: it would cap whole streams.
+		NoDefaultServerHeader:         true,
+		DisableHeaderNamesNormalizing: true,
+		CloseOnShutdown:               true,
+		ReduceMemoryUsage:             false,
+	}
+	return s, nil
+}
+
+// Pools returns the pools currently served.
+func (s *Server) Pools() []*balancer.Pool { return s.routes.Load().pools }
+
+// Handler is the router's request handler, for callers that run their own
+// fasthttp.Server (tests, embedding).
+func (s *Server) Handler() fasthttp.RequestHandler { return s.handle }
+
+// Serve accepts connections on ln until Shutdown.
+func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(ln) }
+
+// Shutdown stops accepting, lets requests in progress finish until ctx
+// ends, then ends the streams still running (their clients get an error
+// event and [DONE]) and waits briefly for them to close.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.draining.Store(true)
+	err := s.srv.ShutdownWithContext(ctx)
+	if err == nil {
+		return nil
+	}
+	s.abortStreams.Store(true)
+	grace, cancel := context.WithTimeout(context.Background(), 2*time.Second+2*s.cfg.DisconnectCheck)
+	defer cancel()
+	if err2 := s.srv.ShutdownWithContext(grace); err2 != nil {
+		return fmt.Errorf("proxy: shutdown: %d requests still open: %w", s.active.Load(), err2)
+	}
+	return nil
+}
+
+// Active is the number of requests in progress.
+func (s *Server) Active() int64 { return s.active.Load() }
+
+func (s *Server) totalExceeded(x *exchange) bool {
+	return s.cfg.TotalTimeout > 0 && s.now().Sub(x.received) > s.cfg.TotalTimeout
+}
+
+// sequentialIDs makes request ids unique across processes (random prefix)
+// and cheap within one (a counter).
+func sequentialIDs(jitter func(int64) int64) func() string {
+	prefix := "gr-" + strconv.FormatInt(jitter(1<<40), 36) + "-"
+	var n atomic.Uint64
+	return func() string { return prefix + strconv.FormatUint(n.Add(1), 36) }
+}
+
+// routeTable is the immutable map from requests to pools and replicas to
+// upstream clients, swapped whole when the configuration changes.
+type routeTable struct {
+	pools     []*balancer.Pool
+	byModel   map[string]*balancer.Pool // model names and aliases
+	prefixes  []prefixRoute             // longest first
+	upstreams map[*balancer.Replica]*upstream
+	models    []byte // the /v1/models document
+}
+
+type prefixRoute struct {
+	prefix string
+	pool   *balancer.Pool
+}
+
+func buildRoutes(pools []*balancer.Pool, cfg Config, m *metrics, now func() time.Time) (*routeTable, error) {
+	rt := &routeTable{
+		pools:     pools,
+		byModel:   make(map[string]*balancer.Pool),
+		upstreams: make(map[*balancer.Replica]*upstream),
+	}
+	var names []string
+	for _, p := range pools {
+		for _, name := range append([]string{p.Model()}, p.Aliases()...) {
+			if _, dup := rt.byModel[name]; dup {
+				return nil, fmt.Errorf("proxy: model name %q used by two pools", name)
+			}
+			rt.byModel[name] = p
+			names = append(names, name)
+		}
+		if pp := strings.TrimRight(p.PathPrefix(), "/"); pp != "" {
+			rt.prefixes = append(rt.prefixes, prefixRoute{prefix: pp, pool: p})
+		}
+		for _, r := range p.Replicas() {
+			rt.upstreams[r] = newUpstream(p, r, cfg, m.forReplica(p.Model(), r.Name()))
+		}
+	}
+	sort.Slice(rt.prefixes, func(i, j int) bool { return len(rt.prefixes[i].prefix) > len(rt.prefixes[j].prefix) })
+	rt.models = modelsJSON(names, now())
+	return rt, nil
+}

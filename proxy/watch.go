@@ -1,0 +1,63 @@
+package proxy
+
+import (
+	"fmt"
+	"net"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// clientWatch notices, while a response is in progress, that the client
+// has gone or that the request must end for another reason (shutdown,
+// total deadline), and aborts it. fasthttp reports a vanished client only
+// through a failed write, and during an engine's prefill nothing is
+// written, so a silent timer peeks at the client socket instead.
+type clientWatch struct {
+	x       *exchange
+	raw     syscall.RawConn // nil when the client conn is not a plain socket (TLS, in-memory)
+	abort   func(error)
+	every   time.Duration
+	timer   *time.Timer
+	stopped atomic.Bool
+}
+
+// startWatch arms a watch over conn that calls abort at most once.
+func (s *Server) startWatch(x *exchange, conn net.Conn, abort func(error)) *clientWatch {
+	w := &clientWatch{x: x, abort: abort, every: s.cfg.DisconnectCheck}
+	if sc, ok := conn.(syscall.Conn); ok {
+		if raw, err := sc.SyscallConn(); err == nil {
+			w.raw = raw
+		}
+	}
+	w.timer = time.AfterFunc(w.every, w.tick)
+	return w
+}
+
+func (w *clientWatch) tick() {
+	if w.stopped.Load() {
+		return
+	}
+	s := w.x.s
+	switch {
+	case w.raw != nil && peerClosed(w.raw):
+		w.abort(fmt.Errorf("%w: connection closed by client", ErrClientGone))
+		return
+	case s.abortStreams.Load():
+		w.abort(fmt.Errorf("%w: drain deadline passed", ErrShuttingDown))
+		return
+	case s.totalExceeded(w.x):
+		w.abort(fmt.Errorf("%w: total request deadline %s", ErrTimeout, s.cfg.TotalTimeout))
+		return
+	}
+	w.timer.Reset(w.every)
+}
+
+// stop ends the watch; safe to call more than once and on a nil watch.
+func (w *clientWatch) stop() {
+	if w == nil {
+		return
+	}
+	w.stopped.Store(true)
+	w.timer.Stop()
+}
