@@ -12,6 +12,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -108,6 +110,7 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	resultFilename := fs.String("result-filename", "", "result JSON name (default like vllm: LABEL-RATEqps[-concurrencyN]-MODEL-DATE.json)")
 	label := fs.String("label", "", "label of the run in the result (default the backend)")
 	profile := fs.String("profile", "", "preset: sharegpt, throughput, long-context, generation-heavy, mixed (calibration.md)")
+	sweepRates := fs.String("sweep-rates", "", "run once per request rate in this comma-separated list (inf allowed) and print a Markdown SLO matrix judged on --goodput at the highest --metric-percentiles")
 	var engineURLs, engineLabels, headers benchList
 	fs.Var(&engineURLs, "engine-url", "engine whose /metrics to scrape before and after for the engine column (repeatable)")
 	fs.Var(&engineLabels, "engine-label", "KEY=VALUE label filter for engine histograms, e.g. model_name=M (repeatable)")
@@ -202,6 +205,20 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	}
 	if !(*timeScale > 0) || math.IsInf(*timeScale, 0) {
 		errs = append(errs, fmt.Sprintf("--time-scale %v: want a positive number", *timeScale))
+	}
+	var rates []float64
+	if *sweepRates != "" {
+		if set["request-rate"] {
+			errs = append(errs, "give --request-rate or --sweep-rates, not both")
+		}
+		for _, f := range strings.Split(*sweepRates, ",") {
+			r, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+			if err != nil || !(r > 0) {
+				errs = append(errs, fmt.Sprintf("--sweep-rates: %q is not a positive rate or inf", f))
+				continue
+			}
+			rates = append(rates, r)
+		}
 	}
 	slo, err := bench.ParseGoodput(goodput)
 	if err != nil {
@@ -304,7 +321,10 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	if !math.IsInf(*requestRate, 1) {
 		rateText = fmt.Sprint(*requestRate)
 	}
-	if !ds.Timed {
+	switch {
+	case len(rates) > 0:
+		fmt.Fprintf(stdout, "Traffic request rates (sweep): %s\n", *sweepRates)
+	case !ds.Timed:
 		fmt.Fprintf(stdout, "Traffic request rate: %s\n", rateText)
 	}
 	if ds.Timed {
@@ -333,6 +353,12 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 		Timeout: *requestTimeout, CountEmptyChunks: *countEmpty, Estimator: est, Progress: progress,
 		OnMeasureStart: func(ctx context.Context) { before = scrapeAll(ctx) },
 	}
+	mopts := bench.MetricOptions{PercentileMetrics: pm, Percentiles: ps, Goodput: slo}
+	meta := bench.JSONMeta{Label: *label, TokenizerID: "cl100k_base", NumPrompts: len(ds.Requests), Dataset: ds.Name}
+	if len(rates) > 0 {
+		cfg.OnMeasureStart = nil
+		return runSweep(ctx, cfg, rates, mopts, meta, *saveResult, *resultDir, stdout, stderr)
+	}
 	res, runErr := bench.Run(ctx, cfg)
 	if res == nil {
 		fmt.Fprintln(stderr, "bench:", runErr)
@@ -341,7 +367,7 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	if runErr != nil {
 		fmt.Fprintf(stderr, "bench: interrupted (%v): results cover the %d requests sent\n", runErr, len(res.Records))
 	}
-	sum := bench.Summarize(res, bench.MetricOptions{PercentileMetrics: pm, Percentiles: ps, Goodput: slo})
+	sum := bench.Summarize(res, mopts)
 	if err := bench.WriteConsole(stdout, res, sum); err != nil {
 		fmt.Fprintln(stderr, "bench:", err)
 		return 1
@@ -366,9 +392,8 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 			name = bench.DefaultResultFilename(res, *label)
 		}
 		path := filepath.Join(*resultDir, name)
-		if err := saveResultFile(path, res, sum, bench.JSONMeta{
-			Label: *label, TokenizerID: "cl100k_base", NumPrompts: len(ds.Requests), Dataset: ds.Name, Extra: extra,
-		}); err != nil {
+		meta.Extra = extra
+		if err := saveResultFile(path, res, sum, meta); err != nil {
 			fmt.Fprintln(stderr, "bench:", err)
 			return 1
 		}
@@ -379,6 +404,43 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 		return 1
 	case sum.Completed == 0:
 		fmt.Fprintln(stderr, "bench: every request failed")
+		return 1
+	}
+	return 0
+}
+
+// runSweep runs cfg at each rate, printing each point's result block, then
+// the SLO matrix as Markdown.
+func runSweep(ctx context.Context, cfg bench.Config, rates []float64, mopts bench.MetricOptions, meta bench.JSONMeta, save bool, dir string, stdout, stderr io.Writer) int {
+	p := slices.Max(mopts.Percentiles)
+	var slos []bench.NamedSLO
+	if mopts.Goodput.IsSet() {
+		slos = append(slos, bench.NamedSLO{SLO: mopts.Goodput})
+	}
+	var saveErr error
+	points, err := bench.Sweep(ctx, bench.SweepConfig{
+		Base: cfg, Rates: rates, Metrics: mopts, SLOs: slos, SLOPercentile: p,
+		OnPoint: func(pt bench.SweepPoint) {
+			fmt.Fprintf(stdout, "\nRequest rate: %v\n", pt.Rate)
+			if err := bench.WriteConsole(stdout, pt.Result, pt.Summary); err != nil {
+				saveErr = errors.Join(saveErr, err)
+			}
+			if save {
+				path := filepath.Join(dir, bench.DefaultResultFilename(pt.Result, meta.Label))
+				if err := saveResultFile(path, pt.Result, pt.Summary, meta); err != nil {
+					saveErr = errors.Join(saveErr, err)
+				} else {
+					fmt.Fprintf(stderr, "bench: saved %s\n", path)
+				}
+			}
+		},
+	})
+	fmt.Fprintln(stdout)
+	if werr := bench.WriteSweepMarkdown(stdout, points, slos, p); werr != nil {
+		saveErr = errors.Join(saveErr, werr)
+	}
+	if err := errors.Join(err, saveErr); err != nil {
+		fmt.Fprintln(stderr, "bench:", err)
 		return 1
 	}
 	return 0
