@@ -161,4 +161,3 @@ func WriteSweepMarkdown(w io.Writer, points []SweepPoint, slos []NamedSLO, p flo
 	_, err := io.WriteString(w, b.String())
 	return err
 }
-
