@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"sync"
+	"time"
 )
 
 // DialError wraps a failure to open a connection, so a Record can tell
@@ -26,7 +27,7 @@ type connTracker struct {
 }
 
 func newConnTracker(ctx context.Context) *connTracker {
-	return &connTracker{ctx: ctx, conns: make(map[*trackedConn]struct{})}
+	return &connTracker{ctx: ctx, dialer: net.Dialer{Timeout: 10 * time.Second}, conns: make(map[*trackedConn]struct{})}
 }
 
 // dial has fasthttp's Dial signature.

@@ -23,22 +23,31 @@ type TraceRow struct {
 	Line int
 }
 
-// Column names a trace header may use, lower-cased: the Azure LLM inference
-// traces (TIMESTAMP, ContextTokens, GeneratedTokens) and guidellm's replay
-// names (timestamp, input_length, output_length).
-var (
-	traceTimeCols   = []string{"timestamp", "time", "arrival_time"}
-	traceInputCols  = []string{"contexttokens", "input_length", "input_tokens", "prompt_tokens"}
-	traceOutputCols = []string{"generatedtokens", "output_length", "output_tokens", "completion_tokens"}
-)
+// traceColumn says which column a trace header name is, lower-cased: the
+// Azure LLM inference traces (TIMESTAMP, ContextTokens, GeneratedTokens) and
+// guidellm's replay names (timestamp, input_length, output_length). It
+// returns "" for other columns.
+func traceColumn(name string) string {
+	switch name {
+	case "timestamp", "time", "arrival_time":
+		return "time"
+	case "contexttokens", "input_length", "input_tokens", "prompt_tokens":
+		return "input"
+	case "generatedtokens", "output_length", "output_tokens", "completion_tokens":
+		return "output"
+	}
+	return ""
+}
 
 // traceTimeLayouts are the timestamp forms seen in the Azure traces (2023:
 // 7 fractional digits, no zone; 2024: "+00:00", sometimes no fraction).
-var traceTimeLayouts = []string{
-	"2006-01-02 15:04:05.999999999",
-	"2006-01-02 15:04:05.999999999Z07:00",
-	"2006-01-02T15:04:05.999999999",
-	time.RFC3339Nano,
+func traceTimeLayouts() []string {
+	return []string{
+		"2006-01-02 15:04:05.999999999",
+		"2006-01-02 15:04:05.999999999Z07:00",
+		"2006-01-02T15:04:05.999999999",
+		time.RFC3339Nano,
+	}
 }
 
 // ParseTrace reads a CSV arrival trace with a header naming a timestamp, an
@@ -71,12 +80,12 @@ func ParseTrace(r io.Reader) ([]TraceRow, error) {
 			ncols = len(fields)
 			for i, f := range fields {
 				name := strings.ToLower(strings.Trim(strings.TrimSpace(f), `"`))
-				switch {
-				case slices.Contains(traceTimeCols, name):
+				switch traceColumn(name) {
+				case "time":
 					tCol = i
-				case slices.Contains(traceInputCols, name):
+				case "input":
 					inCol = i
-				case slices.Contains(traceOutputCols, name):
+				case "output":
 					outCol = i
 				}
 			}
@@ -141,7 +150,7 @@ func parseTraceTime(s string) (int64, bool, error) {
 		}
 		return int64(math.Round(f * 1e9)), true, nil
 	}
-	for _, layout := range traceTimeLayouts {
+	for _, layout := range traceTimeLayouts() {
 		if t, err := time.Parse(layout, s); err == nil {
 			if y := t.Year(); y < 1900 || y > 2200 {
 				return 0, false, fmt.Errorf("timestamp %q: year out of range", s)
