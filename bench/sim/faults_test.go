@@ -31,7 +31,7 @@ func TestFaultErrorsAndHealth(t *testing.T) {
 	f := fastFleet(t, 1)
 	u := f.URLs()[0]
 	cases := []struct {
-		name, faults     string
+		name, faults      string
 		inference, health int
 	}{
 		{"healthy", `{}`, 200, 200},

@@ -301,6 +301,9 @@ func (inc *incarnation) server() *fasthttp.Server {
 		ConnState:                     inc.connState,
 		CloseOnShutdown:               true,
 		Logger:                        discardLogger{}, // aborted streams are routine here
+		// fasthttp's worker-pool cleaner sleeps this long between checks,
+		// so it is also how long it outlives a stopped server.
+		MaxIdleWorkerDuration: time.Second,
 	}
 }
 

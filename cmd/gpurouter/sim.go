@@ -1,0 +1,232 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/gpurouter/gpurouter/bench/sim"
+)
+
+// simList is a repeatable, comma-splitting string flag.
+type simList []string
+
+func (l *simList) String() string { return strings.Join(*l, ",") }
+func (l *simList) Set(v string) error {
+	for _, p := range strings.Split(v, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			*l = append(*l, p)
+		}
+	}
+	return nil
+}
+
+// runSim is `gpurouter sim`: simulated vLLM replicas on loopback ports, plus
+// the `calibrate`, `profiles` and `predict` tools over the same engine model.
+func runSim(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 {
+		switch args[0] {
+		case "calibrate":
+			return runSimCalibrate(stdout, stderr)
+		case "profiles":
+			return runSimProfiles(stdout)
+		case "predict":
+			return runSimPredict(args[1:], stdout, stderr)
+		}
+	}
+	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	replicas := fs.Int("replicas", 1, "number of replicas")
+	basePort := fs.Int("base-port", 8001, "port of replica 0; replica i listens on base-port+i (0 = ephemeral)")
+	host := fs.String("host", "127.0.0.1", "address to listen on")
+	var profiles, served simList
+	fs.Var(&profiles, "profile", "built-in profile name or YAML file; comma-separated for one per replica (default qwen2.5-7b)")
+	speeds := fs.String("speed", "", "per-replica speed factors, e.g. 1,1,1,0.5 (0.5 = half as fast); one value applies to all")
+	fs.Var(&served, "served-model-name", "model names the replicas answer to (comma-separated or repeated); the first is reported")
+	legacy := fs.Bool("legacy-metrics", false, "expose vllm:gpu_cache_usage_perc (pre-0.10) instead of vllm:kv_cache_usage_perc")
+	faults := fs.String("faults", "", `initial faults of every replica, as JSON (the POST /sim/faults document), e.g. '{"error_rate":0.05}'`)
+	seed := fs.Uint64("seed", 0, "seed for output lengths and error draws")
+	engine := sim.RegisterEngineFlags(fs)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: gpurouter sim --replicas N --base-port P [--profile NAME] [--speed F,F,...] [--served-model-name M] [vLLM engine flags]")
+		fmt.Fprintln(stderr, "       gpurouter sim calibrate            print calibration.md targets against the simulator")
+		fmt.Fprintln(stderr, "       gpurouter sim profiles             list built-in profiles")
+		fmt.Fprintln(stderr, "       gpurouter sim predict [flags]      one replica, virtual time: what a workload would measure")
+		fmt.Fprintln(stderr, "\nEach replica serves vLLM's API, /metrics, /health, /v1/gpus and GET|POST /sim/faults.")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "gpurouter sim: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	cfg := sim.FleetConfig{Replicas: *replicas, Host: *host, BasePort: *basePort, ServedModelNames: served,
+		LegacyMetrics: *legacy, Seed: *seed}
+	if len(profiles) == 0 {
+		profiles = simList{"qwen2.5-7b"}
+	}
+	for _, name := range profiles {
+		p, err := sim.ResolveProfile(name)
+		if err == nil {
+			err = engine.Apply(&p)
+		}
+		if err != nil {
+			fmt.Fprintln(stderr, "gpurouter sim:", err)
+			return 2
+		}
+		cfg.Profiles = append(cfg.Profiles, p)
+	}
+	var err error
+	if cfg.Speeds, err = sim.ParseFloatList(*speeds); err != nil {
+		fmt.Fprintln(stderr, "gpurouter sim: --speed:", err)
+		return 2
+	}
+	if *faults != "" {
+		dec := json.NewDecoder(strings.NewReader(*faults))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&cfg.Faults); err != nil {
+			fmt.Fprintln(stderr, "gpurouter sim: --faults:", err)
+			return 2
+		}
+	}
+	fleet, err := sim.NewFleet(cfg)
+	if err != nil {
+		fmt.Fprintln(stderr, "gpurouter sim:", err)
+		return 2
+	}
+	if err := fleet.Listen(); err != nil {
+		fmt.Fprintln(stderr, "gpurouter sim:", err)
+		return 1
+	}
+	for i, r := range fleet.Replicas() {
+		p := r.Profile()
+		fmt.Fprintf(stdout, "replica %d ready: %s model=%s profile=%s speed=%s num_gpu_blocks=%d max_num_seqs=%d\n",
+			i, fleet.URLs()[i], r.ModelName(), p.Name, speedOf(cfg.Speeds, i), r.NumGPUBlocks(), p.Engine.MaxNumSeqs)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := fleet.Run(ctx); err != nil {
+		fmt.Fprintln(stderr, "gpurouter sim:", err)
+		return 1
+	}
+	fmt.Fprintln(stdout, "stopped")
+	return 0
+}
+
+func speedOf(speeds []float64, i int) string {
+	if len(speeds) == 0 {
+		return "1"
+	}
+	return fmt.Sprint(speeds[min(i, len(speeds)-1)])
+}
+
+func runSimCalibrate(stdout, stderr io.Writer) int {
+	rows, err := sim.Calibrate()
+	if err != nil {
+		fmt.Fprintln(stderr, "gpurouter sim calibrate:", err)
+		return 1
+	}
+	if err := sim.WriteCalibrationTable(stdout, rows); err != nil {
+		return 1
+	}
+	for _, r := range rows {
+		if !r.OK() {
+			fmt.Fprintf(stderr, "row %s %q is outside ±%.0f%%\n", r.Row, r.Metric, 100*sim.CalibrationTolerance)
+			return 1
+		}
+	}
+	return 0
+}
+
+func runSimProfiles(stdout io.Writer) int {
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "name\tmodel\tgpu\tnum_gpu_blocks\tdescription")
+	for _, name := range sim.ProfileNames() {
+		p, _ := sim.Builtin(name)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", p.Name, p.Model.Name, p.Hardware.Name, p.NumGPUBlocks(), p.Description)
+	}
+	_ = tw.Flush()
+	return 0
+}
+
+// runSimPredict runs a `vllm bench serve`-shaped random workload against one
+// simulated replica in virtual time and prints what it would measure.
+func runSimPredict(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("sim predict", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	profile := fs.String("profile", "qwen2.5-7b", "built-in profile name or YAML file")
+	n := fs.Int("num-prompts", 1000, "requests")
+	rate := fs.Float64("request-rate", 0, "arrivals per second, Poisson (0 = all at once)")
+	conc := fs.Int("max-concurrency", 0, "client-side cap on requests in flight (0 = none)")
+	in := fs.Int("random-input-len", 1024, "prompt tokens")
+	out := fs.Int("random-output-len", 128, "max_tokens")
+	ratio := fs.Float64("random-range-ratio", 0, "lengths uniform in [L(1-r), L(1+r)]")
+	ignoreEOS := fs.Bool("ignore-eos", true, "generate exactly max_tokens")
+	seed := fs.Uint64("seed", 0, "seed")
+	engine := sim.RegisterEngineFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	p, err := sim.ResolveProfile(*profile)
+	if err == nil {
+		err = engine.Apply(&p)
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "gpurouter sim predict:", err)
+		return 2
+	}
+	rep, err := sim.Simulate(p, sim.Workload{NumPrompts: *n, RequestRate: *rate, MaxConcurrency: *conc, IgnoreEOS: *ignoreEOS,
+		Seed: *seed, Classes: []sim.RequestClass{{InputLen: *in, OutputLen: *out, RangeRatio: *ratio}}})
+	if err != nil {
+		fmt.Fprintln(stderr, "gpurouter sim predict:", err)
+		return 2
+	}
+	ms := func(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d)/1e6) }
+	w := stdout
+	fmt.Fprintf(w, "%s\n", center(" Simulated Benchmark Result ("+p.Name+") ", 50, '='))
+	row := func(k string, v any) { fmt.Fprintf(w, "%-40s %v\n", k, v) }
+	row("Successful requests:", rep.Completed)
+	row("Benchmark duration (s):", fmt.Sprintf("%.2f", rep.Duration.Seconds()))
+	row("Total input tokens:", rep.InputTokens)
+	row("Total generated tokens:", rep.OutputTokens)
+	row("Request throughput (req/s):", fmt.Sprintf("%.2f", rep.RequestThroughput))
+	row("Output token throughput (tok/s):", fmt.Sprintf("%.2f", rep.OutputThroughput))
+	row("Total token throughput (tok/s):", fmt.Sprintf("%.2f", rep.TotalTokenThroughput))
+	row("Peak concurrent requests:", rep.PeakConcurrency)
+	for _, s := range []struct {
+		title, short string
+		d            sim.Dist
+	}{{"Time to First Token", "TTFT", rep.TTFT}, {"Time per Output Token (excl. 1st token)", "TPOT", rep.TPOT},
+		{"Inter-token Latency", "ITL", rep.ITL}, {"End-to-end Latency", "E2EL", rep.E2E}} {
+		fmt.Fprintln(w, center(s.title, 50, '-'))
+		row("Mean "+s.short+" (ms):", ms(s.d.Mean))
+		row("Median "+s.short+" (ms):", ms(s.d.Median))
+		row("P99 "+s.short+" (ms):", ms(s.d.P99))
+	}
+	fmt.Fprintln(w, center("Engine", 50, '-'))
+	row("Mean batch (seqs/step):", fmt.Sprintf("%.1f", rep.MeanBatch))
+	row("Mean / peak KV cache usage:", fmt.Sprintf("%.2f / %.2f", rep.MeanKVUsage, rep.PeakKVUsage))
+	row("Preemptions:", rep.Preemptions)
+	row("Prefix cache hit rate:", fmt.Sprintf("%.3f", rep.PrefixCacheHitRate))
+	fmt.Fprintln(w, strings.Repeat("=", 50))
+	return 0
+}
+
+func center(s string, n int, c rune) string {
+	if len(s) >= n {
+		return s
+	}
+	left := (n - len([]rune(s))) / 2
+	right := n - len([]rune(s)) - left
+	return strings.Repeat(string(c), left) + s + strings.Repeat(string(c), right)
+}
