@@ -20,6 +20,7 @@ func commands() []command {
 	return []command{
 		{"serve", "run the router (--config FILE, or --listen ADDR --pool MODEL=URL[,URL...])", runServe},
 		{"bench", "load generator and reports (vllm bench serve flags, client/router/engine latency)", runBench},
+		{"sim", "simulated vLLM replicas on loopback (continuous batching, KV blocks, vLLM metrics, faults)", runSim},
 	}
 }
 
