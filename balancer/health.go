@@ -3,7 +3,9 @@ package balancer
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -33,7 +35,14 @@ func (p HTTPProber) Probe(ctx context.Context, r *Replica) error {
 	if c == nil {
 		c = http.DefaultClient
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.URL()+path, nil)
+	if !strings.HasPrefix(path, "/") {
+		path = "/" + path
+	}
+	// A base URL written with a trailing slash (http://host:8000/) would
+	// otherwise probe //health, which vLLM answers 404: the replica would be
+	// marked down for good while serving traffic fine.
+	target := strings.TrimRight(r.URL(), "/") + path
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
 	if err != nil {
 		return err
 	}
@@ -41,6 +50,9 @@ func (p HTTPProber) Probe(ctx context.Context, r *Replica) error {
 	if err != nil {
 		return err
 	}
+	// Drain a little before closing so the keep-alive connection is reused
+	// by the next round instead of a new one being dialled every Interval.
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("health: %s answered %d", path, resp.StatusCode)

@@ -44,6 +44,9 @@ var (
 // RoundRobin cycles through the available candidates. The zero value is
 // ready to use.
 type RoundRobin struct {
+	// next is where the following scan starts. Each pick reserves a start
+	// with Add, then moves next just past the replica it chose, so skipped
+	// (unavailable) replicas don't hand their turn to their successor.
 	next atomic.Uint64
 }
 
@@ -57,10 +60,24 @@ func (p *RoundRobin) Pick(r *Request, candidates []*Replica) *Replica {
 	for i := uint64(0); i < n; i++ {
 		c := candidates[(start+i)%n]
 		if c.Available(r.Now) {
+			advancePast(&p.next, start, i)
 			return c
 		}
 	}
 	return nil
+}
+
+// advancePast moves a rotation counter to just after the candidate chosen at
+// offset i from start. Without it, a scan that skips unavailable replicas
+// ends on the same replica as the scan that started one position later, so
+// the first available replica after a gap gets a double share (with [A, down,
+// B] B would take 2/3). The CAS only succeeds if no concurrent pick has moved
+// the counter since this one reserved start; if one has, its position wins,
+// which keeps concurrent picks spread out.
+func advancePast(next *atomic.Uint64, start, i uint64) {
+	if i > 0 {
+		next.CompareAndSwap(start+1, start+i+1)
+	}
 }
 
 // LeastRequest picks the available candidate with the fewest requests in
@@ -68,27 +85,37 @@ func (p *RoundRobin) Pick(r *Request, candidates []*Replica) *Replica {
 // replicas share traffic instead of the first one taking every tie. The zero
 // value is ready to use.
 type LeastRequest struct {
+	// next is where the following scan starts; like RoundRobin it moves just
+	// past the replica chosen, so among tied replicas the scan order (and so
+	// the winner of the tie) rotates evenly even when some are unavailable.
 	next atomic.Uint64
 }
 
 // Pick returns the least-loaded available candidate.
 func (p *LeastRequest) Pick(r *Request, candidates []*Replica) *Replica {
-	n := len(candidates)
+	n := uint64(len(candidates))
 	if n == 0 {
 		return nil
 	}
-	start := int(p.next.Add(1) % uint64(n))
+	start := p.next.Add(1) - 1
 	var best *Replica
 	var bestLoad float64
-	for i := 0; i < n; i++ {
+	var bestAt uint64
+	for i := uint64(0); i < n; i++ {
 		c := candidates[(start+i)%n]
 		if !c.Available(r.Now) {
 			continue
 		}
+		// +1: the load the replica would carry with this request, so that
+		// with weights an idle weight-2 replica and an idle weight-1 one don't
+		// tie at 0 (Envoy's weighted least-request does the same).
 		load := float64(c.InFlight()+1) / c.weight
 		if best == nil || load < bestLoad {
-			best, bestLoad = c, load
+			best, bestLoad, bestAt = c, load, i
 		}
+	}
+	if best != nil {
+		advancePast(&p.next, start, bestAt)
 	}
 	return best
 }

@@ -7,6 +7,8 @@ package balancer
 
 import (
 	"errors"
+	"fmt"
+	"math"
 	"net/url"
 	"sync/atomic"
 	"time"
@@ -87,6 +89,11 @@ func NewReplica(cfg ReplicaConfig, bc BreakerConfig, now func() time.Time) (*Rep
 	}
 	if u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
 		return nil, errors.New("balancer: replica URL must be http(s)://host[:port]: " + cfg.URL)
+	}
+	// NaN would make every load comparison false and +Inf would make the
+	// replica look idle forever; both come from YAML's .nan/.inf.
+	if math.IsNaN(cfg.Weight) || math.IsInf(cfg.Weight, 0) {
+		return nil, fmt.Errorf("balancer: replica %s: weight must be a finite number, got %v", cfg.URL, cfg.Weight)
 	}
 	if now == nil {
 		now = time.Now
@@ -170,13 +177,25 @@ func (r *Replica) BreakerState() string { return r.breaker.State().String() }
 
 // Available reports whether a picker may choose the replica at now: healthy
 // and its breaker not open (an open breaker whose timeout has passed counts
-// as available, so the breaker gets its half-open probe).
+// as available, so the breaker gets its half-open probe). A zero now means
+// the replica's own clock.
 func (r *Replica) Available(now time.Time) bool {
 	if !r.healthy.Load() {
 		return false
 	}
 	until := r.openUntil.Load()
-	return until == 0 || now.UnixNano() >= until
+	if until == 0 {
+		return true
+	}
+	// The zero time's UnixNano overflows int64 (it lies before 1678) and
+	// comes out as a large negative number, which would keep a replica whose
+	// breaker opened out of every pick made with a zero Request.Now: no pick,
+	// so no Acquire, so the breaker never moves to half-open unless something
+	// else (a metrics scrape) happens to ask for its state.
+	if now.IsZero() {
+		now = r.now()
+	}
+	return now.UnixNano() >= until
 }
 
 // Lease is one request's hold on a replica, from Acquire to Done.
