@@ -41,7 +41,7 @@ func withBreaker(n int) routerOpt {
 	}
 }
 
-func startRouter(t *testing.T, urls []string, opts ...routerOpt) *testRouter {
+func startRouter(t testing.TB, urls []string, opts ...routerOpt) *testRouter {
 	t.Helper()
 	cfg := Config{DisconnectCheck: 20 * time.Millisecond}
 	pc := balancer.PoolConfig{Model: "m", Aliases: []string{"m-alias"}, Policy: "round_robin"}
