@@ -1,0 +1,317 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"time"
+)
+
+// RouterHistogramNames maps comparison rows to the router's own histograms
+// (same buckets as vLLM's, so they compare bucket by bucket).
+func RouterHistogramNames() map[string][]string {
+	return map[string][]string{
+		RowTTFT:  {"gpurouter_time_to_first_token_seconds"},
+		RowITL:   {"gpurouter_inter_token_latency_seconds"},
+		RowTPOT:  {"gpurouter_request_time_per_output_token_seconds"},
+		RowE2E:   {"gpurouter_e2e_request_latency_seconds"},
+		RowQueue: {"gpurouter_request_queue_time_seconds"},
+	}
+}
+
+// Observer watches the server side of one run: Before (from
+// Config.OnMeasureStart) finds out whether BaseURL is a gpurouter and which
+// engines are behind it, and scrapes the router's and the engines'
+// /metrics; After scrapes them again, fetches the router's per-request
+// records and joins everything into a ServerReport. It starts no
+// goroutines. Only BaseURL is required.
+type Observer struct {
+	// BaseURL is the server the run targets (router or engine).
+	BaseURL string
+	// Model picks the router pool whose replicas are the engines; "" (or a
+	// model no pool serves) means every pool's.
+	Model string
+	// EngineURLs are the engines to scrape (base URLs, or /metrics URLs);
+	// nil means the router's replicas, or BaseURL itself when it is a bare
+	// engine.
+	EngineURLs []string
+	// EngineMatch filters engine histograms by label (e.g. model_name).
+	EngineMatch map[string]string
+	// API reads the router's debug endpoints; nil means a default RouterAPI.
+	API *RouterAPI
+	// Scraper scrapes /metrics; nil means a default Scraper.
+	Scraper *Scraper
+	// Clock times the settling wait; nil means the real clock.
+	Clock Clock
+	// Settle bounds the wait after the run for the router's last records
+	// and the engines' last observations, which may land just after the
+	// client read [DONE]; 0 means 2 s.
+	Settle time.Duration
+
+	began        bool
+	router       bool
+	metricsURLs  []string
+	routerBefore Snapshot
+	engBefore    []Snapshot
+	beforeErr    error
+}
+
+// ServerReport is the server side of a run next to the client's.
+type ServerReport struct {
+	// Router says BaseURL is a gpurouter; without one there is no router
+	// column, match or per-replica view.
+	Router bool
+	// MetricsURLs are the engine /metrics pages scraped.
+	MetricsURLs []string
+	// Match joins the client's records to the router's.
+	Match RouterMatch
+	// RouterHist is the router's histograms over the run (for ITL
+	// percentiles, which its records summarise per request).
+	RouterHist HistogramColumn
+	// Engine is the engines' histograms over the run, summed over engines.
+	Engine HistogramColumn
+	// Phases are the engines' e2e, queue, prefill and decode histograms.
+	Phases EnginePhases
+	// Decomposition is the mean request's time, component by component.
+	Decomposition Decomposition
+	// Err joins what could not be measured; the report is usable anyway.
+	Err error
+}
+
+func (o *Observer) clock() Clock {
+	if o.Clock == nil {
+		return realClock{}
+	}
+	return o.Clock
+}
+
+func (o *Observer) scraper() *Scraper {
+	if o.Scraper == nil {
+		o.Scraper = &Scraper{}
+	}
+	return o.Scraper
+}
+
+func (o *Observer) api() *RouterAPI {
+	if o.API == nil {
+		o.API = &RouterAPI{}
+	}
+	return o.API
+}
+
+// Before discovers the router and the engines and takes the "before"
+// scrapes. Problems are kept for the report; the error is only ctx's.
+func (o *Observer) Before(ctx context.Context) error {
+	o.began = true
+	pools, err := o.api().Pools(ctx, o.BaseURL)
+	switch {
+	case err == nil:
+		o.router = true
+	case !errors.Is(err, ErrNotRouter):
+		o.beforeErr = errors.Join(o.beforeErr, fmt.Errorf("router discovery: %w", err))
+	}
+	engines := o.EngineURLs
+	if engines == nil {
+		if o.router {
+			engines = EngineURLs(pools, o.Model)
+		} else {
+			engines = []string{o.BaseURL}
+		}
+	}
+	o.metricsURLs = make([]string, len(engines))
+	for i, u := range engines {
+		o.metricsURLs[i] = MetricsURL(u)
+	}
+	if o.router {
+		o.routerBefore, err = o.scraper().Scrape(ctx, joinURL(o.BaseURL, "/metrics"))
+		o.beforeErr = errors.Join(o.beforeErr, err)
+	}
+	var errs error
+	o.engBefore, errs = o.scrapeEngines(ctx)
+	o.beforeErr = errors.Join(o.beforeErr, errs)
+	return ctx.Err()
+}
+
+// MetricsURL is u's /metrics page: u itself when it already ends so.
+func MetricsURL(u string) string {
+	u = strings.TrimRight(u, "/")
+	if strings.HasSuffix(u, "/metrics") {
+		return u
+	}
+	return u + "/metrics"
+}
+
+func (o *Observer) scrapeEngines(ctx context.Context) ([]Snapshot, error) {
+	snaps := make([]Snapshot, len(o.metricsURLs))
+	var errs error
+	for i, u := range o.metricsURLs {
+		var err error
+		if snaps[i], err = o.scraper().Scrape(ctx, u); err != nil {
+			errs = errors.Join(errs, err)
+		}
+	}
+	return snaps, errs
+}
+
+// After builds the report of res. It waits up to Settle for the router to
+// have recorded every completed client request and for the engines'
+// request counts to cover them.
+func (o *Observer) After(ctx context.Context, res *Result) *ServerReport {
+	rep := &ServerReport{Router: o.router, MetricsURLs: o.metricsURLs}
+	if !o.began {
+		rep.Err = errors.New("bench: Observer.After without Before")
+		return rep
+	}
+	errs := []error{o.beforeErr}
+	settle := o.Settle
+	if settle == 0 {
+		settle = 2 * time.Second
+	}
+	clk := o.clock()
+	deadline := clk.Now().Add(settle)
+	wait := func() bool {
+		if !clk.Now().Before(deadline) {
+			return false
+		}
+		return clk.Sleep(ctx, 20*time.Millisecond) == nil
+	}
+
+	want := 0 // requests the engines must have finished
+	for i := range res.Records {
+		if res.Records[i].OK() {
+			want++
+		}
+	}
+	if o.router {
+		// Records finish at or after the run's start; a minute of slack
+		// covers clock skew between bench and router hosts (ids decide).
+		since := res.Start.Add(-time.Minute)
+		for {
+			recs, err := o.api().Records(ctx, o.BaseURL, since, 0)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("router records: %w", err))
+				break
+			}
+			rep.Match = MatchRouterRecords(res, recs)
+			if len(rep.Match.Unmatched) == 0 || !wait() {
+				break
+			}
+		}
+		want = len(rep.Match.Pairs)
+	}
+
+	e2eName, queueName, prefillName, decodeName := EnginePhaseNames()
+	var after []Snapshot
+	for {
+		var err error
+		after, err = o.scrapeEngines(ctx)
+		if err != nil {
+			errs = append(errs, err)
+			break
+		}
+		h, err := sumDeltas(o.engBefore, after, e2eName, o.EngineMatch)
+		if err != nil || h.Count >= float64(want) || !wait() {
+			break
+		}
+	}
+	var err error
+	rep.Engine, err = ColumnFromSnapshots("engine", o.engBefore, after, VLLMHistogramNames(), o.EngineMatch)
+	errs = append(errs, err)
+	for _, ph := range []struct {
+		h    *Histogram
+		name string
+	}{{&rep.Phases.E2E, e2eName}, {&rep.Phases.Queue, queueName}, {&rep.Phases.Prefill, prefillName}, {&rep.Phases.Decode, decodeName}} {
+		if *ph.h, err = sumDeltas(o.engBefore, after, ph.name, o.EngineMatch); err != nil {
+			errs = append(errs, fmt.Errorf("engine %s: %w", ph.name, err))
+		}
+	}
+	if o.router {
+		ra, err := o.scraper().Scrape(ctx, joinURL(o.BaseURL, "/metrics"))
+		if err == nil {
+			rep.RouterHist, err = ColumnFromSnapshots("router", []Snapshot{o.routerBefore}, []Snapshot{ra}, RouterHistogramNames(), nil)
+		}
+		errs = append(errs, err)
+	}
+	var m *RouterMatch
+	if o.router {
+		m = &rep.Match
+	}
+	rep.Decomposition = Decompose(NewDecompositionInput(res, m, rep.Phases))
+	rep.Err = errors.Join(errs...)
+	return rep
+}
+
+// sumDeltas is the delta of one histogram summed over servers; a server
+// without a before snapshot (a failed scrape) counts as empty before.
+func sumDeltas(before, after []Snapshot, name string, match map[string]string) (Histogram, error) {
+	if len(after) == 0 {
+		return Histogram{}, fmt.Errorf("%w: %s: no servers", ErrNoMetric, name)
+	}
+	var sum Histogram
+	for i := range after {
+		var b Snapshot
+		if i < len(before) {
+			b = before[i]
+		}
+		d, err := HistogramDelta(b, after[i], name, match)
+		if err == nil {
+			sum, err = sum.Add(d)
+		}
+		if err != nil {
+			return Histogram{}, err
+		}
+	}
+	return sum, nil
+}
+
+// ReplicaSummary is the router's view of one replica over the matched
+// requests: how many it served and their mean latencies, in ms (MeanTPOT
+// is NaN when no request had two tokens).
+type ReplicaSummary struct {
+	Replica                     string
+	Requests                    int
+	MeanTTFT, MeanTPOT, MeanE2E float64
+	MeanQueue, MeanOutputTokens float64
+}
+
+// ByReplica groups the matched requests by the replica that served them,
+// in replica-name order.
+func (m RouterMatch) ByReplica() []ReplicaSummary {
+	type acc struct {
+		n, tpotN, out          int
+		ttft, tpot, e2e, queue float64
+	}
+	accs := map[string]*acc{}
+	for _, p := range m.Pairs {
+		r := p.Router
+		a := accs[r.Replica]
+		if a == nil {
+			a = &acc{}
+			accs[r.Replica] = a
+		}
+		a.n++
+		a.ttft += r.TTFTS
+		a.e2e += r.E2ES
+		a.queue += r.QueueS
+		a.out += r.CompletionTokens
+		if r.CompletionTokens > 1 {
+			a.tpot += r.TPOTSeconds()
+			a.tpotN++
+		}
+	}
+	out := make([]ReplicaSummary, 0, len(accs))
+	for name, a := range accs {
+		n := float64(a.n)
+		s := ReplicaSummary{Replica: name, Requests: a.n, MeanTTFT: a.ttft / n * 1000, MeanE2E: a.e2e / n * 1000,
+			MeanQueue: a.queue / n * 1000, MeanOutputTokens: float64(a.out) / n, MeanTPOT: math.NaN()}
+		if a.tpotN > 0 {
+			s.MeanTPOT = a.tpot / float64(a.tpotN) * 1000
+		}
+		out = append(out, s)
+	}
+	slices.SortFunc(out, func(a, b ReplicaSummary) int { return strings.Compare(a.Replica, b.Replica) })
+	return out
+}

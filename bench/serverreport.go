@@ -1,0 +1,244 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"strings"
+)
+
+// tableWidth is the client/router/engine table's width.
+const tableWidth = 84
+
+// WriteServerReport prints, after the vllm result block: the latency table
+// (rows TTFT, ITL, TPOT, E2E and queue; columns client, router and engine,
+// in ms), the per-request client − router differences, the router's view
+// of each replica, and the decomposition of the mean request. Without a
+// router there is no router column and no per-request section.
+//
+// Client cells are vllm bench's statistics over completed requests. Router
+// cells are exact statistics of the router's per-request records of the
+// matched requests, except ITL percentiles, which come from the router's
+// histogram (its records keep only each request's mean and maximum gap).
+// Engine cells come from the engines' vLLM histograms: the mean from
+// _sum/_count, percentiles interpolated within buckets as Prometheus'
+// histogram_quantile does, with the bucket as the error bar [lower–upper].
+func WriteServerReport(w io.Writer, s *Summary, rep *ServerReport, ps []float64) error {
+	c := &consoleWriter{w: w}
+	title := " Client vs Router vs Engine Latency (ms) "
+	if !rep.Router {
+		title = " Client vs Engine Latency (ms) "
+	}
+	c.line(center(title, '=', tableWidth))
+	header := fmt.Sprintf("%-6s %-5s %12s", "metric", "stat", "client")
+	if rep.Router {
+		header += fmt.Sprintf("  %-28s", "router")
+	}
+	header += fmt.Sprintf("  %-28s", "engine")
+	c.line(header)
+	var rd RouterDists
+	if rep.Router {
+		rd = rep.Match.Dists(ps)
+	}
+	for _, row := range ComparisonRows() {
+		var client *Dist
+		if row != RowQueue {
+			d := s.Dist(row)
+			client = &d
+		}
+		for _, p := range append([]float64{-1}, ps...) { // -1: the mean
+			label := "mean"
+			if p >= 0 {
+				label = "P" + percentileLabel(p)
+			}
+			line := fmt.Sprintf("%-6s %-5s %12s", strings.ToUpper(row), label, clientCell(client, p))
+			if rep.Router {
+				line += fmt.Sprintf("  %-28s", routerCell(rd, rep.RouterHist, row, p))
+			}
+			line += fmt.Sprintf("  %-28s", histCell(rep.Engine, row, p))
+			c.line(line)
+		}
+	}
+	if rep.Router {
+		c.line("router: per-request records, exact (ITL percentiles: router histogram buckets)")
+	}
+	c.line("engine: vLLM histogram deltas; [a–b] is the bucket holding the percentile")
+	if rep.Router {
+		writeMatch(c, rep.Match, ps)
+		writeReplicas(c, rep.Match.ByReplica())
+	}
+	c.line(strings.Repeat("=", tableWidth))
+	if c.err != nil {
+		return c.err
+	}
+	return WriteDecomposition(w, rep.Decomposition)
+}
+
+// routerCell is one router cell: an exact statistic from the records, or
+// for ITL percentiles an estimate from the router's histogram.
+func routerCell(d RouterDists, hist HistogramColumn, row string, p float64) string {
+	var dist *Dist
+	switch row {
+	case RowTTFT:
+		dist = &d.TTFT
+	case RowTPOT:
+		dist = &d.TPOT
+	case RowE2E:
+		dist = &d.E2E
+	case RowQueue:
+		dist = &d.Queue
+	case RowITL:
+		if p < 0 {
+			if math.IsNaN(d.ITLMean) {
+				return "-"
+			}
+			return fmt.Sprintf("%.2f", d.ITLMean)
+		}
+		return histCell(hist, row, p)
+	}
+	return clientCell(dist, p)
+}
+
+func writeMatch(c *consoleWriter, m RouterMatch, ps []float64) {
+	c.line(center(" Client - Router, Matched per Request (ms) ", '-', tableWidth))
+	c.line(fmt.Sprintf("%-40s %d of %d", "Completed requests matched:", len(m.Pairs), m.Completed))
+	if n := len(m.Unmatched); n > 0 {
+		ids := m.Unmatched[:min(n, 3)]
+		c.line(fmt.Sprintf("%-40s %d (e.g. %s)", "Unmatched:", n, strings.Join(ids, ", ")))
+	}
+	if len(m.Pairs) == 0 {
+		return
+	}
+	ttft, e2e := m.Diffs(ps)
+	for _, x := range []struct {
+		name string
+		d    Dist
+	}{{"TTFT", ttft}, {"E2E", e2e}} {
+		line := fmt.Sprintf("%-4s difference  mean %.3f  P50 %.3f", x.name, x.d.Mean, x.d.Median)
+		for _, p := range ps {
+			if p != 50 {
+				line += fmt.Sprintf("  P%s %.3f", percentileLabel(p), x.d.At(p))
+			}
+		}
+		c.line(line + fmt.Sprintf("  max %.3f", x.d.Max))
+	}
+}
+
+func writeReplicas(c *consoleWriter, reps []ReplicaSummary) {
+	if len(reps) == 0 {
+		return
+	}
+	c.line(center(" Per Replica (router records) ", '-', tableWidth))
+	c.line(fmt.Sprintf("%-22s %8s %10s %10s %10s %10s %9s", "replica", "requests", "TTFT ms", "TPOT ms", "E2E ms", "queue ms", "out tok"))
+	for _, r := range reps {
+		tpot := "-"
+		if !math.IsNaN(r.MeanTPOT) {
+			tpot = fmt.Sprintf("%.2f", r.MeanTPOT)
+		}
+		c.line(fmt.Sprintf("%-22s %8d %10.2f %10s %10.2f %10.3f %9.1f", r.Replica, r.Requests, r.MeanTTFT, tpot, r.MeanE2E, r.MeanQueue, r.MeanOutputTokens))
+	}
+}
+
+// JSON is the report for a result file's Extra keys: the router and engine
+// columns, the per-request differences and the decomposition, in ms (null
+// where not measured).
+func (rep *ServerReport) JSON(ps []float64) map[string]any {
+	out := map[string]any{
+		"gpurouter_router":                 rep.Router,
+		"gpurouter_engine_urls":            rep.MetricsURLs,
+		"gpurouter_engine_latency_ms":      HistogramColumnJSON(rep.Engine, ps),
+		"gpurouter_decomposition_ms":       decompositionJSON(rep.Decomposition),
+		"gpurouter_decomposition_residual": finiteOrNil(rep.Decomposition.ResidualShare()),
+	}
+	if !rep.Router {
+		return out
+	}
+	rd := rep.Match.Dists(ps)
+	router := map[string]any{
+		RowTTFT:  distJSON(rd.TTFT, ps),
+		RowTPOT:  distJSON(rd.TPOT, ps),
+		RowE2E:   distJSON(rd.E2E, ps),
+		RowQueue: distJSON(rd.Queue, ps),
+		RowITL:   map[string]any{"mean": finiteOrNil(rd.ITLMean), "max": finiteOrNil(rd.ITLMax)},
+	}
+	if h, ok := rep.RouterHist.Rows[RowITL]; ok {
+		router[RowITL].(map[string]any)["histogram"] = histJSON(h, ps)
+	}
+	out["gpurouter_router_latency_ms"] = router
+	ttft, e2e := rep.Match.Diffs(ps)
+	out["gpurouter_client_minus_router_ms"] = map[string]any{
+		"matched":   len(rep.Match.Pairs),
+		"completed": rep.Match.Completed,
+		"unmatched": len(rep.Match.Unmatched),
+		RowTTFT:     distJSON(ttft, ps),
+		RowE2E:      distJSON(e2e, ps),
+	}
+	var reps []map[string]any
+	for _, r := range rep.Match.ByReplica() {
+		reps = append(reps, map[string]any{
+			"replica": r.Replica, "requests": r.Requests, "mean_ttft_ms": r.MeanTTFT, "mean_tpot_ms": finiteOrNil(r.MeanTPOT),
+			"mean_e2e_ms": r.MeanE2E, "mean_queue_ms": r.MeanQueue, "mean_output_tokens": r.MeanOutputTokens,
+		})
+	}
+	out["gpurouter_replicas"] = reps
+	return out
+}
+
+// HistogramColumnJSON is a histogram column for a result file: per row, the
+// count, the mean and each percentile with its bucket, in ms.
+func HistogramColumnJSON(col HistogramColumn, ps []float64) map[string]any {
+	out := map[string]any{}
+	for _, row := range ComparisonRows() {
+		if h, ok := col.Rows[row]; ok {
+			out[row] = histJSON(h, ps)
+		}
+	}
+	return out
+}
+
+func histJSON(h Histogram, ps []float64) map[string]any {
+	r := map[string]any{"count": h.Count, "mean": msOrNil(h.Mean())}
+	for _, p := range ps {
+		e := h.Quantile(p / 100)
+		r["p"+percentileLabel(p)] = map[string]any{"value": msOrNil(e.Value), "lower": msOrNil(e.Lower), "upper": msOrNil(e.Upper)}
+	}
+	return r
+}
+
+func distJSON(d Dist, ps []float64) map[string]any {
+	r := map[string]any{"count": d.Count, "mean": d.Mean, "median": d.Median, "max": d.Max}
+	for _, p := range ps {
+		r["p"+percentileLabel(p)] = d.At(p)
+	}
+	return r
+}
+
+func decompositionJSON(d Decomposition) map[string]any {
+	out := map[string]any{"requests": d.Requests, "client_e2e": msOrNil(d.ClientE2E), "residual": msOrNil(d.Residual)}
+	comps := map[string]any{}
+	for _, c := range d.Components {
+		comps[c.Name] = msOrNil(c.Seconds)
+	}
+	parts := map[string]any{}
+	for _, p := range d.ResidualParts {
+		parts[p.Name] = msOrNil(p.Seconds)
+	}
+	out["components"], out["residual_parts"] = comps, parts
+	return out
+}
+
+// finiteOrNil is v, or nil (JSON null) for NaN and ±Inf.
+func finiteOrNil(v float64) any {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return nil
+	}
+	return v
+}
+
+// msOrNil converts seconds to ms, nil when not finite.
+func msOrNil(v float64) any {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return nil
+	}
+	return v * 1000
+}
