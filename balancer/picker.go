@@ -2,6 +2,7 @@ package balancer
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"sync/atomic"
 	"time"
 )
@@ -12,7 +13,10 @@ type Request struct {
 	Model        string    // requested model name as sent by the client
 	PromptTokens int       // estimated prompt size in tokens (0 if unknown)
 	MaxTokens    int       // max_tokens / max_completion_tokens (0 if unset)
-	AffinityKey  string    // session key: the `user` field or a header (may be empty)
+	AffinityKey  string    // session key: a session header or the `user` field (may be empty)
+	PrefixHash   uint64    // hash of the prompt's prefix (system prompt / first tokens); 0 if none
+	ArmKey       string    // what A/B assignment hashes: the request id, or `user` when set
+	Arm          string    // A/B arm: set by the client's header to force one, else by Pool.Pick
 	Now          time.Time // when the router received the request; the clock pickers use
 }
 
@@ -22,16 +26,57 @@ type Picker interface {
 	Pick(r *Request, candidates []*Replica) *Replica
 }
 
-// Policies lists the policy names NewPicker knows.
-func Policies() []string { return []string{"least_request", "round_robin"} }
+// preparer is implemented by pickers that precompute per replica set (the
+// affinity policies' hash ring). Pools call it whenever their set changes.
+type preparer interface {
+	Prepare(replicas []*Replica)
+}
 
-// NewPicker builds the named policy.
-func NewPicker(name string) (Picker, error) {
+// PickerOptions configure NewPickerWith. The zero value gives defaults.
+type PickerOptions struct {
+	Score ScoreConfig
+	// Rand returns a uniform int in [0,n) for random and p2c; nil means
+	// math/rand/v2. Inject a seeded source for reproducible tests.
+	Rand func(n int) int
+}
+
+// Policies lists the policy names NewPicker knows.
+func Policies() []string {
+	return []string{"least_loaded", "least_request", "round_robin", "random", "kv_aware", "p2c", "least_tokens", "prefix_affinity", "session_affinity"}
+}
+
+// DefaultPolicy is the policy of a pool that names none.
+const DefaultPolicy = "least_loaded"
+
+// NewPicker builds the named policy with default options.
+func NewPicker(name string) (Picker, error) { return NewPickerWith(name, PickerOptions{}) }
+
+// NewPickerWith builds the named policy.
+func NewPickerWith(name string, o PickerOptions) (Picker, error) {
+	cfg := o.Score.withDefaults()
+	rnd := o.Rand
+	if rnd == nil {
+		rnd = rand.IntN
+	}
 	switch name {
 	case "round_robin":
 		return &RoundRobin{}, nil
-	case "least_request", "":
+	case "least_request":
 		return &LeastRequest{}, nil
+	case "least_loaded", "":
+		return &scanPicker{s: loadScorer{&cfg}}, nil
+	case "kv_aware":
+		return &scanPicker{s: kvScorer{&cfg}}, nil
+	case "least_tokens":
+		return &scanPicker{s: tokenScorer{&cfg}}, nil
+	case "random":
+		return &Random{rand: rnd}, nil
+	case "p2c":
+		return &P2C{cfg: &cfg, rand: rnd, fallback: scanPicker{s: loadScorer{&cfg}}}, nil
+	case "prefix_affinity":
+		return newAffinity(&cfg, prefixKey), nil
+	case "session_affinity":
+		return newAffinity(&cfg, sessionKey), nil
 	}
 	return nil, fmt.Errorf("balancer: unknown policy %q (known: %v)", name, Policies())
 }

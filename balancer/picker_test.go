@@ -439,7 +439,7 @@ func TestPoolPolicy(t *testing.T) {
 		wantErr    bool
 		wantPolicy string
 	}{
-		{name: "default", initial: "", set: "", wantPolicy: "least_request"},
+		{name: "default", initial: "", set: "", wantPolicy: balancer.DefaultPolicy},
 		{name: "switch to round_robin", initial: "", set: "round_robin", wantPolicy: "round_robin"},
 		{name: "switch back", initial: "round_robin", set: "least_request", wantPolicy: "least_request"},
 		{name: "unknown keeps the old policy", initial: "round_robin", set: "nope", wantErr: true, wantPolicy: "round_robin"},

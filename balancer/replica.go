@@ -75,6 +75,17 @@ type Replica struct {
 	// breaker itself decides whether a probe may go through.
 	openUntil atomic.Int64
 
+	// draining is set by an operator: no new requests, in-flight finish.
+	draining atomic.Bool
+	// group is the in-flight total of the pool the replica belongs to, so
+	// bounded-load policies read the mean load without a scan (nil when
+	// the replica is in no pool).
+	group atomic.Pointer[atomic.Int64]
+
+	tel telemetry
+
+	idHash uint64 // hash of name, for rendezvous hashing
+
 	breaker     *gobreaker.TwoStepCircuitBreaker[struct{}]
 	openTimeout time.Duration
 	now         func() time.Time
@@ -121,6 +132,7 @@ func NewReplica(cfg ReplicaConfig, bc BreakerConfig, now func() time.Time) (*Rep
 		r.weight = 1
 	}
 	r.healthy.Store(true)
+	r.idHash = hashString(r.name)
 	bc = bc.withDefaults()
 	r.openTimeout = bc.OpenTimeout
 	r.breaker = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
@@ -180,7 +192,7 @@ func (r *Replica) BreakerState() string { return r.breaker.State().String() }
 // as available, so the breaker gets its half-open probe). A zero now means
 // the replica's own clock.
 func (r *Replica) Available(now time.Time) bool {
-	if !r.healthy.Load() {
+	if !r.healthy.Load() || r.draining.Load() || r.gpuFault() {
 		return false
 	}
 	until := r.openUntil.Load()
@@ -198,23 +210,54 @@ func (r *Replica) Available(now time.Time) bool {
 	return now.UnixNano() >= until
 }
 
-// Lease is one request's hold on a replica, from Acquire to Done.
+// SetDraining marks the replica as draining (no new requests; those in
+// flight finish) or returns it to service.
+func (r *Replica) SetDraining(on bool) { r.draining.Store(on) }
+
+// Draining reports whether the replica is draining.
+func (r *Replica) Draining() bool { return r.draining.Load() }
+
+// Lease is one request's hold on a replica, from Acquire to Done. It is
+// used by one goroutine at a time (the request's).
 type Lease struct {
-	r    *Replica
-	done func(error)
+	r         *Replica
+	done      func(error)
+	remaining *int64 // estimated tokens of work this request still holds; nil for a zero Lease
 }
 
 // Acquire asks the breaker for permission and counts the request in flight.
 // It fails with ErrBreakerOpen when the breaker refuses. The caller must call
 // Done exactly once, when the response has ended (stream closed).
-func (r *Replica) Acquire() (Lease, error) {
+func (r *Replica) Acquire() (Lease, error) { return r.AcquireCost(0) }
+
+// AcquireCost is Acquire for a request expected to cost tokens of work
+// (weighted prompt plus expected output), which the replica counts as
+// outstanding until Progress or Done takes it back.
+func (r *Replica) AcquireCost(tokens int64) (Lease, error) {
 	done, err := r.breaker.Allow()
 	if err != nil {
 		return Lease{}, ErrBreakerOpen
 	}
 	r.inFlight.Add(1)
+	if g := r.group.Load(); g != nil {
+		g.Add(1)
+	}
 	r.served.Add(1)
-	return Lease{r: r, done: done}, nil
+	tokens = max(tokens, 0)
+	r.tel.outstanding.Add(tokens)
+	rem := tokens
+	return Lease{r: r, done: done, remaining: &rem}, nil
+}
+
+// Progress takes back n tokens of the lease's outstanding work (the
+// prefill when the first token arrives, then one per generated token).
+func (l Lease) Progress(n int64) {
+	if l.r == nil || n <= 0 {
+		return
+	}
+	n = min(n, *l.remaining)
+	*l.remaining -= n
+	l.r.tel.outstanding.Add(-n)
 }
 
 // Done ends the lease. err nil is a success; an error wrapping
@@ -225,5 +268,13 @@ func (l Lease) Done(err error) {
 		return
 	}
 	l.r.inFlight.Add(-1)
+	if g := l.r.group.Load(); g != nil {
+		g.Add(-1)
+	}
+	l.r.tel.outstanding.Add(-*l.remaining)
+	*l.remaining = 0
 	l.done(err)
 }
+
+// Replica returns the leased replica (nil for a zero Lease).
+func (l Lease) Replica() *Replica { return l.r }

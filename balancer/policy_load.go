@@ -1,0 +1,117 @@
+package balancer
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// scorer rates one replica for a request; lower is better.
+type scorer interface {
+	score(r *Replica, now time.Time) float64
+}
+
+type loadScorer struct{ c *ScoreConfig }
+type kvScorer struct{ c *ScoreConfig }
+type tokenScorer struct{ c *ScoreConfig }
+
+func (s loadScorer) score(r *Replica, now time.Time) float64  { return s.c.loadScore(r, now) }
+func (s kvScorer) score(r *Replica, now time.Time) float64    { return s.c.kvScore(r, now) }
+func (s tokenScorer) score(r *Replica, now time.Time) float64 { return s.c.tokenScore(r, now) }
+
+var (
+	_ Picker = (*scanPicker)(nil)
+	_ Picker = (*Random)(nil)
+	_ Picker = (*P2C)(nil)
+)
+
+// scanPicker is a full-scan policy: it scores every available candidate
+// and takes the lowest, starting the scan at a rotating offset so equal
+// scores share traffic. least_loaded, kv_aware and least_tokens are
+// scanPickers with different scorers.
+type scanPicker struct {
+	next atomic.Uint64
+	s    scorer
+}
+
+func (p *scanPicker) Pick(r *Request, candidates []*Replica) *Replica {
+	n := len(candidates)
+	if n == 0 {
+		return nil
+	}
+	start := int(p.next.Add(1) % uint64(n))
+	var best *Replica
+	var bestScore float64
+	for i := 0; i < n; i++ {
+		c := candidates[(start+i)%n]
+		if !c.Available(r.Now) {
+			continue
+		}
+		if sc := p.s.score(c, r.Now); best == nil || sc < bestScore {
+			best, bestScore = c, sc
+		}
+	}
+	return best
+}
+
+// Random picks a uniformly random available candidate.
+type Random struct {
+	rand func(int) int
+}
+
+func (p *Random) Pick(r *Request, candidates []*Replica) *Replica {
+	n := len(candidates)
+	if n == 0 {
+		return nil
+	}
+	start := p.rand(n)
+	for i := 0; i < n; i++ {
+		if c := candidates[(start+i)%n]; c.Available(r.Now) {
+			return c
+		}
+	}
+	return nil
+}
+
+// P2C is power of two choices on the least_loaded score: two random
+// available candidates, the less loaded wins. Nearly as good as a full scan
+// at O(1) cost, and less herd-prone when telemetry is stale.
+type P2C struct {
+	cfg      *ScoreConfig
+	rand     func(int) int
+	fallback scanPicker
+}
+
+// p2cDraws bounds the random draws spent looking for available candidates
+// before falling back to a scan (mostly-unavailable pools).
+const p2cDraws = 4
+
+func (p *P2C) Pick(r *Request, candidates []*Replica) *Replica {
+	n := len(candidates)
+	switch n {
+	case 0:
+		return nil
+	case 1:
+		if candidates[0].Available(r.Now) {
+			return candidates[0]
+		}
+		return nil
+	}
+	var a, b *Replica
+	for d := 0; d < p2cDraws && b == nil; d++ {
+		c := candidates[p.rand(n)]
+		switch {
+		case !c.Available(r.Now):
+		case a == nil:
+			a = c
+		case c != a:
+			b = c
+		}
+	}
+	if b == nil {
+		return p.fallback.Pick(r, candidates)
+	}
+	if p.cfg.loadScore(b, r.Now) < p.cfg.loadScore(a, r.Now) {
+		return b
+	}
+	return a
+}

@@ -1,0 +1,111 @@
+package balancer
+
+import (
+	"math"
+	"sync/atomic"
+	"time"
+)
+
+// EngineLoad is what a replica's engine last reported (vLLM /metrics), as
+// the balancer needs it. The telemetry poller builds one per scrape; it is
+// never modified after SetEngineLoad.
+type EngineLoad struct {
+	Running          int       // vllm:num_requests_running, summed over engines
+	Waiting          int       // vllm:num_requests_waiting, summed over engines
+	KVUsage          float64   // vllm:kv_cache_usage_perc, 0–1, averaged over engines
+	KVCapacityTokens int       // num_gpu_blocks × block_size; 0 if unknown
+	PrefixHitRate    float64   // prefix-cache hits / queries since the previous scrape, 0–1
+	At               time.Time // when the scrape was taken
+}
+
+// GPULoad is the GPU side of a replica's health and speed.
+type GPULoad struct {
+	// CapacityFactor scales the replica's capacity: 1 at full speed, lower
+	// when the GPU throttles (thermal/power) or its SM clock is low.
+	CapacityFactor float64
+	// Fault is set when the GPU reported an Xid or uncorrected ECC error:
+	// the replica receives no traffic until it clears.
+	Fault bool
+	At    time.Time
+}
+
+// telemetry is the part of a Replica fed by pollers and by the router's own
+// measurements. Every field is an atomic or an immutable snapshot.
+type telemetry struct {
+	engine atomic.Pointer[EngineLoad]
+	gpu    atomic.Pointer[GPULoad]
+	// inFlightAtScrape and outstandingAtScrape are the router-side counts
+	// when the engine snapshot was stored, so a picker can add what the
+	// router sent (or saw finish) since: the snapshot is up to an interval old.
+	inFlightAtScrape    atomic.Int64
+	outstandingAtScrape atomic.Int64
+	// outstanding is the router's estimate of work still to do on the
+	// replica, in tokens: prompt (weighted) plus expected output of every
+	// request in flight, decremented as tokens stream back.
+	outstanding atomic.Int64
+	// speed is the learned decode speed in tokens/s (float64 bits), an EWMA
+	// of per-request (tokens−1)/(last−first token); 0 until observed.
+	speed atomic.Uint64
+}
+
+// SetEngineLoad stores a new engine snapshot (called by the poller).
+func (r *Replica) SetEngineLoad(l EngineLoad) {
+	r.tel.inFlightAtScrape.Store(r.inFlight.Load())
+	r.tel.outstandingAtScrape.Store(r.tel.outstanding.Load())
+	r.tel.engine.Store(&l)
+}
+
+// EngineLoad returns the last engine snapshot, nil if none yet.
+func (r *Replica) EngineLoad() *EngineLoad { return r.tel.engine.Load() }
+
+// SetGPULoad stores a new GPU snapshot (called by the poller).
+func (r *Replica) SetGPULoad(g GPULoad) { r.tel.gpu.Store(&g) }
+
+// GPULoad returns the last GPU snapshot, nil if none.
+func (r *Replica) GPULoad() *GPULoad { return r.tel.gpu.Load() }
+
+// OutstandingTokens is the router's estimate of the work in flight on the
+// replica, in tokens.
+func (r *Replica) OutstandingTokens() int64 { return r.tel.outstanding.Load() }
+
+// DecodeSpeed is the learned decode speed in tokens/s (0 = not yet known).
+func (r *Replica) DecodeSpeed() float64 { return math.Float64frombits(r.tel.speed.Load()) }
+
+// speedAlpha weights a new per-request observation in the speed EWMA.
+const speedAlpha = 0.1
+
+// ObserveDecode learns the replica's decode speed from one finished
+// request: tokens generated after the first, over the time they took.
+func (r *Replica) ObserveDecode(tokens int, d time.Duration) {
+	if tokens < 2 || d <= 0 {
+		return
+	}
+	v := float64(tokens-1) / d.Seconds()
+	for {
+		old := r.tel.speed.Load()
+		cur := math.Float64frombits(old)
+		next := v
+		if cur > 0 {
+			next = cur + speedAlpha*(v-cur)
+		}
+		if r.tel.speed.CompareAndSwap(old, math.Float64bits(next)) {
+			return
+		}
+	}
+}
+
+// capacity is the replica's relative capacity: its weight, scaled down by
+// GPU throttling.
+func (r *Replica) capacity() float64 {
+	c := r.weight
+	if g := r.tel.gpu.Load(); g != nil && g.CapacityFactor > 0 && g.CapacityFactor < 1 {
+		c *= g.CapacityFactor
+	}
+	return c
+}
+
+// gpuFault reports a GPU health event that excludes the replica.
+func (r *Replica) gpuFault() bool {
+	g := r.tel.gpu.Load()
+	return g != nil && g.Fault
+}
