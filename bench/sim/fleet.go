@@ -7,6 +7,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/gpurouter/gpurouter/admission/tokens"
 )
@@ -30,6 +31,8 @@ type FleetConfig struct {
 	Seed             uint64   // replica i gets Seed+i
 	// Estimator is shared by the replicas; nil = tokens.New().
 	Estimator *tokens.Estimator
+	// SpinWait tunes the shared real-time loop (see ReplicaConfig.SpinWait).
+	SpinWait time.Duration
 }
 
 // Fleet is a set of replicas served on consecutive loopback ports, each with
@@ -77,6 +80,7 @@ func NewFleet(cfg FleetConfig) (*Fleet, error) {
 		rc := ReplicaConfig{
 			Profile: cfg.Profiles[min(i, len(cfg.Profiles)-1)], ServedModelNames: cfg.ServedModelNames,
 			Index: i, Estimator: est, LegacyMetrics: cfg.LegacyMetrics, Faults: cfg.Faults, Seed: cfg.Seed + uint64(i),
+			SpinWait: cfg.SpinWait,
 		}
 		if len(cfg.Speeds) > 0 {
 			rc.Speed = cfg.Speeds[min(i, len(cfg.Speeds)-1)]
@@ -129,9 +133,10 @@ func (f *Fleet) URLs() []string {
 // Replicas are the fleet's replicas, for faults and inspection.
 func (f *Fleet) Replicas() []*Replica { return append([]*Replica(nil), f.replicas...) }
 
-// Run serves every replica (engine loop and HTTP) until ctx is cancelled,
-// then stops them all and returns when every goroutine it started has
-// ended. It listens first if Listen has not been called.
+// Run serves every replica (HTTP, and the engines, all driven in real time
+// from one goroutine) until ctx is cancelled, then stops them all and
+// returns when every goroutine it started has ended. It listens first if
+// Listen has not been called. Run may be called once.
 func (f *Fleet) Run(ctx context.Context) error {
 	if err := f.Listen(); err != nil {
 		return err
@@ -140,16 +145,17 @@ func (f *Fleet) Run(ctx context.Context) error {
 	lns := f.lns
 	f.mu.Unlock()
 	var wg sync.WaitGroup
-	errs := make([]error, 2*len(f.replicas))
+	errs := make([]error, len(f.replicas)+1)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		errs[len(f.replicas)] = runReplicas(ctx, f.replicas)
+	}()
 	for i, r := range f.replicas {
-		wg.Add(2)
+		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[2*i] = r.Run(ctx)
-		}()
-		go func() {
-			defer wg.Done()
-			errs[2*i+1] = r.Serve(ctx, lns[i])
+			errs[i] = r.Serve(ctx, lns[i])
 		}()
 	}
 	wg.Wait()

@@ -7,8 +7,8 @@ import (
 )
 
 // maxCatchUp bounds how far behind schedule the real-time loop may run
-// before it gives up catching up and restarts its timeline from now (after a
-// GC pause or a starved CPU). Lag is measured either way.
+// before it gives up catching up and restarts a replica's timeline from now
+// (after a GC pause or a starved CPU). Lag is measured either way.
 const maxCatchUp = 100 * time.Millisecond
 
 // housekeepingInterval paces disconnect checks for requests that have not
@@ -22,85 +22,165 @@ const housekeepingInterval = 25 * time.Millisecond
 // intended end) goes to gpurouter_sim_step_lag_seconds and StepLag. It also
 // runs housekeeping: disconnect checks for requests still silent, metric
 // snapshots for the stale-metrics fault, GPU utilisation. On return every
-// request has been aborted. Run may be called once.
-func (r *Replica) Run(ctx context.Context) error {
-	r.mu.Lock()
-	if r.running {
-		r.mu.Unlock()
-		return errRunTwice
-	}
-	r.running = true
-	r.mu.Unlock()
-	defer close(r.stopped)
+// request has been aborted. Run may be called once (Fleet.Run calls it for
+// its replicas, driving them all from one goroutine).
+func (r *Replica) Run(ctx context.Context) error { return runReplicas(ctx, []*Replica{r}) }
 
+// runReplicas drives the engines of rs from a single goroutine, and their
+// housekeeping from one more. One driver for many replicas keeps the timing
+// honest on few cores: when a step ends, its replica wakes hundreds of
+// stream writers, and the Go scheduler would queue another replica's
+// separate loop goroutine behind all of them.
+func runReplicas(ctx context.Context, rs []*Replica) error {
+	for i, r := range rs {
+		r.mu.Lock()
+		again := r.running
+		r.running = true
+		r.mu.Unlock()
+		if again {
+			for _, prev := range rs[:i] {
+				prev.mu.Lock()
+				prev.running = false
+				prev.mu.Unlock()
+			}
+			return errRunTwice
+		}
+	}
+	wake := make(chan struct{}, 1)
+	for _, r := range rs {
+		r.wake.Store(&wake)
+		r.warmStart.Store(time.Now().UnixNano())
+	}
 	hctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		r.housekeeping(hctx)
+		housekeeping(hctx, rs)
 	}()
 	defer func() {
 		cancel()
 		wg.Wait()
-		r.mu.Lock()
-		r.eng.reset(time.Now())
-		r.mu.Unlock()
+		for _, r := range rs {
+			r.mu.Lock()
+			r.eng.reset(time.Now())
+			r.mu.Unlock()
+			close(r.stopped)
+		}
 	}()
+	drive(ctx, rs, wake, rs[0].cfg.spinWait())
+	return nil
+}
 
-	r.warmStart.Store(time.Now().UnixNano())
+// slot is one replica's place in the driver loop.
+type slot struct {
+	r    *Replica
+	busy bool      // a step is in flight
+	next time.Time // intended start of the next step; zero when idle
+	end  time.Time // intended end of the step in flight
+	d    time.Duration
+}
+
+// drive is the real-time loop: complete the steps that are due, start the
+// next ones, sleep until the earliest end. Go's timers wake with about 1 ms
+// granularity on Linux (netpoll waits in whole milliseconds), so the loop
+// sleeps until spin before the end and busy-waits the rest.
+func drive(ctx context.Context, rs []*Replica, wake <-chan struct{}, spin time.Duration) {
+	slots := make([]slot, len(rs))
+	for i, r := range rs {
+		slots[i].r = r
+	}
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
-	var next time.Time // intended start of the next step; zero when idle
 	for {
-		r.mu.Lock()
-		now := time.Now()
-		if next.IsZero() || now.Sub(next) > maxCatchUp {
-			next = now
-		}
-		d := r.eng.schedule(next)
-		r.mu.Unlock()
-		if d == 0 {
-			next = time.Time{}
-			select {
-			case <-r.wake:
-				continue
-			case <-ctx.Done():
-				return nil
+		for i := range slots {
+			if s := &slots[i]; s.busy && !time.Now().Before(s.end) {
+				s.complete()
 			}
 		}
-		d = time.Duration(float64(d) / r.speedFactor(next))
-		end := next.Add(d)
-		timer.Reset(time.Until(end))
+		var earliest time.Time
+		for i := range slots {
+			s := &slots[i]
+			if !s.busy {
+				s.start(time.Now())
+			}
+			if s.busy && (earliest.IsZero() || s.end.Before(earliest)) {
+				earliest = s.end
+			}
+		}
+		if earliest.IsZero() {
+			select {
+			case <-wake:
+				continue
+			case <-ctx.Done():
+				return
+			}
+		}
+		until := time.Until(earliest)
+		if until <= spin {
+			for time.Now().Before(earliest) && len(wake) == 0 && ctx.Err() == nil {
+			}
+			continue
+		}
+		timer.Reset(until - spin)
 		select {
 		case <-timer.C:
+		case <-wake:
+			timer.Stop()
 		case <-ctx.Done():
 			timer.Stop()
-			return nil
+			return
 		}
-		actual := time.Now()
-		lag := max(actual.Sub(end), 0)
-		r.m.stepLag.Observe(lag.Seconds())
-		r.m.stepDuration.Observe(d.Seconds())
-		r.m.steps.Inc()
-		r.busyNanos.Add(int64(d))
-		r.mu.Lock()
-		r.lag.add(lag)
-		r.eng.complete(actual)
-		r.mu.Unlock()
-		next = end
 	}
 }
 
-// kick wakes Run if it is idle.
+// start schedules the replica's next step, if it has work.
+func (s *slot) start(now time.Time) {
+	base := s.next
+	if base.IsZero() || now.Sub(base) > maxCatchUp {
+		base = now
+	}
+	r := s.r
+	r.mu.Lock()
+	d := r.eng.schedule(base)
+	r.mu.Unlock()
+	if d == 0 {
+		s.next = time.Time{}
+		return
+	}
+	s.d = time.Duration(float64(d) / r.speedFactor(base))
+	s.end = base.Add(s.d)
+	s.busy = true
+}
+
+// complete applies the step in flight, recording how late it is.
+func (s *slot) complete() {
+	r := s.r
+	actual := time.Now()
+	lag := max(actual.Sub(s.end), 0)
+	r.m.stepLag.Observe(lag.Seconds())
+	r.m.stepDuration.Observe(s.d.Seconds())
+	r.m.steps.Inc()
+	r.busyNanos.Add(int64(s.d))
+	r.mu.Lock()
+	r.lag.add(lag)
+	r.eng.complete(actual)
+	r.mu.Unlock()
+	s.busy = false
+	s.next = s.end
+}
+
+// kick wakes the driver if it is idle.
 func (r *Replica) kick() {
-	select {
-	case r.wake <- struct{}{}:
-	default:
+	if w := r.wake.Load(); w != nil {
+		select {
+		case *w <- struct{}{}:
+		default:
+		}
 	}
 }
 
-func (r *Replica) housekeeping(ctx context.Context) {
+func housekeeping(ctx context.Context, rs []*Replica) {
 	t := time.NewTicker(housekeepingInterval)
 	defer t.Stop()
 	var lastSnap time.Time
@@ -109,11 +189,16 @@ func (r *Replica) housekeeping(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			r.sweepDisconnected()
-			if now.Sub(lastSnap) >= time.Second {
+			snap := now.Sub(lastSnap) >= time.Second
+			if snap {
 				lastSnap = now
-				r.expo.snapshot(now)
-				r.gpuMeter.sample(now, r.busyNanos.Load())
+			}
+			for _, r := range rs {
+				r.sweepDisconnected()
+				if snap {
+					r.expo.snapshot(now)
+					r.gpuMeter.sample(now, r.busyNanos.Load())
+				}
 			}
 		}
 	}

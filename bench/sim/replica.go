@@ -47,6 +47,21 @@ type ReplicaConfig struct {
 	Faults Faults
 	// Seed makes output lengths and error-rate draws reproducible.
 	Seed uint64
+	// SpinWait is how long before a step's intended end the real-time loop
+	// stops sleeping and busy-waits, trading CPU for timing precision (Go's
+	// timers wake with about 1 ms granularity). 0 = 1ms; negative = never
+	// spin. A fleet uses its first replica's value for its shared loop.
+	SpinWait time.Duration
+}
+
+func (c ReplicaConfig) spinWait() time.Duration {
+	switch {
+	case c.SpinWait < 0:
+		return 0
+	case c.SpinWait == 0:
+		return time.Millisecond
+	}
+	return c.SpinWait
 }
 
 // Replica is one simulated vLLM server: an engine (scheduler, KV cache, cost
@@ -72,8 +87,8 @@ type Replica struct {
 	lag     lagRing
 	running bool // Run is active
 
-	wake    chan struct{} // a request arrived; cap 1
-	stopped chan struct{} // closed when Run returns
+	wake    atomic.Pointer[chan struct{}] // the driver's: a request arrived; nil before Run
+	stopped chan struct{}                 // closed when Run returns
 	crashCh chan time.Duration
 
 	faults    atomic.Pointer[Faults]
@@ -128,7 +143,7 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 		cfg: cfg, names: names, est: est, reg: reg, m: m, expo: &exposition{gatherer: reg}, d: d,
 		words: fillerWords(), created: time.Now().Unix(), profName: p.Name,
 		eng: eng, rng: rand.New(rand.NewPCG(cfg.Seed, uint64(cfg.Index))),
-		wake: make(chan struct{}, 1), stopped: make(chan struct{}), crashCh: make(chan time.Duration, 1),
+		stopped: make(chan struct{}), crashCh: make(chan time.Duration, 1),
 		waiters: make(map[*request]struct{}),
 	}
 	f := cfg.Faults
