@@ -39,9 +39,18 @@ type exchange struct {
 	ep       endpoint
 	req      request
 	pool     *balancer.Pool
-	up       *upstream // the replica that answered (nil if none did)
+	up       *upstream       // the replica that answered (nil if none did)
+	rm       *replicaMetrics // up's metric children for the request's arm
 	lease    balancer.Lease
 	attempts int
+	arm      string // A/B arm (the policy name outside experiments)
+	affinity string // session key: X-Session-Id, else the body's user
+
+	// prefillCost and outputCost are the work the request was leased
+	// with, in decode-token equivalents; Progress hands them back as
+	// the prefill completes and tokens stream.
+	prefillCost int64
+	outputCost  int64
 
 	received  time.Time // full request read by the router
 	sent      time.Time // last attempt handed to the upstream client
@@ -68,18 +77,20 @@ func (x *exchange) tokenChunk(now time.Time) {
 	x.tokenChunks++
 	if x.firstTok.IsZero() {
 		x.firstTok = now
-		if x.up != nil {
-			x.up.m.ttft.Observe(now.Sub(x.received).Seconds())
+		if x.rm != nil {
+			x.rm.ttft.Observe(now.Sub(x.received).Seconds())
 		}
+		x.lease.Progress(x.prefillCost)
 	} else {
 		gap := now.Sub(x.lastTok)
 		x.itlCount++
 		x.itlSum += gap
 		x.itlMax = max(x.itlMax, gap)
-		if x.up != nil {
-			x.up.m.itl.Observe(gap.Seconds())
+		if x.rm != nil {
+			x.rm.itl.Observe(gap.Seconds())
 		}
 	}
+	x.lease.Progress(1)
 	x.lastTok = now
 }
 
@@ -139,21 +150,22 @@ func (x *exchange) finish(err error, status int) {
 	if x.up != nil {
 		replica = x.up.replica.Name()
 	}
-	s.m.requests.WithLabelValues(model, replica, statusText(status), x.outcome.String()).Inc()
+	s.m.requests.WithLabelValues(model, replica, x.arm, statusText(status), x.outcome.String()).Inc()
 
 	e2eEnd := end
 	if !x.lastTok.IsZero() {
 		e2eEnd = x.lastTok // as vllm bench: the last token chunk, not [DONE]
 	}
-	if x.up != nil && x.outcome == outcomeOK {
-		x.up.m.e2e.Observe(e2eEnd.Sub(x.received).Seconds())
+	if x.rm != nil && x.outcome == outcomeOK {
+		x.rm.e2e.Observe(e2eEnd.Sub(x.received).Seconds())
 		if x.gotUsage {
-			x.up.m.promptToks.Add(float64(x.promptTokens))
-			x.up.m.genToks.Add(float64(x.completionTokens))
+			x.rm.promptToks.Add(float64(x.promptTokens))
+			x.rm.genToks.Add(float64(x.completionTokens))
 		}
 		if x.completionTokens > 1 && !x.firstTok.IsZero() {
-			tpot := x.lastTok.Sub(x.firstTok).Seconds() / float64(x.completionTokens-1)
-			x.up.m.tpot.Observe(tpot)
+			decode := x.lastTok.Sub(x.firstTok)
+			x.rm.tpot.Observe(decode.Seconds() / float64(x.completionTokens-1))
+			x.up.replica.ObserveDecode(x.completionTokens, decode)
 		}
 	}
 	s.records.add(x.record(e2eEnd))
@@ -163,6 +175,7 @@ func (x *exchange) finish(err error, status int) {
 			zap.String("endpoint", x.ep.String()),
 			zap.String("model", model),
 			zap.String("replica", replica),
+			zap.String("arm", x.arm),
 			zap.Int("status", status),
 			zap.String("outcome", x.outcome.String()),
 			zap.Bool("stream", x.req.stream),

@@ -80,8 +80,14 @@ func (s *Server) forward(rt *routeTable, x *exchange, ureq *fasthttp.Request) (*
 		Model:        x.req.model,
 		PromptTokens: x.req.promptTokens(),
 		MaxTokens:    x.req.maxTokens,
-		AffinityKey:  x.req.user,
+		AffinityKey:  x.affinity,
+		PrefixHash:   x.req.prefixHash,
+		ArmKey:       x.id,
+		Arm:          x.arm,
 		Now:          x.received,
+	}
+	if x.req.user != "" {
+		breq.ArmKey = x.req.user // a user stays in one arm across requests
 	}
 	var triedArr [8]*balancer.Replica
 	tried := triedArr[:0]
@@ -95,6 +101,7 @@ func (s *Server) forward(rt *routeTable, x *exchange, ureq *fasthttp.Request) (*
 			breq.Now = s.now()
 		}
 		rep := x.pool.PickExcept(&breq, tried)
+		x.arm = breq.Arm
 		if rep == nil {
 			if lastErr == nil {
 				return nil, fmt.Errorf("%w for model %q", ErrNoReplica, x.pool.Model())
@@ -102,7 +109,7 @@ func (s *Server) forward(rt *routeTable, x *exchange, ureq *fasthttp.Request) (*
 			return nil, lastErr
 		}
 		tried = append(tried, rep)
-		lease, err := rep.Acquire()
+		lease, err := rep.AcquireCost(x.prefillCost + x.outputCost)
 		if err != nil {
 			// An open breaker is not an attempt: nothing was sent.
 			lastErr = fmt.Errorf("%w for model %q (breakers open)", ErrNoReplica, x.pool.Model())
@@ -136,7 +143,7 @@ func (s *Server) forward(rt *routeTable, x *exchange, ureq *fasthttp.Request) (*
 			s.m.retries.WithLabelValues(x.pool.Model(), fmt.Sprint(status)).Inc()
 			continue
 		}
-		x.up, x.lease, x.firstByte = up, lease, s.now()
+		x.up, x.rm, x.lease, x.firstByte = up, up.metricsFor(x.arm), lease, s.now()
 		return resp, nil
 	}
 	return nil, lastErr

@@ -73,6 +73,12 @@ func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint,
 		return
 	}
 	x.req = req
+	x.arm = string(ctx.Request.Header.Peek("X-Gpurouter-Policy"))
+	x.affinity = string(ctx.Request.Header.Peek("X-Session-Id"))
+	if x.affinity == "" {
+		x.affinity = req.user
+	}
+	x.prefillCost, x.outputCost = s.costOf(&req)
 
 	// 2. Find the pool: the path prefix's, else the body's model.
 	x.pool, err = s.poolFor(rt, req.model, prefixPool)
@@ -114,6 +120,21 @@ func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint,
 		return
 	}
 	s.respondWhole(ctx, x, resp)
+}
+
+// defaultExpectedOutput is the output length assumed for a request that
+// sets no max_tokens, for load accounting only.
+const defaultExpectedOutput = 256
+
+// costOf is the work a request brings to a replica, in decode-token
+// equivalents: the weighted prompt, and the expected output.
+func (s *Server) costOf(r *request) (prefill, output int64) {
+	out := r.maxTokens
+	if out <= 0 {
+		out = defaultExpectedOutput
+	}
+	total := s.score.Cost(r.promptTokens(), out)
+	return total - int64(out), int64(out)
 }
 
 // poolFor resolves the pool for a request.

@@ -31,12 +31,12 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
-	lr := []string{"model", "replica"}
+	lr := []string{"model", "replica", "arm"}
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpurouter_requests_total",
-			Help: "Requests finished, by model, replica (\"\" if none was reached), HTTP status and outcome.",
-		}, []string{"model", "replica", "status", "outcome"}),
+			Help: "Requests finished, by model, replica (\"\" if none was reached), A/B arm (the policy name outside experiments), HTTP status and outcome.",
+		}, []string{"model", "replica", "arm", "status", "outcome"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpurouter_retries_total",
 			Help: "Attempts retried on another replica before any byte reached the client, by reason.",
@@ -88,21 +88,21 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-// replicaMetrics are one replica's pre-resolved children.
+// replicaMetrics are one (replica, arm)'s pre-resolved children.
 type replicaMetrics struct {
+	arm                  string
 	ttft, itl, tpot, e2e prometheus.Observer
-	connect              prometheus.Observer
 	promptToks, genToks  prometheus.Counter
 }
 
-func (m *metrics) forReplica(model, replica string) *replicaMetrics {
+func (m *metrics) forReplica(model, replica, arm string) *replicaMetrics {
 	return &replicaMetrics{
-		ttft:       m.ttft.WithLabelValues(model, replica),
-		itl:        m.itl.WithLabelValues(model, replica),
-		tpot:       m.tpot.WithLabelValues(model, replica),
-		e2e:        m.e2e.WithLabelValues(model, replica),
-		connect:    m.connect.WithLabelValues(replica),
-		promptToks: m.promptToks.WithLabelValues(model, replica),
-		genToks:    m.genToks.WithLabelValues(model, replica),
+		arm:        arm,
+		ttft:       m.ttft.WithLabelValues(model, replica, arm),
+		itl:        m.itl.WithLabelValues(model, replica, arm),
+		tpot:       m.tpot.WithLabelValues(model, replica, arm),
+		e2e:        m.e2e.WithLabelValues(model, replica, arm),
+		promptToks: m.promptToks.WithLabelValues(model, replica, arm),
+		genToks:    m.genToks.WithLabelValues(model, replica, arm),
 	}
 }

@@ -55,6 +55,30 @@ type request struct {
 	promptBytes int  // bytes of prompt text (messages' content, prompt, input)
 	messages    int  // chat messages
 	user        string
+	prefixHash  uint64 // hash of the system prompt, else of the prompt's first prefixBytes; 0 if no text
+}
+
+// prefixBytes is how much of a prompt without a system message identifies
+// its prefix for prefix-affinity routing: about 256 tokens.
+const prefixBytes = 1024
+
+// prefixHashOf hashes a prompt prefix (FNV-1a, finished with splitmix64) and
+// never returns 0, which means "no prefix". Deterministic across processes
+// so every router instance sends a prefix to the same replica.
+func prefixHashOf(s string) uint64 {
+	if len(s) > prefixBytes {
+		s = s[:prefixBytes]
+	}
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(s); i++ {
+		h ^= uint64(s[i])
+		h *= 1099511628211
+	}
+	h ^= h >> 30
+	h *= 0xbf58476d1ce4e5b9
+	h ^= h >> 27
+	h *= 0x94d049bb133111eb
+	return (h ^ h>>31) | 1
 }
 
 // promptTokens estimates the prompt size in tokens from its bytes (about 4
@@ -144,6 +168,7 @@ func parseRequest(body []byte, ep endpoint) (request, error) {
 			}
 			sawInput = true
 			r.promptBytes, err = textSize("prompt", v)
+			r.prefixHash = firstTextHash(v)
 		case "input":
 			if ep != epEmbeddings {
 				return true
@@ -198,7 +223,13 @@ func (r *request) readMessages(v gjson.Result) error {
 			return false
 		}
 		var n int
-		n, err = contentSize("messages["+strconv.Itoa(i)+"].content", m.Get("content"))
+		content := m.Get("content")
+		n, err = contentSize("messages["+strconv.Itoa(i)+"].content", content)
+		if i == 0 {
+			// The system prompt is what requests of one application share;
+			// without one, the start of the first message stands in.
+			r.prefixHash = firstTextHash(content)
+		}
 		r.promptBytes += n + len(role.Str)
 		r.messages++
 		i++
@@ -208,6 +239,28 @@ func (r *request) readMessages(v gjson.Result) error {
 		err = badParam("messages", "must not be empty")
 	}
 	return err
+}
+
+// firstTextHash hashes the first text in a content value (a string, or the
+// first text part / string of an array); 0 when there is none.
+func firstTextHash(v gjson.Result) uint64 {
+	switch {
+	case v.Type == gjson.String && v.Str != "":
+		return prefixHashOf(v.Str)
+	case v.IsArray():
+		var h uint64
+		v.ForEach(func(_, e gjson.Result) bool {
+			switch {
+			case e.Type == gjson.String && e.Str != "":
+				h = prefixHashOf(e.Str)
+			case e.IsObject() && e.Get("text").Str != "":
+				h = prefixHashOf(e.Get("text").Str)
+			}
+			return h == 0
+		})
+		return h
+	}
+	return 0
 }
 
 // contentSize sizes a message content: a string, null, or an array of parts

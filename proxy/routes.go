@@ -136,30 +136,39 @@ func (s *Server) serveDebugRequests(ctx *fasthttp.RequestCtx) {
 // serveDebugPools shows pools, policies and every replica's live state.
 func (s *Server) serveDebugPools(ctx *fasthttp.RequestCtx) {
 	type replicaView struct {
-		Name     string  `json:"name"`
-		URL      string  `json:"url"`
-		Weight   float64 `json:"weight"`
-		Healthy  bool    `json:"healthy"`
-		Breaker  string  `json:"breaker"`
-		InFlight int64   `json:"in_flight"`
-		Served   int64   `json:"served"`
+		Name              string               `json:"name"`
+		URL               string               `json:"url"`
+		Weight            float64              `json:"weight"`
+		Healthy           bool                 `json:"healthy"`
+		Draining          bool                 `json:"draining"`
+		Breaker           string               `json:"breaker"`
+		InFlight          int64                `json:"in_flight"`
+		Served            int64                `json:"served"`
+		OutstandingTokens int64                `json:"outstanding_tokens"`
+		DecodeTokensPerS  float64              `json:"decode_tokens_per_s"`
+		Engine            *balancer.EngineLoad `json:"engine,omitempty"`
+		GPU               *balancer.GPULoad    `json:"gpu,omitempty"`
 	}
 	type poolView struct {
-		Model      string        `json:"model"`
-		Aliases    []string      `json:"aliases"`
-		PathPrefix string        `json:"path_prefix,omitempty"`
-		Policy     string        `json:"policy"`
-		Replicas   []replicaView `json:"replicas"`
+		Model      string         `json:"model"`
+		Aliases    []string       `json:"aliases"`
+		PathPrefix string         `json:"path_prefix,omitempty"`
+		Policy     string         `json:"policy"`
+		Arms       []balancer.Arm `json:"arms"`
+		InFlight   int64          `json:"in_flight"`
+		Replicas   []replicaView  `json:"replicas"`
 	}
 	var doc struct {
 		Pools []poolView `json:"pools"`
 	}
 	for _, p := range s.routes.Load().pools {
-		pv := poolView{Model: p.Model(), Aliases: p.Aliases(), PathPrefix: p.PathPrefix(), Policy: p.Policy()}
+		pv := poolView{Model: p.Model(), Aliases: p.Aliases(), PathPrefix: p.PathPrefix(), Policy: p.Policy(), Arms: p.Arms(), InFlight: p.InFlight()}
 		for _, r := range p.Replicas() {
 			pv.Replicas = append(pv.Replicas, replicaView{
-				Name: r.Name(), URL: r.URL(), Weight: r.Weight(), Healthy: r.Healthy(),
+				Name: r.Name(), URL: r.URL(), Weight: r.Weight(), Healthy: r.Healthy(), Draining: r.Draining(),
 				Breaker: r.BreakerState(), InFlight: r.InFlight(), Served: r.Served(),
+				OutstandingTokens: r.OutstandingTokens(), DecodeTokensPerS: r.DecodeSpeed(),
+				Engine: r.EngineLoad(), GPU: r.GPULoad(),
 			})
 		}
 		doc.Pools = append(doc.Pools, pv)

@@ -29,6 +29,9 @@ import (
 type Options struct {
 	Config Config
 	Pools  []*balancer.Pool // at least one; model names and aliases must be unique
+	// Score is how the pools' load policies weigh work; the proxy uses it
+	// to lease requests with their cost (prompt weighted by PrefillWeight).
+	Score balancer.ScoreConfig
 
 	// Registerer receives the router's metrics; Gatherer serves /metrics.
 	// Both nil means a fresh private registry.
@@ -46,6 +49,7 @@ type Options struct {
 // stop with Shutdown.
 type Server struct {
 	cfg     Config
+	score   balancer.ScoreConfig
 	log     *zap.Logger
 	m       *metrics
 	gather  prometheus.Gatherer
@@ -70,6 +74,7 @@ func New(o Options) (*Server, error) {
 	}
 	s := &Server{
 		cfg:    o.Config.withDefaults(),
+		score:  o.Score,
 		log:    o.Logger,
 		now:    o.Now,
 		jitter: o.Jitter,
@@ -206,7 +211,7 @@ func buildRoutes(pools []*balancer.Pool, cfg Config, m *metrics, now func() time
 			rt.prefixes = append(rt.prefixes, prefixRoute{prefix: pp, pool: p})
 		}
 		for _, r := range p.Replicas() {
-			rt.upstreams[r] = newUpstream(p, r, cfg, m.forReplica(p.Model(), r.Name()))
+			rt.upstreams[r] = newUpstream(p, r, cfg, m)
 		}
 	}
 	sort.Slice(rt.prefixes, func(i, j int) bool { return len(rt.prefixes[i].prefix) > len(rt.prefixes[j].prefix) })

@@ -15,11 +15,16 @@ type upstream struct {
 	replica *balancer.Replica
 	pool    *balancer.Pool
 	client  *fasthttp.HostClient
-	m       *replicaMetrics
+	all     *metrics
+	byArm   []*replicaMetrics // children for the pool's arms at build time
 }
 
-func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, m *replicaMetrics) *upstream {
-	u := &upstream{replica: r, pool: p, m: m}
+func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, m *metrics) *upstream {
+	u := &upstream{replica: r, pool: p, all: m}
+	for _, a := range p.Arms() {
+		u.byArm = append(u.byArm, m.forReplica(p.Model(), r.Name(), a.Name))
+	}
+	connect := m.connect.WithLabelValues(r.Name())
 	dialer := &net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
 	u.client = &fasthttp.HostClient{
 		Addr:  r.Addr(),
@@ -43,11 +48,22 @@ func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, m *replicaMe
 			if err != nil {
 				return nil, err
 			}
-			m.connect.Observe(time.Since(start).Seconds())
+			connect.Observe(time.Since(start).Seconds())
 			return &deadlineConn{Conn: c, firstByte: cfg.FirstByteTimeout, idle: cfg.IdleTimeout}, nil
 		},
 	}
 	return u
+}
+
+// metricsFor returns the children for arm; an arm added at run time (an
+// operator changed the experiment) gets its children resolved on use.
+func (u *upstream) metricsFor(arm string) *replicaMetrics {
+	for _, m := range u.byArm {
+		if m.arm == arm {
+			return m
+		}
+	}
+	return u.all.forReplica(u.pool.Model(), u.replica.Name(), arm)
 }
 
 // deadlineConn arms a read deadline before every read: FirstByte while
