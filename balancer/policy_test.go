@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/gpurouter/gpurouter/gpu"
 )
 
 // pickCounts routes n requests through pool (releasing nothing unless
@@ -277,5 +278,35 @@ func TestArmsSharesOverrideAndStability(t *testing.T) {
 	}
 	if got := len(pool.Arms()); got != 2 {
 		t.Errorf("failed SetArms replaced arms: %d", got)
+	}
+}
+
+func TestSinkFromPollerSnapshots(t *testing.T) {
+	c := newFakeClock()
+	r := newReplica(t, "a", c, replicaOpts{})
+	r.StoreEngine(&gpu.EngineStats{Running: 3, Waiting: 2, KVUsage: 0.5, KVCapacityTokens: 1000, At: t0})
+	if e := r.EngineLoad(); e == nil || e.Running != 3 || e.Waiting != 2 || e.KVCapacityTokens != 1000 {
+		t.Fatalf("engine load %+v", e)
+	}
+	tests := []struct {
+		name       string
+		gpus       []gpu.GPUStats
+		at         time.Duration
+		wantFactor float64
+		wantFault  bool
+	}{
+		{"healthy", []gpu.GPUStats{{SMClockMHz: 1980, SMClockMaxMHz: 1980}}, 0, 1, false},
+		{"thermal throttle at 60% clock", []gpu.GPUStats{{SMClockMHz: 1188, SMClockMaxMHz: 1980, ThrottleReasons: []string{"hw_thermal_slowdown"}}}, 0, 0.6, false},
+		{"slowest of two GPUs", []gpu.GPUStats{{}, {ThrottleReasons: []string{"sw_power_cap"}}}, 0, 0.5, false},
+		{"xid appears", []gpu.GPUStats{{XidErrors: 1}}, time.Second, 1, true},
+		{"xid unchanged within hold", []gpu.GPUStats{{XidErrors: 1}}, 5 * time.Minute, 1, true},
+		{"xid unchanged after hold", []gpu.GPUStats{{XidErrors: 1}}, 11 * time.Minute, 1, false},
+	}
+	for _, tt := range tests {
+		r.StoreGPU(&gpu.GPUSnapshot{GPUs: tt.gpus, At: t0.Add(tt.at)})
+		g := r.GPULoad()
+		if g.Fault != tt.wantFault || g.CapacityFactor < tt.wantFactor-1e-9 || g.CapacityFactor > tt.wantFactor+1e-9 {
+			t.Errorf("%s: %+v, want factor %v fault %v", tt.name, g, tt.wantFactor, tt.wantFault)
+		}
 	}
 }

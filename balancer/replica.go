@@ -86,6 +86,10 @@ type Replica struct {
 
 	idHash uint64 // hash of name, for rendezvous hashing
 
+	// gpuErrs and faultSince belong to StoreGPU (one caller at a time).
+	gpuErrs    uint64
+	faultSince time.Time
+
 	breaker     *gobreaker.TwoStepCircuitBreaker[struct{}]
 	openTimeout time.Duration
 	now         func() time.Time
