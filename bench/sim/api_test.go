@@ -219,3 +219,33 @@ func TestCompletionNonStreaming(t *testing.T) {
 		})
 	}
 }
+
+// TestPrefixCacheOverHTTP sends the same long prompt twice: the second is
+// served from the prefix cache, which the vLLM counters show.
+func TestPrefixCacheOverHTTP(t *testing.T) {
+	f := fastFleet(t, 1)
+	u := f.URLs()[0]
+	prompt := testEstimator(t).Synthesize(640, 11)
+	body := fmt.Sprintf(`{"model":"qwen","prompt":%q,"max_tokens":2,"ignore_eos":true}`, prompt)
+	httpDo(t, "POST", u+"/v1/completions", body)
+	first := scrape(t, u)
+	httpDo(t, "POST", u+"/v1/completions", body)
+	second := scrape(t, u)
+	if first["vllm:prefix_cache_hits_total"] != 0 || first["vllm:prefix_cache_queries_total"] != 640 {
+		t.Errorf("first: %v", first)
+	}
+	if hits := second["vllm:prefix_cache_hits_total"]; hits != 624 { // all but the block holding the last token
+		t.Errorf("second request hit %v tokens, want 624", hits)
+	}
+}
+
+func TestRequestIDEscaped(t *testing.T) {
+	f := fastFleet(t, 1)
+	s := openStream(t, f.URLs()[0], "/v1/completions", `{"model":"qwen","stream":true,"prompt":"x","max_tokens":1}`,
+		"X-Request-Id", `a"b\c`)
+	defer s.close()
+	s.readHeader(t)
+	if c := parseChunk(t, s.next(t)); c.ID != `cmpl-a"b\c` {
+		t.Errorf("id %q", c.ID)
+	}
+}

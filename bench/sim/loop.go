@@ -22,8 +22,8 @@ const housekeepingInterval = 25 * time.Millisecond
 // intended end) goes to gpurouter_sim_step_lag_seconds and StepLag. It also
 // runs housekeeping: disconnect checks for requests still silent, metric
 // snapshots for the stale-metrics fault, GPU utilisation. On return every
-// request has been aborted. Run may be called once (Fleet.Run calls it for
-// its replicas, driving them all from one goroutine).
+// request has been aborted. Run may be called once, and not for a replica
+// whose fleet runs (Fleet.Run drives all its replicas from one goroutine).
 func (r *Replica) Run(ctx context.Context) error { return runReplicas(ctx, []*Replica{r}) }
 
 // runReplicas drives the engines of rs from a single goroutine, and their

@@ -31,6 +31,7 @@ type request struct {
 	usage bool // send the usage chunk (stream_options.include_usage)
 
 	id      string
+	idJSON  []byte // id, JSON-quoted
 	model   []byte // JSON-quoted served model name
 	created int64
 
@@ -146,12 +147,12 @@ func (q *request) CloseWithError(err error) error {
 // appendChunk appends one SSE event with n tokens of text (n = -1: the chat
 // role chunk), carrying finish_reason when the sequence ended.
 func (q *request) appendChunk(b []byte, n int, reason finishReason) []byte {
-	b = append(b, `data: {"id":"`...)
-	b = append(b, q.id...)
+	b = append(b, `data: {"id":`...)
+	b = append(b, q.idJSON...)
 	if q.chat {
-		b = append(b, `","object":"chat.completion.chunk","created":`...)
+		b = append(b, `,"object":"chat.completion.chunk","created":`...)
 	} else {
-		b = append(b, `","object":"text_completion","created":`...)
+		b = append(b, `,"object":"text_completion","created":`...)
 	}
 	b = strconv.AppendInt(b, q.created, 10)
 	b = append(b, `,"model":`...)
@@ -192,12 +193,12 @@ func (q *request) appendText(b []byte, n int) []byte {
 }
 
 func (q *request) appendUsage(b []byte) []byte {
-	b = append(b, `data: {"id":"`...)
-	b = append(b, q.id...)
+	b = append(b, `data: {"id":`...)
+	b = append(b, q.idJSON...)
 	if q.chat {
-		b = append(b, `","object":"chat.completion.chunk","created":`...)
+		b = append(b, `,"object":"chat.completion.chunk","created":`...)
 	} else {
-		b = append(b, `","object":"text_completion","created":`...)
+		b = append(b, `,"object":"text_completion","created":`...)
 	}
 	b = strconv.AppendInt(b, q.created, 10)
 	b = append(b, `,"model":`...)
@@ -325,6 +326,7 @@ func (inc *incarnation) inference(ctx *fasthttp.RequestCtx, chat bool) {
 	} else {
 		q.id = "cmpl-" + reqID
 	}
+	q.idJSON, _ = json.Marshal(q.id) // the header may hold anything
 
 	if req.Stream {
 		ctx.SetContentType("text/event-stream; charset=utf-8")
