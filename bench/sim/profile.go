@@ -1,16 +1,3 @@
-// Package sim simulates vLLM replicas: an OpenAI-compatible HTTP API with
-// vLLM's metrics, errors and streaming shapes in front of an engine model
-// that batches continuously as vLLM V1 does (waiting queue, max_num_seqs, a
-// per-step token budget with chunked prefill, KV cache in blocks with prefix
-// caching, preemption by recompute) and times each step with a roofline cost
-// model of the GPU. It is an instrument for testing routers and admission
-// control, so its timing is calibrated against published measurements (see
-// Calibrate) and it reports its own timing error.
-//
-// The engine core never reads a clock: a scheduler decides a step and returns
-// its duration, and a driver advances time. Replica.Run drives it in real
-// time behind HTTP; Simulate drives it in virtual time, fast and
-// deterministic, for calibration, property tests and what-if sweeps.
 package sim
 
 import (

@@ -54,6 +54,7 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 	legacy := fs.Bool("legacy-metrics", false, "expose vllm:gpu_cache_usage_perc (pre-0.10) instead of vllm:kv_cache_usage_perc")
 	faults := fs.String("faults", "", `initial faults of every replica, as JSON (the POST /sim/faults document), e.g. '{"error_rate":0.05}'`)
 	seed := fs.Uint64("seed", 0, "seed for output lengths and error draws")
+	spin := fs.Duration("spin-wait", time.Millisecond, "busy-wait this long before each step's end for timing precision (negative = never)")
 	engine := sim.RegisterEngineFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: gpurouter sim --replicas N --base-port P [--profile NAME] [--speed F,F,...] [--served-model-name M] [vLLM engine flags]")
@@ -71,7 +72,7 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	cfg := sim.FleetConfig{Replicas: *replicas, Host: *host, BasePort: *basePort, ServedModelNames: served,
-		LegacyMetrics: *legacy, Seed: *seed}
+		LegacyMetrics: *legacy, Seed: *seed, SpinWait: *spin}
 	if len(profiles) == 0 {
 		profiles = simList{"qwen2.5-7b"}
 	}
@@ -113,6 +114,7 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "replica %d ready: %s model=%s profile=%s speed=%s num_gpu_blocks=%d max_num_seqs=%d\n",
 			i, fleet.URLs()[i], r.ModelName(), p.Name, speedOf(cfg.Speeds, i), r.NumGPUBlocks(), p.Engine.MaxNumSeqs)
 	}
+	fmt.Fprintln(stdout, "timing error of the simulator itself: gpurouter_sim_step_lag_seconds on each /metrics")
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := fleet.Run(ctx); err != nil {

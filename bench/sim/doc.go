@@ -1,0 +1,52 @@
+// Package sim simulates vLLM replicas: vLLM's OpenAI-compatible HTTP API,
+// errors, streaming shapes and Prometheus metrics in front of an engine model
+// that batches continuously as vLLM V1 does (FCFS waiting queue,
+// max_num_seqs, a per-step token budget with chunked prefill, a KV cache in
+// blocks with prefix caching, preemption by recompute, abort on disconnect)
+// and times every step with a roofline of the GPU. It is an instrument for
+// testing routers and admission control, so its timing is calibrated against
+// published measurements (Calibrate, `gpurouter sim calibrate`) and it
+// reports its own timing error (gpurouter_sim_step_lag_seconds).
+//
+// # Time
+//
+// The engine core never reads a clock: the scheduler decides a step and
+// returns its modelled duration, and a driver advances time. Replica.Run and
+// Fleet.Run drive it in real time behind HTTP; Simulate drives it in virtual
+// time, fast and deterministic, for calibration, property tests and what-if
+// sweeps over engine arguments (`gpurouter sim predict`).
+//
+// # In-process fleets
+//
+// Tests of other packages start replicas on ephemeral loopback ports and stop
+// them by cancelling the context:
+//
+//	p, _ := sim.Builtin("qwen2.5-7b")
+//	f, _ := sim.NewFleet(sim.FleetConfig{Replicas: 2, Profiles: []sim.Profile{p}})
+//	_ = f.Listen()                    // binds 127.0.0.1 ports
+//	go f.Run(ctx)                     // returns once everything has stopped
+//	urls := f.URLs()                  // http://127.0.0.1:PORT, one per replica
+//	f.Replicas()[1].SetFaults(sim.Faults{ErrorRate: 0.2})
+//
+// Build one tokens.Estimator and pass it in FleetConfig.Estimator when
+// starting many fleets: loading the vocabulary is the slow part of NewFleet.
+// fasthttp's worker-pool cleaner outlives a stopped server by up to a second.
+//
+// # HTTP surface of a replica
+//
+//	POST /v1/chat/completions, /v1/completions   streaming (SSE) and not; n=1 only
+//	GET  /v1/models, /health, /version, /load, /ping
+//	POST /tokenize                                {"count": N, ...}
+//	GET  /metrics                                 vLLM V1 names, labels and buckets
+//	GET  /v1/gpus                                 gpu.HostReport, as `gpurouter agent` serves
+//	GET|POST /sim/faults                          the Faults document
+//
+// # Simplifications
+//
+// Generated text is one filler word per token. Prompt tokens are counted with
+// the shared estimator (admission/tokens), and prefix-cache blocks are
+// hashed over words rather than token ids. No speculative decoding, LoRA,
+// logprobs or n>1. vllm:cache_config_info also carries model_name (vLLM's has
+// only engine) so that every vllm:* series has both labels. Counters survive
+// a simulated crash (a real restart resets them).
+package sim
