@@ -1,0 +1,88 @@
+package gpu
+
+import (
+	"fmt"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// read returns the device's current stats. Utilisation and memory are the
+// core readings: a failure there is an error (a lost GPU says
+// ERROR_GPU_IS_LOST). Everything else is best-effort: a reading the GPU does
+// not support (power on some boards, ECC on consumer cards) stays zero.
+func (d *nvmlDevice) read() (GPUStats, error) {
+	st := GPUStats{
+		Index:         d.index,
+		UUID:          d.uuid,
+		Name:          d.name,
+		SMClockMaxMHz: d.maxSMMHz,
+		XidErrors:     d.xid,
+	}
+	u, ret := d.h.GetUtilizationRates()
+	if ret != nvml.SUCCESS {
+		return st, d.fail("utilization", ret)
+	}
+	st.UtilizationPct = float64(u.Gpu)
+	m, ret := d.h.GetMemoryInfo()
+	if ret != nvml.SUCCESS {
+		return st, d.fail("memory", ret)
+	}
+	st.MemoryUsedBytes, st.MemoryTotalBytes = m.Used, m.Total
+	if mw, ret := d.h.GetPowerUsage(); ret == nvml.SUCCESS {
+		st.PowerWatts = float64(mw) / 1000
+	}
+	if mw, ret := d.h.GetEnforcedPowerLimit(); ret == nvml.SUCCESS {
+		st.PowerLimitWatts = float64(mw) / 1000
+	}
+	if t, ret := d.h.GetTemperature(nvml.TEMPERATURE_GPU); ret == nvml.SUCCESS {
+		st.TemperatureC = float64(t)
+	}
+	if c, ret := d.h.GetClockInfo(nvml.CLOCK_SM); ret == nvml.SUCCESS {
+		st.SMClockMHz = c
+	}
+	reasons, ret := d.h.GetCurrentClocksEventReasons()
+	if ret == nvml.ERROR_FUNCTION_NOT_FOUND || ret == nvml.ERROR_NOT_SUPPORTED {
+		reasons, ret = d.h.GetCurrentClocksThrottleReasons() // drivers before 535
+	}
+	if ret == nvml.SUCCESS {
+		st.ThrottleReasons = slowdownReasons(reasons)
+	}
+	if e, ret := d.h.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC); ret == nvml.SUCCESS {
+		st.ECCUncorrected = e
+	}
+	return st, nil
+}
+
+func (d *nvmlDevice) fail(what string, ret nvml.Return) error {
+	return fmt.Errorf("gpu: NVML GPU %d (%s) %s: %w", d.index, d.uuid, what, ret)
+}
+
+// slowdownReasons names the clock-event reasons in mask that lower the SM
+// clock below what the workload asks for. Idle, application-clock and
+// display-clock settings are reasons too but not slowdowns, and are left out,
+// so a non-empty list means "this GPU is being held back". nil when none.
+func slowdownReasons(mask uint64) []string {
+	var out []string
+	for _, r := range [...]struct {
+		bit  uint64
+		name string
+	}{
+		{nvml.ClocksEventReasonSwPowerCap, "sw_power_cap"},
+		{nvml.ClocksThrottleReasonHwSlowdown, "hw_slowdown"},
+		{nvml.ClocksEventReasonSyncBoost, "sync_boost"},
+		{nvml.ClocksEventReasonSwThermalSlowdown, "sw_thermal_slowdown"},
+		{nvml.ClocksThrottleReasonHwThermalSlowdown, "hw_thermal_slowdown"},
+		{nvml.ClocksThrottleReasonHwPowerBrakeSlowdown, "hw_power_brake_slowdown"},
+	} {
+		if mask&r.bit != 0 {
+			out = append(out, r.name)
+		}
+	}
+	return out
+}
+
+// SlowdownReasonNames lists every name that GPUStats.ThrottleReasons may
+// hold for an NVML GPU, in a fixed order (the agent exports one series each).
+func SlowdownReasonNames() []string {
+	return slowdownReasons(^uint64(0))
+}

@@ -1,0 +1,260 @@
+package gpu
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+func observedLogger(level zapcore.Level) (*zap.Logger, *observer.ObservedLogs) {
+	core, logs := observer.New(level)
+	return zap.New(core), logs
+}
+
+func TestNVMLReadsEveryGPU(t *testing.T) {
+	t.Parallel()
+	h := newFakeHost(8)
+	h.set(3, func(g *fakeGPU) {
+		g.reasons = nvml.ClocksEventReasonGpuIdle | nvml.ClocksEventReasonSwPowerCap | nvml.ClocksThrottleReasonHwThermalSlowdown
+		g.ecc = 2
+	})
+	n := NewNVML(h, nil)
+	defer n.Close()
+	gpus, err := NewNVMLSource(n, Selector{}).Fetch(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(gpus) != 8 {
+		t.Fatalf("%d GPUs, want 8", len(gpus))
+	}
+	g := gpus[3]
+	want := GPUStats{Index: 3, UUID: h.gpus[3].uuid, Name: "Mock NVIDIA A100-SXM4-40GB", UtilizationPct: 30,
+		MemoryUsedBytes: 3 << 30, MemoryTotalBytes: 42949672960, PowerWatts: 93, PowerLimitWatts: 400,
+		TemperatureC: 33, SMClockMHz: 1410, SMClockMaxMHz: 1410, ECCUncorrected: 2,
+		ThrottleReasons: []string{"sw_power_cap", "hw_thermal_slowdown"}}
+	if !equalGPU(g, want) {
+		t.Errorf("GPU 3:\n got %+v\nwant %+v", g, want)
+	}
+	for i, g := range gpus {
+		if g.Index != i {
+			t.Errorf("gpus[%d].Index = %d: not in index order", i, g.Index)
+		}
+	}
+	if len(gpus[0].ThrottleReasons) != 0 {
+		t.Errorf("an idle GPU has no slowdown reasons, got %v", gpus[0].ThrottleReasons)
+	}
+}
+
+func equalGPU(a, b GPUStats) bool {
+	return reflect.DeepEqual(a, b) || (len(a.ThrottleReasons) == 0 && len(b.ThrottleReasons) == 0 && func() bool {
+		a.ThrottleReasons, b.ThrottleReasons = nil, nil
+		return reflect.DeepEqual(a, b)
+	}())
+}
+
+func TestNVMLSelectors(t *testing.T) {
+	t.Parallel()
+	h := newFakeHost(8)
+	n := NewNVML(h, nil)
+	defer n.Close()
+	for _, tc := range []struct {
+		name    string
+		sel     Selector
+		want    []int
+		wantErr error
+	}{
+		{"all", Selector{}, []int{0, 1, 2, 3, 4, 5, 6, 7}, nil},
+		{"indexes, any order", Selector{Indexes: []int{5, 1}}, []int{1, 5}, nil},
+		{"UUID", Selector{UUIDs: []string{h.gpus[6].uuid}}, []int{6}, nil},
+		{"index and UUID of one GPU", Selector{Indexes: []int{2}, UUIDs: []string{h.gpus[2].uuid}}, []int{2}, nil},
+		{"index out of range", Selector{Indexes: []int{8}}, nil, ErrGPUNotFound},
+		{"unknown UUID", Selector{UUIDs: []string{"GPU-nope"}, Indexes: []int{0}}, nil, ErrGPUNotFound},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			gpus, err := NewNVMLSource(n, tc.sel).Fetch(context.Background())
+			if !errors.Is(err, tc.wantErr) {
+				t.Fatalf("err = %v, want %v", err, tc.wantErr)
+			}
+			var got []int
+			for _, g := range gpus {
+				got = append(got, g.Index)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("indexes %v, want %v", got, tc.want)
+			}
+		})
+	}
+	if inits, _ := h.counts(); inits != 1 {
+		t.Errorf("Init called %d times by one session, want 1", inits)
+	}
+}
+
+func TestNVMLBestEffortAndFailures(t *testing.T) {
+	t.Parallel()
+	h := newFakeHost(2)
+	h.set(0, func(g *fakeGPU) { g.noPower, g.oldAPI, g.reasons = true, true, nvml.ClocksEventReasonSwThermalSlowdown })
+	n := NewNVML(h, nil)
+	defer n.Close()
+	src := NewNVMLSource(n, Selector{Indexes: []int{0}})
+	gpus, err := src.Fetch(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := gpus[0]; g.PowerWatts != 0 || g.PowerLimitWatts != 0 || !slices.Equal(g.ThrottleReasons, []string{"sw_thermal_slowdown"}) {
+		t.Errorf("unsupported power must read 0 and old drivers use the throttle-reasons call: %+v", g)
+	}
+	// A GPU that fell off the bus fails the replica bound to it, not the others.
+	h.set(1, func(g *fakeGPU) { g.lost = true })
+	if _, err := NewNVMLSource(n, Selector{Indexes: []int{1}}).Fetch(context.Background()); !errors.Is(err, nvml.ERROR_GPU_IS_LOST) {
+		t.Errorf("lost GPU: err = %v", err)
+	}
+	if _, err := src.Fetch(context.Background()); err != nil {
+		t.Errorf("healthy GPU 0 failed because GPU 1 is lost: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := src.Fetch(ctx); !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled ctx: %v", err)
+	}
+}
+
+func TestNVMLCountsXidEvents(t *testing.T) {
+	t.Parallel()
+	h := newFakeHost(2)
+	log, logs := observedLogger(zapcore.WarnLevel)
+	n := NewNVML(h, log)
+	defer n.Close()
+	if err := n.Open(); err != nil {
+		t.Fatal(err)
+	}
+	h.xid(1, 79) // GPU fell off the bus
+	h.xid(1, 13) // application fault: not counted
+	h.xid(1, 48) // double-bit ECC
+	h.xid(0, 31) // application fault
+	gpus, err := n.Read(Selector{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gpus[0].XidErrors != 0 || gpus[1].XidErrors != 2 {
+		t.Errorf("Xid counts %d, %d; want 0, 2", gpus[0].XidErrors, gpus[1].XidErrors)
+	}
+	if got := logs.FilterMessage("GPU Xid error").Len(); got != 2 {
+		t.Errorf("%d Xid log lines, want 2", got)
+	}
+	// Counts are cumulative, events are consumed once.
+	if gpus, _ = n.Read(Selector{}); gpus[1].XidErrors != 2 {
+		t.Errorf("after a second read: %d", gpus[1].XidErrors)
+	}
+	// No event set: everything else still works.
+	h2 := newFakeHost(1)
+	h2.noXid = true
+	if _, err := NewNVML(h2, nil).Read(Selector{}); err != nil {
+		t.Errorf("without events: %v", err)
+	}
+}
+
+// No driver: Init says ERROR_LIBRARY_NOT_FOUND (what go-nvml returns when
+// dlopen("libnvidia-ml.so.1") fails). The session is off, says so in exactly
+// one log line however many sources and reads there are, and never retries.
+func TestNVMLAbsentIsOffWithOneLogLine(t *testing.T) {
+	t.Parallel()
+	h := newFakeHost(0)
+	h.initRet = nvml.ERROR_LIBRARY_NOT_FOUND
+	log, logs := observedLogger(zapcore.DebugLevel)
+	n := NewNVML(h, log)
+	var wg sync.WaitGroup
+	for i := range 8 {
+		src := NewNVMLSource(n, Selector{Indexes: []int{i}})
+		wg.Go(func() {
+			for range 5 {
+				if _, err := src.Fetch(context.Background()); !errors.Is(err, ErrGPUOff) {
+					t.Errorf("err = %v, want ErrGPUOff", err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := n.Open(); !errors.Is(err, ErrGPUOff) {
+		t.Errorf("Open: %v", err)
+	}
+	entries := logs.All()
+	if len(entries) != 1 {
+		t.Fatalf("%d log lines, want exactly 1: %v", len(entries), entries)
+	}
+	if e := entries[0]; e.Message != "GPU telemetry off: libnvidia-ml.so.1 not found" || e.Level != zapcore.WarnLevel {
+		t.Errorf("log line %q at %v", e.Message, e.Level)
+	}
+	if inits, shuts := h.counts(); inits != 1 || shuts != 0 {
+		t.Errorf("Init %d times, Shutdown %d times; want 1, 0", inits, shuts)
+	}
+	if err := n.Close(); err != nil {
+		t.Errorf("Close of an off session: %v", err)
+	}
+}
+
+// Real go-nvml, no mock: on a machine without the driver this is the path
+// `gpurouter agent` takes; on a GPU machine it must read real GPUs.
+func TestNVMLRealLibrary(t *testing.T) {
+	t.Parallel()
+	log, logs := observedLogger(zapcore.InfoLevel)
+	n := NewNVML(nvml.New(), log)
+	defer n.Close()
+	gpus, err := n.Read(Selector{})
+	switch {
+	case errors.Is(err, ErrGPUOff):
+		if logs.Len() != 1 {
+			t.Errorf("%d log lines: %v", logs.Len(), logs.All())
+		}
+		t.Logf("no NVIDIA driver here: %v", err)
+	case err != nil:
+		t.Fatal(err)
+	default:
+		for _, g := range gpus {
+			if g.UUID == "" || g.MemoryTotalBytes == 0 {
+				t.Errorf("implausible GPU: %+v", g)
+			}
+			t.Logf("%+v", g)
+		}
+	}
+}
+
+func TestNVMLOtherInitFailure(t *testing.T) {
+	t.Parallel()
+	h := newFakeHost(1)
+	h.initRet = nvml.ERROR_DRIVER_NOT_LOADED
+	log, logs := observedLogger(zapcore.DebugLevel)
+	_, err := NewNVML(h, log).Read(Selector{})
+	if !errors.Is(err, ErrGPUOff) || !errors.Is(err, nvml.ERROR_DRIVER_NOT_LOADED) {
+		t.Errorf("err = %v", err)
+	}
+	if logs.Len() != 1 {
+		t.Errorf("%d log lines", logs.Len())
+	}
+}
+
+func TestNVMLCloseAndReopen(t *testing.T) {
+	t.Parallel()
+	h := newFakeHost(1)
+	n := NewNVML(h, nil)
+	if _, err := n.Read(Selector{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.Read(Selector{}); err != nil {
+		t.Fatal(err)
+	}
+	n.Close()
+	if inits, shuts := h.counts(); inits != 2 || shuts != 2 {
+		t.Errorf("Init %d, Shutdown %d; want 2, 2", inits, shuts)
+	}
+}
