@@ -8,16 +8,38 @@ import "time"
 // the serve wiring. Every field is documented, with its default and unit, in
 // configs/gpurouter.example.yaml.
 type fileConfig struct {
-	Listen   string         `yaml:"listen"`
-	Log      logConfig      `yaml:"log"`
-	Timeouts timeoutsConfig `yaml:"timeouts"`
-	Limits   limitsConfig   `yaml:"limits"`
-	Retry    retryConfig    `yaml:"retry"`
-	Upstream upstreamConfig `yaml:"upstream"`
-	Health   healthConfig   `yaml:"health"`
-	Breaker  breakerConfig  `yaml:"breaker"`
-	Shutdown shutdownConfig `yaml:"shutdown"`
-	Pools    []poolConfig   `yaml:"pools"`
+	Listen    string          `yaml:"listen"`
+	Log       logConfig       `yaml:"log"`
+	Timeouts  timeoutsConfig  `yaml:"timeouts"`
+	Limits    limitsConfig    `yaml:"limits"`
+	Retry     retryConfig     `yaml:"retry"`
+	Upstream  upstreamConfig  `yaml:"upstream"`
+	Health    healthConfig    `yaml:"health"`
+	Breaker   breakerConfig   `yaml:"breaker"`
+	Shutdown  shutdownConfig  `yaml:"shutdown"`
+	Telemetry telemetryConfig `yaml:"telemetry"`
+	Routing   routingConfig   `yaml:"routing"`
+	Pools     []poolConfig    `yaml:"pools"`
+}
+
+// telemetryConfig is how the router watches its replicas: vLLM /metrics
+// scrapes and GPU reads (NVML, agent, DCGM), and what stale data means.
+type telemetryConfig struct {
+	Disabled    bool          `yaml:"disabled"`     // no scraping: policies use router-side counts only; default false
+	Interval    time.Duration `yaml:"interval"`     // engine /metrics scrape period per replica; default 200ms
+	Timeout     time.Duration `yaml:"timeout"`      // one scrape; default 500ms
+	GPUInterval time.Duration `yaml:"gpu_interval"` // GPU read period per replica; default 1s
+	StaleAfter  time.Duration `yaml:"stale_after"`  // engine numbers older than this no longer count; default 1s
+	FailOpen    bool          `yaml:"fail_open"`    // stale: false = treat as saturated (avoid), true = use router counts; default false
+}
+
+// routingConfig tunes how load-based policies score replicas.
+type routingConfig struct {
+	WaitingWeight      float64 `yaml:"waiting_weight"`       // one waiting request counts as this many running; default 4
+	KVThreshold        float64 `yaml:"kv_threshold"`         // KV-cache usage (0–1) above which a replica is penalised; default 0.9
+	KVPenalty          float64 `yaml:"kv_penalty"`           // load added at 100% KV usage, in requests; default 8
+	PrefillWeight      float64 `yaml:"prefill_weight"`       // prompt token cost relative to an output token; default 0.25
+	BoundedLoadEpsilon float64 `yaml:"bounded_load_epsilon"` // affinity policies: max load (1+ε)× mean; default 0.25
 }
 
 type logConfig struct {
@@ -69,8 +91,16 @@ type poolConfig struct {
 	Model      string          `yaml:"model"`       // served model name; required, unique across pools incl. aliases
 	Aliases    []string        `yaml:"aliases"`     // other names routed to this pool
 	PathPrefix string          `yaml:"path_prefix"` // optional route, e.g. /v1/chat/tinyllama; requests under it need no model field
-	Policy     string          `yaml:"policy"`      // round_robin|least_request; default least_request
+	Policy     string          `yaml:"policy"`      // a balancer policy name; default least_loaded
+	Arms       []armConfig     `yaml:"arms"`        // optional A/B experiment; replaces policy when set
 	Replicas   []replicaConfig `yaml:"replicas"`    // at least one
+}
+
+// armConfig is one arm of a pool's A/B experiment.
+type armConfig struct {
+	Name   string  `yaml:"name"`   // label in metrics and the X-Gpurouter-Policy header; required, unique
+	Policy string  `yaml:"policy"` // a balancer policy name; required
+	Share  float64 `yaml:"share"`  // traffic share (> 0), normalised over the arms; default 1
 }
 
 type replicaConfig struct {

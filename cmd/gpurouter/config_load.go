@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/gpurouter/gpurouter/gpu"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -54,7 +55,7 @@ const (
 	defaultBreakerOpenTimeout = 10 * time.Second
 	defaultHalfOpenRequests   = 1
 	defaultDrainTimeout       = 30 * time.Second
-	defaultPolicy             = "least_request"
+	defaultPolicy             = balancer.DefaultPolicy
 	defaultWeight             = 1.0
 	minMaxBodyBytes           = 1024
 )
@@ -228,9 +229,24 @@ func applyDefaults(cfg *fileConfig) {
 	setDuration(&cfg.Breaker.OpenTimeout, defaultBreakerOpenTimeout)
 	setInt(&cfg.Breaker.HalfOpenRequests, defaultHalfOpenRequests)
 	setDuration(&cfg.Shutdown.DrainTimeout, defaultDrainTimeout)
+	setDuration(&cfg.Telemetry.Interval, gpu.DefaultInterval)
+	setDuration(&cfg.Telemetry.Timeout, gpu.DefaultTimeout)
+	setDuration(&cfg.Telemetry.GPUInterval, gpu.DefaultGPUInterval)
+	setDuration(&cfg.Telemetry.StaleAfter, 5*cfg.Telemetry.Interval)
+	setFloat(&cfg.Routing.WaitingWeight, 4)
+	setFloat(&cfg.Routing.KVThreshold, 0.9)
+	setFloat(&cfg.Routing.KVPenalty, 8)
+	setFloat(&cfg.Routing.PrefillWeight, 0.25)
+	setFloat(&cfg.Routing.BoundedLoadEpsilon, 0.25)
 	for i := range cfg.Pools {
 		p := &cfg.Pools[i]
 		setString(&p.Policy, defaultPolicy)
+		if len(p.Arms) == 0 {
+			p.Arms = nil
+		}
+		for j := range p.Arms {
+			setFloat(&p.Arms[j].Share, 1)
+		}
 		// "aliases: []" and no aliases are the same configuration; one
 		// spelling keeps printed-then-reloaded configs equal.
 		if len(p.Aliases) == 0 {
@@ -261,6 +277,12 @@ func setString(s *string, def string) {
 func setInt(n *int, def int) {
 	if *n == 0 {
 		*n = def
+	}
+}
+
+func setFloat(f *float64, def float64) {
+	if *f == 0 {
+		*f = def
 	}
 }
 

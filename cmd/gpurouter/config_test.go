@@ -155,7 +155,7 @@ pools:
 		"breaker.consecutive_failures: must be >= 1",
 		"breaker.half_open_requests: must be >= 1",
 		"shutdown.drain_timeout: must be >= 0",
-		`pools[0].policy: unknown policy "foo" (known: least_request, round_robin)`,
+		`pools[0].policy: unknown policy "foo" (known: least_loaded, least_request, round_robin`,
 		"pools[0].path_prefix: must start with /v1/",
 		"pools[0].replicas[0].weight: must be a finite number > 0",
 		"pools[0].replicas[1].url: \"http://127.0.0.1:8001/\" duplicates replicas[0]",
@@ -198,7 +198,12 @@ func TestConfigDefaults(t *testing.T) {
 		{"health.path", cfg.Health.Path, "/health"},
 		{"breaker.consecutive_failures", cfg.Breaker.ConsecutiveFailures, 5},
 		{"shutdown.drain_timeout", cfg.Shutdown.DrainTimeout, 30 * time.Second},
-		{"pool policy", cfg.Pools[0].Policy, "least_request"},
+		{"pool policy", cfg.Pools[0].Policy, "least_loaded"},
+		{"telemetry.interval", cfg.Telemetry.Interval, 200 * time.Millisecond},
+		{"telemetry.stale_after", cfg.Telemetry.StaleAfter, time.Second},
+		{"telemetry.fail_open", cfg.Telemetry.FailOpen, false},
+		{"routing.kv_threshold", cfg.Routing.KVThreshold, 0.9},
+		{"routing.prefill_weight", cfg.Routing.PrefillWeight, 0.25},
 		{"replica name", r.Name, "10.0.0.7:8000"},
 		{"replica weight", r.Weight, 1.0},
 	}
@@ -356,5 +361,62 @@ func assertErrContains(t *testing.T, err error, want []string) {
 		if !strings.Contains(err.Error(), w) {
 			t.Errorf("error lacks %q; got:\n%v", w, err)
 		}
+	}
+}
+
+func TestConfigArmsAndTelemetryValidation(t *testing.T) {
+	tests := []struct {
+		name string
+		yaml string
+		want []string // substrings of the error; none means valid
+	}{
+		{"valid experiment", `
+pools:
+  - model: m
+    arms:
+      - {name: ctl, policy: round_robin, share: 0.5}
+      - {name: exp, policy: least_tokens}
+    replicas: [{url: "http://127.0.0.1:9001"}]
+`, nil},
+		{"bad arms", `
+pools:
+  - model: m
+    arms:
+      - {name: a, policy: nope, share: -1}
+      - {name: a, policy: p2c}
+    replicas: [{url: "http://127.0.0.1:9001"}]
+`, []string{`pools[0].arms[0].policy: unknown policy "nope"`, "pools[0].arms[0].share: must be > 0", `pools[0].arms[1].name: "a" already names another arm`}},
+		{"one arm", `
+pools:
+  - model: m
+    arms: [{name: a, policy: p2c}]
+    replicas: [{url: "http://127.0.0.1:9001"}]
+`, []string{"pools[0].arms: an experiment needs at least two arms"}},
+		{"telemetry and routing ranges", `
+telemetry: {interval: 1s, stale_after: 100ms}
+routing: {kv_threshold: 1.5, prefill_weight: -1}
+pools:
+  - model: m
+    replicas: [{url: "http://127.0.0.1:9001"}]
+`, []string{"telemetry.stale_after: must be >= telemetry.interval", "routing.kv_threshold: must be in (0, 1)", "routing.prefill_weight: must be in (0, 1000]"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := parseConfig([]byte(tt.yaml))
+			if len(tt.want) == 0 {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error lacks %q:\n%v", w, err)
+				}
+			}
+		})
 	}
 }

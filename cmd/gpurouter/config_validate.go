@@ -55,8 +55,52 @@ func validate(cfg fileConfig) error {
 
 	v.nonNegative("shutdown.drain_timeout", cfg.Shutdown.DrainTimeout)
 
+	v.positive("telemetry.interval", cfg.Telemetry.Interval)
+	v.positive("telemetry.timeout", cfg.Telemetry.Timeout)
+	v.positive("telemetry.gpu_interval", cfg.Telemetry.GPUInterval)
+	v.positive("telemetry.stale_after", cfg.Telemetry.StaleAfter)
+	if cfg.Telemetry.StaleAfter > 0 && cfg.Telemetry.StaleAfter < cfg.Telemetry.Interval {
+		v.add("telemetry.stale_after", "must be >= telemetry.interval (%v), got %v: every snapshot would be stale", cfg.Telemetry.Interval, cfg.Telemetry.StaleAfter)
+	}
+	v.rangeF("routing.waiting_weight", cfg.Routing.WaitingWeight, 0, 1000, false)
+	v.rangeF("routing.kv_threshold", cfg.Routing.KVThreshold, 0, 1, true)
+	v.rangeF("routing.kv_penalty", cfg.Routing.KVPenalty, 0, 1e6, false)
+	v.rangeF("routing.prefill_weight", cfg.Routing.PrefillWeight, 0, 1000, false)
+	v.rangeF("routing.bounded_load_epsilon", cfg.Routing.BoundedLoadEpsilon, 0, 100, false)
+
 	v.pools(cfg.Pools)
 	return errors.Join(v.errs...)
+}
+
+// rangeF checks lo < f <= hi (or < hi when open).
+func (v *validator) rangeF(path string, f, lo, hi float64, open bool) {
+	if math.IsNaN(f) || f <= lo || f > hi || (open && f >= hi) {
+		v.add(path, "must be in (%g, %g%s, got %g", lo, hi, map[bool]string{true: ")", false: "]"}[open], f)
+	}
+}
+
+// arms checks a pool's A/B experiment.
+func (v *validator) arms(at string, arms []armConfig) {
+	seen := map[string]bool{}
+	for i, a := range arms {
+		ap := fmt.Sprintf("%s.arms[%d]", at, i)
+		switch {
+		case a.Name == "":
+			v.add(ap+".name", "required")
+		case seen[a.Name]:
+			v.add(ap+".name", "%q already names another arm", a.Name)
+		}
+		seen[a.Name] = true
+		if !slices.Contains(knownPolicies, a.Policy) {
+			v.add(ap+".policy", "unknown policy %q (known: %s)", a.Policy, strings.Join(knownPolicies, ", "))
+		}
+		if !(a.Share > 0) || math.IsInf(a.Share, 0) {
+			v.add(ap+".share", "must be > 0, got %g", a.Share)
+		}
+	}
+	if len(arms) == 1 {
+		v.add(at+".arms", "an experiment needs at least two arms (use policy for one)")
+	}
 }
 
 // validator collects problems; each check adds to it and never stops.
@@ -143,6 +187,7 @@ func (v *validator) pools(pools []poolConfig) {
 		if !slices.Contains(knownPolicies, p.Policy) {
 			v.add(at+".policy", "unknown policy %q (known: %s)", p.Policy, strings.Join(knownPolicies, ", "))
 		}
+		v.arms(at, p.Arms)
 		v.replicas(at, p.Replicas)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/gpurouter/gpurouter/gpu"
 	"github.com/gpurouter/gpurouter/proxy"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -112,6 +113,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 type router struct {
 	srv    *proxy.Server
 	health *balancer.HealthChecker
+	poller *gpu.Poller // nil when telemetry is disabled
 	log    *zap.Logger
 }
 
@@ -124,6 +126,8 @@ func newRouter(cfg fileConfig, log *zap.Logger) (*router, error) {
 	}
 	var pools []*balancer.Pool
 	var all []*balancer.Replica
+	byPool := make([][]*balancer.Replica, len(cfg.Pools))
+	score := scoreConfig(cfg)
 	for i, pc := range cfg.Pools {
 		var reps []*balancer.Replica
 		for j, rc := range pc.Replicas {
@@ -135,15 +139,24 @@ func newRouter(cfg fileConfig, log *zap.Logger) (*router, error) {
 		}
 		p, err := balancer.NewPool(balancer.PoolConfig{
 			Model: pc.Model, Aliases: pc.Aliases, PathPrefix: pc.PathPrefix, Policy: pc.Policy,
+			Arms: arms(pc), Picker: balancer.PickerOptions{Score: score},
 		}, reps)
 		if err != nil {
 			return nil, fmt.Errorf("pools[%d]: %w", i, err)
 		}
 		pools = append(pools, p)
 		all = append(all, reps...)
+		byPool[i] = reps
+	}
+	poller, err := newPoller(cfg, byPool, log)
+	if err != nil {
+		return nil, err
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if poller != nil {
+		reg.MustRegister(poller.Collector())
+	}
 	srv, err := proxy.New(proxy.Options{
 		Config: proxy.Config{
 			ConnectTimeout:     cfg.Timeouts.Connect,
@@ -158,6 +171,7 @@ func newRouter(cfg fileConfig, log *zap.Logger) (*router, error) {
 			MaxIdleConnTime:    cfg.Upstream.MaxIdleConnTime,
 		},
 		Pools:      pools,
+		Score:      score,
 		Registerer: reg,
 		Gatherer:   reg,
 		Logger:     log,
@@ -171,7 +185,7 @@ func newRouter(cfg fileConfig, log *zap.Logger) (*router, error) {
 		UnhealthyThreshold: cfg.Health.UnhealthyThreshold,
 		HealthyThreshold:   cfg.Health.HealthyThreshold,
 	}, balancer.HTTPProber{Path: cfg.Health.Path}, func() []*balancer.Replica { return all }, log)
-	return &router{srv: srv, health: health, log: log}, nil
+	return &router{srv: srv, health: health, poller: poller, log: log}, nil
 }
 
 // run serves until ctx ends, then drains for up to drain.
@@ -183,6 +197,13 @@ func (r *router) run(ctx context.Context, ln net.Listener, drain time.Duration) 
 		defer wg.Done()
 		r.health.Run(bg) //nolint:errcheck
 	}()
+	if r.poller != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.poller.Run(bg) //nolint:errcheck
+		}()
+	}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- r.srv.Serve(ln) }()
 
