@@ -18,7 +18,7 @@ import (
 
 // simFleet runs n simulated qwen2.5-7b replicas on loopback and stops them,
 // waiting for every goroutine, when the test ends.
-func simFleet(t *testing.T, est *tokens.Estimator, speeds ...float64) (*sim.Fleet, string) {
+func simFleet(t testing.TB, est *tokens.Estimator, speeds ...float64) (*sim.Fleet, string) {
 	t.Helper()
 	prof, err := sim.Builtin("qwen2.5-7b")
 	if err != nil {
@@ -47,7 +47,7 @@ func simFleet(t *testing.T, est *tokens.Estimator, speeds ...float64) (*sim.Flee
 
 // routerFor serves a least_request gpurouter over urls on loopback and
 // returns its base URL; it shuts down when the test ends.
-func routerFor(t *testing.T, model string, urls []string) string {
+func routerFor(t testing.TB, model string, urls []string) string {
 	t.Helper()
 	var reps []*balancer.Replica
 	for _, u := range urls {
@@ -84,7 +84,7 @@ func routerFor(t *testing.T, model string, urls []string) string {
 
 // observedRun runs ds against baseURL with an Observer and returns both
 // sides.
-func observedRun(t *testing.T, baseURL, model string, est *tokens.Estimator, ds *Dataset, rate float64) (*Result, *ServerReport) {
+func observedRun(t testing.TB, baseURL, model string, est *tokens.Estimator, ds *Dataset, rate float64) (*Result, *ServerReport) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -188,6 +188,33 @@ func TestRouterMatchesEveryRequest(t *testing.T) {
 	t.Logf("client − router TTFT: P50 %.3f ms, P99 %.3f ms, max %.3f ms; e2e: P50 %.3f ms, P99 %.3f ms; residual %.2f%% of mean e2e %.1f ms",
 		ttft.Median, ttft.At(99), ttft.Max, e2e.Median, e2e.At(99), 100*d.ResidualShare(), d.ClientE2E*1000)
 	t.Logf("\n%s", out)
+}
+
+// BenchmarkClientRouterAgreement measures how far the client's and the
+// router's per-request TTFT and e2e lie apart through a loopback gpurouter
+// in front of four simulated replicas (one at half speed), and the
+// decomposition's residual: the claims behind issue 4's acceptance (< 2 ms
+// at P50 and P99, residual < 5% of mean e2e). Run with -benchtime 1x.
+func BenchmarkClientRouterAgreement(b *testing.B) {
+	est := newEstimator(b)
+	f, model := simFleet(b, est, 1, 1, 1, 0.5)
+	base := routerFor(b, model, f.URLs())
+	var ttft, e2e Dist
+	var residual float64
+	for i := 0; i < b.N; i++ {
+		ds := UseCaseDataset(DatasetConfig{NumPrompts: 80}, rand.New(rand.NewPCG(uint64(i), 9)))
+		res, rep := observedRun(b, base, model, est, ds, 12)
+		if len(rep.Match.Unmatched) > 0 || len(rep.Match.Pairs) != len(res.Records) {
+			b.Fatalf("matched %d of %d", len(rep.Match.Pairs), len(res.Records))
+		}
+		ttft, e2e = rep.Match.Diffs([]float64{50, 99})
+		residual = rep.Decomposition.ResidualShare()
+	}
+	b.ReportMetric(ttft.Median, "ttft-diff-p50-ms")
+	b.ReportMetric(ttft.At(99), "ttft-diff-p99-ms")
+	b.ReportMetric(e2e.Median, "e2e-diff-p50-ms")
+	b.ReportMetric(e2e.At(99), "e2e-diff-p99-ms")
+	b.ReportMetric(100*residual, "residual-%")
 }
 
 // TestObserverBareEngine points the Observer at a replica directly: no
