@@ -143,12 +143,12 @@ func streamOnce(ctx context.Context, addr, body string, events *atomic.Int64) er
 	if _, err := io.WriteString(c, req); err != nil {
 		return err
 	}
-	resp, err := http.ReadResponse(bufio.NewReaderSize(c, 64<<10), nil)
+	resp, err := http.ReadResponse(bufio.NewReaderSize(c, 4<<10), nil)
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
-	buf := make([]byte, 32<<10)
+	buf := make([]byte, 4<<10)
 	var tail []byte
 	for {
 		k, err := resp.Body.Read(buf)

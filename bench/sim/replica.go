@@ -306,16 +306,14 @@ func (r *Replica) newIncarnation() *incarnation {
 
 func (inc *incarnation) server() *fasthttp.Server {
 	return &fasthttp.Server{
-		Handler:                       inc.handle,
-		Name:                          "uvicorn",
-		IdleTimeout:                   5 * time.Second, // uvicorn's keep-alive timeout
-		ReadBufferSize:                64 << 10,
-		MaxRequestBodySize:            64 << 20,
-		DisableHeaderNamesNormalizing: false,
-		NoDefaultDate:                 false,
-		ConnState:                     inc.connState,
-		CloseOnShutdown:               true,
-		Logger:                        discardLogger{}, // aborted streams are routine here
+		Handler:            inc.handle,
+		Name:               "uvicorn",
+		IdleTimeout:        5 * time.Second, // uvicorn's keep-alive timeout
+		ReadBufferSize:     16 << 10,        // request headers (bodies are not limited by it)
+		MaxRequestBodySize: 64 << 20,
+		ConnState:          inc.connState,
+		CloseOnShutdown:    true,
+		Logger:             discardLogger{}, // aborted streams are routine here
 		// fasthttp's worker-pool cleaner sleeps this long between checks,
 		// so it is also how long it outlives a stopped server.
 		MaxIdleWorkerDuration: time.Second,
