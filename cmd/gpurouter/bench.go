@@ -2,10 +2,7 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -13,11 +10,9 @@ import (
 	"os/signal"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 
-	"github.com/gpurouter/gpurouter/admission/tokens"
 	"github.com/gpurouter/gpurouter/bench"
 )
 
@@ -73,176 +68,40 @@ func expandGoodput(args []string) []string {
 	return out
 }
 
+// runBench is `gpurouter bench`: one run with vllm bench serve's flags, or,
+// on a first argument of "sweep" or "ab", a multi-target rate sweep or an
+// A/B comparison.
 func runBench(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: gpurouter bench [flags]   (vllm bench serve's flag names; --flag and -flag both work)")
-		fs.PrintDefaults()
+	if len(args) > 0 {
+		switch args[0] {
+		case "sweep":
+			return runBenchSweep(args[1:], stdout, stderr)
+		case "ab":
+			return runBenchAB(args[1:], stdout, stderr)
+		}
 	}
-	baseURL := fs.String("base-url", "", "server (router or engine) URL; default http://HOST:PORT")
-	host := fs.String("host", "127.0.0.1", "server host when --base-url is not given")
-	port := fs.Int("port", 8000, "server port when --base-url is not given")
-	endpoint := fs.String("endpoint", "", "API path: /v1/completions (default) or /v1/chat/completions")
-	backend := fs.String("backend", "openai", "openai (completions) or openai-chat (chat completions); sets the default --endpoint")
-	model := fs.String("model", "", "model name; default: the first id of GET /v1/models")
-	numPrompts := fs.Int("num-prompts", 1000, "number of requests (azure-trace: default the whole trace)")
-	requestRate := fs.Float64("request-rate", math.Inf(1), "mean request rate in req/s; inf sends all at once")
-	burstiness := fs.Float64("burstiness", 1, "gamma shape of inter-arrival gaps: 1 Poisson, <1 burstier, >1 more regular")
-	maxConcurrency := fs.Int("max-concurrency", 0, "cap on requests in flight (0: none)")
-	datasetName := fs.String("dataset-name", bench.DatasetRandom, "dataset: "+strings.Join(bench.DatasetNames(), ", "))
-	datasetPath := fs.String("dataset-path", "", "dataset file (sharegpt JSON, azure-trace CSV, custom JSONL)")
-	randomInputLen := fs.Int("random-input-len", 1024, "random dataset: input tokens")
-	randomOutputLen := fs.Int("random-output-len", 128, "random dataset: output tokens")
-	randomRangeRatio := fs.Float64("random-range-ratio", 0, "random/usecase: lengths uniform in [L(1-r), L(1+r)], 0 <= r < 1")
-	sharegptOutputLen := fs.Int("sharegpt-output-len", 0, "sharegpt: fixed output length instead of the reference completion's")
-	customOutputLen := fs.Int("custom-output-len", 256, "custom: output tokens of records without output_tokens")
-	timeScale := fs.Float64("time-scale", 1, "azure-trace: replay speed-up; arrival offsets are divided by it (2 = twice as fast)")
-	ignoreEOS := fs.Bool("ignore-eos", false, "send ignore_eos so the engine generates exactly max_tokens (default on for azure-trace and the profiles)")
-	var goodput benchList
-	fs.Var(&goodput, "goodput", "SLOs in ms for goodput, KEY:VALUE with keys ttft, tpot, e2el (\"ttft:500 tpot:50\"; repeatable)")
-	percentileMetrics := fs.String("percentile-metrics", "ttft,tpot,itl", "metrics to print percentiles of: ttft,tpot,itl,e2el")
-	metricPercentiles := fs.String("metric-percentiles", "99", "percentiles to report, e.g. 50,90,99")
-	seed := fs.Uint64("seed", 0, "seed of datasets and arrivals")
-	numWarmups := fs.Int("num-warmups", 0, "warm-up requests before the run, excluded from results")
-	saveResult := fs.Bool("save-result", false, "write the result JSON")
-	resultDir := fs.String("result-dir", "", "directory of the result JSON (default .)")
-	resultFilename := fs.String("result-filename", "", "result JSON name (default like vllm: LABEL-RATEqps[-concurrencyN]-MODEL-DATE.json)")
-	label := fs.String("label", "", "label of the run in the result (default the backend)")
-	profile := fs.String("profile", "", "preset: sharegpt, throughput, long-context, generation-heavy, mixed (calibration.md)")
-	sweepRates := fs.String("sweep-rates", "", "run once per request rate in this comma-separated list (inf allowed) and print a Markdown SLO matrix judged on --goodput at the highest --metric-percentiles")
-	var engineURLs, engineLabels, headers benchList
-	fs.Var(&engineURLs, "engine-url", "engine whose /metrics to scrape before and after for the engine column (repeatable)")
-	fs.Var(&engineLabels, "engine-label", "KEY=VALUE label filter for engine histograms, e.g. model_name=M (repeatable)")
-	fs.Var(&headers, "header", "KEY=VALUE header added to every request (repeatable); OPENAI_API_KEY sets Authorization")
-	requestTimeout := fs.Duration("request-timeout", 0, "per-request limit from send to end of stream (0: none)")
-	requestIDPrefix := fs.String("request-id-prefix", "", "X-Request-Id prefix (default bench-<8 hex>-)")
-	countEmpty := fs.Bool("count-empty-chunks", false, "count every chunk with choices as an output chunk, as vllm bench does (default: only chunks carrying text)")
-	disableTqdm := fs.Bool("disable-tqdm", false, "no progress bar")
-	tokenizer := fs.String("tokenizer", "", "accepted for vllm compatibility; gpurouter counts tokens with cl100k_base")
-	if err := fs.Parse(expandGoodput(args)); err != nil {
+	f := newBenchFlags("bench", stderr,
+		"usage: gpurouter bench [flags]   (vllm bench serve's flag names; --flag and -flag both work)\n"+
+			"       gpurouter bench sweep [flags]   (gpurouter bench sweep -h)\n"+
+			"       gpurouter bench ab [flags]      (gpurouter bench ab -h)")
+	sweepRates := f.fs.String("sweep-rates", "", "run once per request rate in this comma-separated list (inf allowed) and print a Markdown SLO matrix judged on --goodput at the highest --metric-percentiles")
+	var engineURLs, engineLabels benchList
+	f.fs.Var(&engineURLs, "engine-url", "engine whose /metrics to scrape before and after for the engine column (repeatable)")
+	f.fs.Var(&engineLabels, "engine-label", "KEY=VALUE label filter for engine histograms, e.g. model_name=M (repeatable)")
+	if !f.parse(args) {
 		return 2
 	}
-	bad := func(format string, a ...any) int {
-		fmt.Fprintf(stderr, "bench: "+format+"\n", a...)
-		return 2
-	}
-	if fs.NArg() > 0 {
-		return bad("unexpected arguments: %v", fs.Args())
-	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	if *tokenizer != "" {
-		fmt.Fprintln(stderr, "bench: --tokenizer ignored: prompt tokens are counted with cl100k_base")
-	}
-
-	if *profile != "" {
-		p, ok := benchProfiles()[*profile]
-		if !ok {
-			return bad("--profile %q: want one of sharegpt, throughput, long-context, generation-heavy, mixed", *profile)
-		}
-		if !set["dataset-name"] {
-			*datasetName = p.dataset
-			if p.dataset == bench.DatasetShareGPT && *datasetPath == "" {
-				*datasetName = bench.DatasetShareGPTSynthetic
-			}
-		}
-		if !set["random-input-len"] && p.in > 0 {
-			*randomInputLen = p.in
-		}
-		if !set["random-output-len"] && p.out > 0 {
-			*randomOutputLen = p.out
-		}
-		if !set["request-rate"] {
-			*requestRate = p.rate
-		}
-		if !set["num-prompts"] {
-			*numPrompts = p.numPrompts
-		}
-		if !set["max-concurrency"] {
-			*maxConcurrency = p.maxConcurrency
-		}
-		if !set["ignore-eos"] {
-			*ignoreEOS = p.ignoreEOS
-		}
-		if !set["percentile-metrics"] && p.percentileMetric != "" {
-			*percentileMetrics = p.percentileMetric
-		}
-	}
-	if *datasetName == bench.DatasetAzureTrace && !set["ignore-eos"] {
-		*ignoreEOS = true // a replay must generate the trace's lengths (data/README.md)
-	}
-	if *datasetName == bench.DatasetAzureTrace && !set["num-prompts"] {
-		*numPrompts = 0 // the whole trace
-	}
-
-	// Validate every flag before touching the network.
-	var errs []string
-	if *baseURL == "" {
-		*baseURL = fmt.Sprintf("http://%s:%d", *host, *port)
-	}
-	if *endpoint == "" {
-		switch *backend {
-		case "openai", "vllm":
-			*endpoint = bench.EndpointCompletions
-		case "openai-chat":
-			*endpoint = bench.EndpointChat
-		default:
-			errs = append(errs, fmt.Sprintf("--backend %q: want openai or openai-chat", *backend))
-		}
-	}
-	if *numPrompts < 0 || (*numPrompts == 0 && *datasetName != bench.DatasetAzureTrace) {
-		errs = append(errs, fmt.Sprintf("--num-prompts %d: want at least 1", *numPrompts))
-	}
-	if !(*requestRate > 0) {
-		errs = append(errs, fmt.Sprintf("--request-rate %v: want a positive number or inf", *requestRate))
-	}
-	if !(*burstiness > 0) {
-		errs = append(errs, fmt.Sprintf("--burstiness %v: want a positive number", *burstiness))
-	}
-	if *maxConcurrency < 0 || *numWarmups < 0 || *requestTimeout < 0 {
-		errs = append(errs, "--max-concurrency, --num-warmups and --request-timeout must not be negative")
-	}
-	if !(*timeScale > 0) || math.IsInf(*timeScale, 0) {
-		errs = append(errs, fmt.Sprintf("--time-scale %v: want a positive number", *timeScale))
+	s, errs := f.resolve(stderr)
+	if s == nil && len(errs) == 0 {
+		return 1
 	}
 	var rates []float64
 	if *sweepRates != "" {
-		if set["request-rate"] {
+		if f.set["request-rate"] {
 			errs = append(errs, "give --request-rate or --sweep-rates, not both")
 		}
-		for _, f := range strings.Split(*sweepRates, ",") {
-			r, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
-			if err != nil || !(r > 0) {
-				errs = append(errs, fmt.Sprintf("--sweep-rates: %q is not a positive rate or inf", f))
-				continue
-			}
-			rates = append(rates, r)
-		}
-	}
-	slo, err := bench.ParseGoodput(goodput)
-	if err != nil {
-		errs = append(errs, "--goodput: "+strings.TrimPrefix(err.Error(), "bench: option: "))
-	}
-	pm, err := bench.ParsePercentileMetrics(*percentileMetrics)
-	if err != nil {
-		errs = append(errs, "--percentile-metrics: "+strings.TrimPrefix(err.Error(), "bench: option: "))
-	}
-	ps, err := bench.ParseMetricPercentiles(*metricPercentiles)
-	if err != nil {
-		errs = append(errs, "--metric-percentiles: "+strings.TrimPrefix(err.Error(), "bench: option: "))
-	}
-	hdrs := map[string]string{}
-	if key := os.Getenv("OPENAI_API_KEY"); key != "" {
-		hdrs["Authorization"] = "Bearer " + key
-	}
-	for _, h := range headers {
-		k, v, ok := strings.Cut(h, "=")
-		if !ok || k == "" {
-			errs = append(errs, fmt.Sprintf("--header %q: want KEY=VALUE", h))
-			continue
-		}
-		hdrs[k] = v
+		r, rerrs := parseRates("sweep-rates", *sweepRates)
+		rates, errs = r, append(errs, rerrs...)
 	}
 	match := map[string]string{}
 	for _, l := range engineLabels {
@@ -253,112 +112,48 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 		}
 		match[k] = v
 	}
-	est, err := tokens.New()
-	if err != nil {
-		fmt.Fprintln(stderr, "bench:", err)
-		return 1
-	}
-	dcfg := bench.DatasetConfig{
-		Name: *datasetName, Path: *datasetPath, NumPrompts: *numPrompts, Seed: *seed,
-		RandomInputLen: *randomInputLen, RandomOutputLen: *randomOutputLen, RandomRangeRatio: *randomRangeRatio,
-		ShareGPTOutputLen: *sharegptOutputLen, CustomOutputLen: *customOutputLen, TimeScale: *timeScale, Estimator: est,
-	}
-	if err := dcfg.Validate(); err != nil {
-		for _, e := range strings.Split(err.Error(), "\n") {
-			errs = append(errs, strings.TrimPrefix(e, "bench: "))
-		}
-	}
 	if len(errs) > 0 {
-		for _, e := range errs {
-			fmt.Fprintln(stderr, "bench:", e)
-		}
-		return 2
+		return printErrors(stderr, errs)
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	ds, err := bench.LoadDataset(dcfg)
-	if err != nil {
-		fmt.Fprintln(stderr, "bench:", err)
-		return 1
+	if code := f.load(ctx, s, s.cfg.BaseURL, stderr); code != 0 {
+		return code
 	}
-	if *model == "" {
-		if *model, err = bench.FirstModel(ctx, *baseURL, hdrs); err != nil {
-			fmt.Fprintf(stderr, "bench: no --model and %v\n", err)
-			return 1
-		}
-	}
-	prefix := *requestIDPrefix
-	if prefix == "" {
-		var b [4]byte
-		_, _ = rand.Read(b[:])
-		prefix = "bench-" + hex.EncodeToString(b[:]) + "-"
-	}
+	cfg, mopts, meta, ps := s.cfg, s.mopts, s.meta, s.ps
 
-	var scraper bench.Scraper
-	metricsURLs := make([]string, len(engineURLs))
-	for i, u := range engineURLs {
-		metricsURLs[i] = strings.TrimRight(u, "/")
-		if !strings.HasSuffix(metricsURLs[i], "/metrics") {
-			metricsURLs[i] += "/metrics"
-		}
-	}
-	var before []bench.Snapshot
-	var scrapeErr error
-	scrapeAll := func(ctx context.Context) []bench.Snapshot {
-		snaps := make([]bench.Snapshot, len(metricsURLs))
-		for i, u := range metricsURLs {
-			snap, err := scraper.Scrape(ctx, u)
-			if err != nil {
-				scrapeErr = errors.Join(scrapeErr, err)
-			}
-			snaps[i] = snap
-		}
-		return snaps
-	}
+	// Client vs router vs engine (bench_observe.go): the router through
+	// GET /debug/pools and /debug/requests, engines' /metrics before/after.
+	obs := newObserver(cfg, engineURLs, match)
 
 	rateText := "inf"
-	if !math.IsInf(*requestRate, 1) {
-		rateText = fmt.Sprint(*requestRate)
+	if !math.IsInf(cfg.RequestRate, 1) {
+		rateText = fmt.Sprint(cfg.RequestRate)
 	}
 	switch {
 	case len(rates) > 0:
 		fmt.Fprintf(stdout, "Traffic request rates (sweep): %s\n", *sweepRates)
-	case !ds.Timed:
+	case !cfg.Timed:
 		fmt.Fprintf(stdout, "Traffic request rate: %s\n", rateText)
 	}
-	if ds.Timed {
-		fmt.Fprintf(stdout, "Trace replay: %d requests, time scale %v\n", len(ds.Requests), *timeScale)
-	} else if *burstiness == 1 {
+	if cfg.Timed {
+		fmt.Fprintf(stdout, "Trace replay: %d requests, time scale %v\n", len(cfg.Requests), *f.timeScale)
+	} else if cfg.Burstiness == 1 {
 		fmt.Fprintln(stdout, "Burstiness factor: 1.0 (Poisson process)")
 	} else {
-		fmt.Fprintf(stdout, "Burstiness factor: %v (Gamma distribution)\n", *burstiness)
+		fmt.Fprintf(stdout, "Burstiness factor: %v (Gamma distribution)\n", cfg.Burstiness)
 	}
-	if *maxConcurrency > 0 {
-		fmt.Fprintf(stdout, "Maximum request concurrency: %d\n", *maxConcurrency)
+	if cfg.MaxConcurrency > 0 {
+		fmt.Fprintf(stdout, "Maximum request concurrency: %d\n", cfg.MaxConcurrency)
 	} else {
 		fmt.Fprintln(stdout, "Maximum request concurrency: None")
 	}
 
-	var progress io.Writer
-	if f, ok := stderr.(*os.File); ok && !*disableTqdm {
-		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
-			progress = stderr
-		}
-	}
-	cfg := bench.Config{
-		BaseURL: *baseURL, Endpoint: *endpoint, Model: *model, Requests: ds.Requests, Timed: ds.Timed,
-		RequestRate: *requestRate, Burstiness: *burstiness, Seed: *seed, MaxConcurrency: *maxConcurrency,
-		IgnoreEOS: *ignoreEOS, NumWarmups: *numWarmups, RequestIDPrefix: prefix, Headers: hdrs,
-		Timeout: *requestTimeout, CountEmptyChunks: *countEmpty, Estimator: est, Progress: progress,
-		OnMeasureStart: func(ctx context.Context) { before = scrapeAll(ctx) },
-	}
-	mopts := bench.MetricOptions{PercentileMetrics: pm, Percentiles: ps, Goodput: slo}
-	meta := bench.JSONMeta{Label: *label, TokenizerID: "cl100k_base", NumPrompts: len(ds.Requests), Dataset: ds.Name}
 	if len(rates) > 0 {
-		cfg.OnMeasureStart = nil
-		return runSweep(ctx, cfg, rates, mopts, meta, *saveResult, *resultDir, stdout, stderr)
+		return runSweep(ctx, cfg, rates, mopts, meta, *f.saveResult, *f.resultDir, *f.report, stdout, stderr)
 	}
+	cfg.OnMeasureStart = func(ctx context.Context) { _ = obs.Before(ctx) }
 	res, runErr := bench.Run(ctx, cfg)
 	if res == nil {
 		fmt.Fprintln(stderr, "bench:", runErr)
@@ -372,32 +167,31 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "bench:", err)
 		return 1
 	}
-	extra := map[string]any{}
-	if len(metricsURLs) > 0 {
-		after := scrapeAll(context.WithoutCancel(ctx))
-		col, colErr := bench.ColumnFromSnapshots("engine", before, after, bench.VLLMHistogramNames(), match)
-		if err := errors.Join(scrapeErr, colErr); err != nil {
-			fmt.Fprintln(stderr, "bench: engine metrics:", err)
-		}
-		if err := bench.WriteComparison(stdout, sum, ps, col); err != nil {
-			fmt.Fprintln(stderr, "bench:", err)
-			return 1
-		}
-		extra["gpurouter_engine_urls"] = metricsURLs
-		extra["gpurouter_engine_latency_ms"] = engineJSON(col, ps)
+	side, err := observeAfter(ctx, obs, res, sum, ps, stdout, stderr)
+	if err != nil {
+		fmt.Fprintln(stderr, "bench:", err)
+		return 1
 	}
-	if *saveResult {
-		name := *resultFilename
+	extra := side.extra
+	if *f.saveResult {
+		name := *f.resultFilename
 		if name == "" {
-			name = bench.DefaultResultFilename(res, *label)
+			name = bench.DefaultResultFilename(res, *f.label)
 		}
-		path := filepath.Join(*resultDir, name)
+		path := filepath.Join(*f.resultDir, name)
 		meta.Extra = extra
 		if err := saveResultFile(path, res, sum, meta); err != nil {
 			fmt.Fprintln(stderr, "bench:", err)
 			return 1
 		}
 		fmt.Fprintf(stderr, "bench: saved %s\n", path)
+	}
+	if *f.report != "" {
+		in := bench.ReportInput{Notes: []string{runNote(meta, cfg)}, Result: res, Summary: sum,
+			Router: side.router, Engine: side.engine, Breakdown: side.breakdown}
+		if code := writeReport(*f.report, in, stderr); code != 0 {
+			return code
+		}
 	}
 	switch {
 	case runErr != nil:
@@ -409,9 +203,24 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// runNote describes the workload in one line for a report.
+func runNote(meta bench.JSONMeta, cfg bench.Config) string {
+	return fmt.Sprintf("Workload: dataset %s, %d requests, seed %d, model %s.", meta.Dataset, len(cfg.Requests), cfg.Seed, cfg.Model)
+}
+
+// writeReport writes a report directory and says where; 1 on failure.
+func writeReport(dir string, in bench.ReportInput, stderr io.Writer) int {
+	if err := bench.WriteReport(dir, in); err != nil {
+		fmt.Fprintln(stderr, "bench: report:", err)
+		return 1
+	}
+	fmt.Fprintf(stderr, "bench: report written to %s\n", filepath.Join(dir, bench.ReportFile))
+	return 0
+}
+
 // runSweep runs cfg at each rate, printing each point's result block, then
-// the SLO matrix as Markdown.
-func runSweep(ctx context.Context, cfg bench.Config, rates []float64, mopts bench.MetricOptions, meta bench.JSONMeta, save bool, dir string, stdout, stderr io.Writer) int {
+// the SLO matrix as Markdown, and writes a report when reportDir is set.
+func runSweep(ctx context.Context, cfg bench.Config, rates []float64, mopts bench.MetricOptions, meta bench.JSONMeta, save bool, dir, reportDir string, stdout, stderr io.Writer) int {
 	p := slices.Max(mopts.Percentiles)
 	var slos []bench.NamedSLO
 	if mopts.Goodput.IsSet() {
@@ -438,6 +247,13 @@ func runSweep(ctx context.Context, cfg bench.Config, rates []float64, mopts benc
 	fmt.Fprintln(stdout)
 	if werr := bench.WriteSweepMarkdown(stdout, points, slos, p); werr != nil {
 		saveErr = errors.Join(saveErr, werr)
+	}
+	if reportDir != "" && len(points) > 0 {
+		in := bench.ReportInput{Title: "gpurouter rate sweep", Notes: []string{runNote(meta, cfg)},
+			Sweeps: []bench.TargetSweep{{Target: cfg.BaseURL, Points: points}}, SLOs: slos, SLOPercentile: p}
+		if code := writeReport(reportDir, in, stderr); code != 0 {
+			saveErr = errors.Join(saveErr, errors.New("report not written"))
+		}
 	}
 	if err := errors.Join(err, saveErr); err != nil {
 		fmt.Fprintln(stderr, "bench:", err)
