@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -147,8 +148,21 @@ func TestFleetConfigErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := f.Listen(); err == nil || !strings.Contains(err.Error(), "replica 1") {
-		t.Errorf("Listen on a busy port: %v", err)
+	err = f.Listen()
+	if err == nil {
+		t.Fatal("Listen on a busy port succeeded")
+	}
+	// Replica 1 must fail on the held port (unless something else holds
+	// port-1, making replica 0 fail first); replica 0's port is released.
+	if strings.Contains(err.Error(), "replica 1") {
+		l0, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port-1)))
+		if err != nil {
+			t.Errorf("replica 0's port still bound after the failed Listen: %v", err)
+		} else {
+			l0.Close()
+		}
+	} else if !strings.Contains(err.Error(), "replica 0") {
+		t.Errorf("Listen error %v", err)
 	}
 }
 
