@@ -21,6 +21,7 @@ func commands() []command {
 		{"serve", "run the router (--config FILE, or --listen ADDR --pool MODEL=URL[,URL...])", runServe},
 		{"bench", "load generator and reports (vllm bench serve flags, client/router/engine latency)", runBench},
 		{"sim", "simulated vLLM replicas on loopback (continuous batching, KV blocks, vLLM metrics, faults)", runSim},
+		{"demo", "simulated fleet + router + benchmark in one process: the full report (no GPU needed)", runDemo},
 	}
 }
 

@@ -1,0 +1,69 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"github.com/gpurouter/gpurouter/bench"
+)
+
+// serverSide is what `gpurouter bench` and `gpurouter demo` learned from the
+// server side of a run: the router's and engines' columns, the breakdown of
+// the mean request for the report, and the result file's extra keys.
+type serverSide struct {
+	report         *bench.ServerReport
+	router, engine *bench.HistogramColumn // nil when not measured
+	breakdown      *bench.LatencyBreakdown
+	extra          map[string]any
+}
+
+// newObserver watches the server side of a run against cfg.BaseURL: a
+// gpurouter (found through GET /debug/pools, its replicas being the
+// engines unless engineURLs are given) or a bare engine. Call Before from
+// cfg.OnMeasureStart and observeAfter when the run is over.
+func newObserver(cfg bench.Config, engineURLs []string, match map[string]string) *bench.Observer {
+	o := &bench.Observer{BaseURL: cfg.BaseURL, Model: cfg.Model, EngineMatch: match, API: &bench.RouterAPI{Headers: cfg.Headers}}
+	if len(engineURLs) > 0 {
+		o.EngineURLs = engineURLs
+	}
+	return o
+}
+
+// observeAfter finishes obs for res and prints the client/router/engine
+// table and the decomposition, when there is a router or engine data to
+// show; what could not be measured is reported on stderr.
+func observeAfter(ctx context.Context, obs *bench.Observer, res *bench.Result, sum *bench.Summary, ps []float64, stdout, stderr io.Writer) (serverSide, error) {
+	rep := obs.After(context.WithoutCancel(ctx), res)
+	if rep.Err != nil {
+		fmt.Fprintln(stderr, "bench: server side: not everything was measured:", rep.Err)
+	}
+	side := serverSide{report: rep, extra: map[string]any{}}
+	if !rep.Router && len(rep.Engine.Rows) == 0 {
+		return side, nil
+	}
+	if err := bench.WriteServerReport(stdout, sum, rep, ps); err != nil {
+		return side, err
+	}
+	if rep.Router {
+		side.router = &rep.RouterHist
+	}
+	if len(rep.Engine.Rows) > 0 {
+		side.engine = &rep.Engine
+	}
+	side.breakdown = breakdownOf(rep.Decomposition)
+	side.extra = rep.JSON(ps)
+	return side, nil
+}
+
+// breakdownOf turns the decomposition into the report's time allocation;
+// NewLatencyBreakdown adds the residual (the same one: client mean e2e
+// minus every measured component).
+func breakdownOf(d bench.Decomposition) *bench.LatencyBreakdown {
+	parts := make([]bench.BreakdownComponent, 0, len(d.Components))
+	for _, c := range d.Components {
+		parts = append(parts, bench.BreakdownComponent{Name: c.Name, Seconds: c.Seconds,
+			Queue: c.Name == bench.CompRouterQueue || c.Name == bench.CompEngineQueue})
+	}
+	return bench.NewLatencyBreakdown(d.ClientE2E, parts...)
+}
