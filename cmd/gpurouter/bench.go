@@ -262,31 +262,6 @@ func runSweep(ctx context.Context, cfg bench.Config, rates []float64, mopts benc
 	return 0
 }
 
-// engineJSON is the engine column for the result file: per row, the mean
-// and each percentile with its bucket, in ms (null where unknown).
-func engineJSON(col bench.HistogramColumn, ps []float64) map[string]any {
-	out := map[string]any{}
-	finite := func(v float64) any {
-		if math.IsNaN(v) || math.IsInf(v, 0) {
-			return nil
-		}
-		return v * 1000
-	}
-	for _, row := range bench.ComparisonRows() {
-		h, ok := col.Rows[row]
-		if !ok {
-			continue
-		}
-		r := map[string]any{"count": h.Count, "mean": finite(h.Mean())}
-		for _, p := range ps {
-			e := h.Quantile(p / 100)
-			r[fmt.Sprintf("p%v", p)] = map[string]any{"value": finite(e.Value), "lower": finite(e.Lower), "upper": finite(e.Upper)}
-		}
-		out[row] = r
-	}
-	return out
-}
-
 func saveResultFile(path string, res *bench.Result, sum *bench.Summary, meta bench.JSONMeta) error {
 	if dir := filepath.Dir(path); dir != "." {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
