@@ -134,6 +134,16 @@ func TestIgnoreEOSExactAndDrawnLengths(t *testing.T) {
 	}
 }
 
+// TestNoSharingBetweenUniquePrompts: distinct prompts share no KV blocks, so
+// without preemption nothing hits the prefix cache.
+func TestNoSharingBetweenUniquePrompts(t *testing.T) {
+	rep := simulate(t, mustBuiltin(t, "llama3-8b-h100"), Workload{NumPrompts: 300, MaxConcurrency: 256, IgnoreEOS: true,
+		Classes: []RequestClass{{InputLen: 1024, OutputLen: 64, RangeRatio: 0.5}}})
+	if rep.Preemptions != 0 || rep.PrefixCacheHitRate != 0 {
+		t.Errorf("hit rate %v with %d preemptions, want 0", rep.PrefixCacheHitRate, rep.Preemptions)
+	}
+}
+
 func TestSimulateDeterministic(t *testing.T) {
 	p := mustBuiltin(t, "qwen2.5-7b")
 	w := Workload{NumPrompts: 40, RequestRate: 5, Seed: 3, Classes: []RequestClass{{InputLen: 300, OutputLen: 200, RangeRatio: 0.5}}}

@@ -77,7 +77,7 @@ func (s *seq) blockHash(i int) uint64 {
 	}
 	for len(s.hashes)+len(s.genHash) <= i {
 		k := len(s.hashes) + len(s.genHash)
-		prev := s.salt
+		prev := uint64(0)
 		if k > 0 {
 			prev = s.blockHash(k - 1)
 		}
