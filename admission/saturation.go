@@ -1,0 +1,172 @@
+package admission
+
+import (
+	"errors"
+	"fmt"
+	"math"
+)
+
+// Defaults for SaturationConfig's zero fields.
+const (
+	DefaultKVUsageThreshold  = 0.9
+	DefaultTokenBudgetRatio  = 1.0
+	DefaultLongPrefillTokens = 4096 // tokens
+	DefaultMaxLongPrefills   = 1
+)
+
+// Capacity is the one question the Controller asks its pool: could some
+// replica take a request of this cost now without it queueing inside an
+// engine? The balancer's pool answers it by applying SaturationConfig.Fits
+// (and LaneConfig.Serves) to each available replica.
+//
+// Admissible is called with the controller's lock held, on every admission
+// attempt: it must be fast, must not block or allocate, and must not call
+// back into the Controller.
+type Capacity interface {
+	Admissible(c Cost) bool
+}
+
+// CapacityFunc adapts a function to Capacity.
+type CapacityFunc func(c Cost) bool
+
+// Admissible calls f(c).
+func (f CapacityFunc) Admissible(c Cost) bool { return f(c) }
+
+// ReplicaLoad is what the saturation rule reads about one replica: the
+// engine's last report blended with the router's own counts.
+type ReplicaLoad struct {
+	Waiting           int     // requests in the engine's waiting queue (vllm:num_requests_waiting)
+	KVUsage           float64 // KV-cache usage, 0–1 (vllm:kv_cache_usage_perc)
+	KVCapacityTokens  int64   // KV capacity in tokens (num_gpu_blocks × block_size); 0 if unknown
+	OutstandingTokens int64   // router-side tokens admitted to the replica and not finished (as Cost.Tokens counts)
+	LongPrefills      int     // router-side requests with a long prompt not yet past prefill (no first token)
+	// Stale marks telemetry older than the balancer's staleness bound: the
+	// numbers above no longer describe the replica, and it counts as
+	// saturated, never as idle.
+	Stale bool
+}
+
+// SaturationConfig holds the thresholds of the saturation rule. The zero
+// value means every default; each field says what zero and negative mean.
+type SaturationConfig struct {
+	// MaxWaiting is how many requests may sit in an engine's waiting queue
+	// before the replica is saturated. 0 (the default) means any waiting
+	// request saturates it; negative ignores the waiting queue.
+	MaxWaiting int
+	// KVUsageThreshold is the KV-cache usage, 0–1, at or above which the
+	// replica is saturated (default 0.9). Negative ignores KV usage.
+	KVUsageThreshold float64
+	// TokenBudgetRatio sizes the router-side token budget as a multiple of
+	// the replica's KV capacity (default 1.0): outstanding tokens plus the
+	// request's must stay within it (a replica holding nothing takes any
+	// request). Negative means no budget; no budget applies either while the
+	// capacity is unknown.
+	TokenBudgetRatio float64
+	// LongPrefillTokens is the prompt size, in tokens, from which a request
+	// is a long prefill (default 4096). Negative disables the lane cap.
+	LongPrefillTokens int
+	// MaxLongPrefills caps concurrent long prefills per replica (default 1),
+	// so short requests always find a replica not stuck behind one.
+	// Negative means no cap.
+	MaxLongPrefills int
+}
+
+// WithDefaults returns s with every zero field set to its default.
+func (s SaturationConfig) WithDefaults() SaturationConfig {
+	if s.KVUsageThreshold == 0 {
+		s.KVUsageThreshold = DefaultKVUsageThreshold
+	}
+	if s.TokenBudgetRatio == 0 {
+		s.TokenBudgetRatio = DefaultTokenBudgetRatio
+	}
+	if s.LongPrefillTokens == 0 {
+		s.LongPrefillTokens = DefaultLongPrefillTokens
+	}
+	if s.MaxLongPrefills == 0 {
+		s.MaxLongPrefills = DefaultMaxLongPrefills
+	}
+	return s
+}
+
+// Validate reports every invalid field.
+func (s SaturationConfig) Validate() error {
+	var errs []error
+	if math.IsNaN(s.KVUsageThreshold) || s.KVUsageThreshold > 1 {
+		errs = append(errs, fmt.Errorf("admission: Saturation.KVUsageThreshold = %v: must be ≤ 1 (negative to ignore KV usage)", s.KVUsageThreshold))
+	}
+	if math.IsNaN(s.TokenBudgetRatio) || math.IsInf(s.TokenBudgetRatio, 0) {
+		errs = append(errs, fmt.Errorf("admission: Saturation.TokenBudgetRatio = %v: must be finite", s.TokenBudgetRatio))
+	}
+	return errors.Join(errs...)
+}
+
+// TokenBudget is the replica's router-side token budget: TokenBudgetRatio ×
+// KV capacity, 0 when there is none (unknown capacity, or disabled).
+func (s SaturationConfig) TokenBudget(kvCapacityTokens int64) int64 {
+	s = s.WithDefaults()
+	if kvCapacityTokens <= 0 || s.TokenBudgetRatio < 0 {
+		return 0
+	}
+	return int64(s.TokenBudgetRatio * float64(kvCapacityTokens))
+}
+
+// Saturated reports whether the replica can take no request at all without
+// queueing inside the engine: telemetry stale, requests waiting beyond
+// MaxWaiting, KV usage at the threshold, or the token budget used up.
+func (s SaturationConfig) Saturated(r ReplicaLoad) bool {
+	s = s.WithDefaults()
+	switch {
+	case r.Stale:
+		return true
+	case s.MaxWaiting >= 0 && r.Waiting > s.MaxWaiting:
+		return true
+	case s.KVUsageThreshold >= 0 && r.KVUsage >= s.KVUsageThreshold:
+		return true
+	}
+	b := s.TokenBudget(r.KVCapacityTokens)
+	return b > 0 && r.OutstandingTokens >= b
+}
+
+// Fits reports whether the replica can take a request of cost c now: it is
+// not saturated, c fits in its token budget, and if c is a long prefill the
+// replica has a long-prefill lane free. The balancer's Capacity answer is
+// "some available replica Fits".
+func (s SaturationConfig) Fits(r ReplicaLoad, c Cost) bool {
+	s = s.WithDefaults()
+	if s.Saturated(r) {
+		return false
+	}
+	if b := s.TokenBudget(r.KVCapacityTokens); b > 0 && r.OutstandingTokens > 0 && r.OutstandingTokens+c.Tokens() > b {
+		return false
+	}
+	return !s.LongPrefill(c) || s.MaxLongPrefills < 0 || r.LongPrefills < s.MaxLongPrefills
+}
+
+// LongPrefill reports whether c's prompt makes it a long prefill, counted
+// against ReplicaLoad.LongPrefills while it is in prefill.
+func (s SaturationConfig) LongPrefill(c Cost) bool {
+	s = s.WithDefaults()
+	return s.LongPrefillTokens > 0 && c.PromptTokens >= s.LongPrefillTokens
+}
+
+// Level is the replica's saturation as one number for scoring and
+// dashboards: the largest of waiting/(MaxWaiting+1), KV usage over its
+// threshold and outstanding tokens over the budget, so ≥ 1 means
+// saturated; stale telemetry is 1.
+func (s SaturationConfig) Level(r ReplicaLoad) float64 {
+	s = s.WithDefaults()
+	if r.Stale {
+		return 1
+	}
+	var l float64
+	if s.MaxWaiting >= 0 {
+		l = float64(r.Waiting) / float64(s.MaxWaiting+1)
+	}
+	if s.KVUsageThreshold > 0 {
+		l = max(l, r.KVUsage/s.KVUsageThreshold)
+	}
+	if b := s.TokenBudget(r.KVCapacityTokens); b > 0 {
+		l = max(l, float64(r.OutstandingTokens)/float64(b))
+	}
+	return l
+}
