@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"net/http"
 	"os"
 	"sync"
@@ -145,4 +146,31 @@ func (s *readStatus) observe(log *zap.Logger, err error) {
 		log.Info("GPU read recovered", zap.Int("failed_reads", s.failures))
 		s.failing, s.failures = false, 0
 	}
+}
+
+// Serve answers on ln until ctx is done, then stops accepting, lets requests
+// in flight finish (up to DefaultAgentTimeout more) and returns nil; it
+// returns the listener's error if serving fails first. ln is closed.
+func (a *Agent) Serve(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           a,
+		ReadHeaderTimeout: 5 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          zap.NewStdLog(a.log),
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), DefaultAgentTimeout)
+	defer cancel()
+	err := srv.Shutdown(sctx)
+	if serr := <-errc; !errors.Is(serr, http.ErrServerClosed) && err == nil {
+		err = serr
+	}
+	return err
 }

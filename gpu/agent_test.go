@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -263,5 +264,50 @@ func TestAgentConfigAndURLs(t *testing.T) {
 	s, err := NewAgentSource("http://10.0.0.5:9401", Selector{}, nil)
 	if err != nil || s.url != "http://10.0.0.5:9401/v1/gpus" {
 		t.Errorf("%v %q", err, s.url)
+	}
+}
+
+// The `gpurouter agent` path on a machine without a GPU: the real go-nvml
+// library finds no libnvidia-ml.so.1, the agent still starts and answers,
+// with an empty list, and says why in exactly one log line.
+func TestAgentServeWithRealLibraryWithoutDriver(t *testing.T) {
+	t.Parallel()
+	log, logs := observedLogger(zapcore.DebugLevel)
+	n := NewNVML(nvml.New(), log)
+	defer n.Close()
+	if err := n.Open(); !errors.Is(err, ErrGPUOff) {
+		t.Skipf("this machine has an NVIDIA driver (%v): the no-GPU path is covered by TestAgentWithoutGPU", err)
+	}
+	a, err := NewAgent(AgentConfig{Source: NewNVMLSource(n, Selector{}), Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Serve(ctx, ln) }()
+	base := "http://" + ln.Addr().String()
+
+	code, body := httpGet(t, base+"/v1/gpus")
+	var rep HostReport
+	if err := json.Unmarshal(body, &rep); err != nil || code != http.StatusOK || rep.GPUs == nil || len(rep.GPUs) != 0 || rep.Host == "" {
+		t.Errorf("GET /v1/gpus: %d %s (%v)", code, body, err)
+	}
+	if code, body := httpGet(t, base+"/metrics"); code != http.StatusOK ||
+		!bytes.Contains(body, []byte("gpurouter_gpu_telemetry_enabled 0")) {
+		t.Errorf("GET /metrics: %d\n%s", code, body)
+	}
+	if code, _ := httpGet(t, base+"/health"); code != http.StatusOK {
+		t.Errorf("GET /health: %d", code)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Serve: %v", err)
+	}
+	if logs.Len() != 1 || logs.All()[0].Message != "GPU telemetry off: libnvidia-ml.so.1 not found" {
+		t.Errorf("want exactly the one off line, got %v", logs.All())
 	}
 }

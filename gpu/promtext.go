@@ -55,7 +55,9 @@ func (p *familyParser) parse(text []byte) (map[string]*dto.MetricFamily, error) 
 // first '{', space or tab, after leading blanks. Comment and blank lines have
 // no name (nil).
 func metricName(line []byte) []byte {
-	line = bytes.TrimLeft(line, " \t")
+	for len(line) > 0 && (line[0] == ' ' || line[0] == '\t') {
+		line = line[1:]
+	}
 	if len(line) == 0 || line[0] == '#' {
 		return nil
 	}

@@ -22,6 +22,7 @@ func commands() []command {
 		{"bench", "load generator and reports (vllm bench serve flags, client/router/engine latency)", runBench},
 		{"sim", "simulated vLLM replicas on loopback (continuous batching, KV blocks, vLLM metrics, faults)", runSim},
 		{"demo", "simulated fleet + router + benchmark in one process: the full report (no GPU needed)", runDemo},
+		{"agent", "serve this host's NVML GPU stats over HTTP for routers on other hosts", runAgent},
 	}
 }
 
