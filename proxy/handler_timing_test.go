@@ -129,4 +129,3 @@ func BenchmarkParseRequest(b *testing.B) {
 		}
 	}
 }
-

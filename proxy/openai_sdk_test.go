@@ -110,4 +110,3 @@ func TestOpenAISDKThroughRouter(t *testing.T) {
 		}
 	})
 }
-
