@@ -7,6 +7,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // fakeClock is a Clock that moves only when told. Advance runs due timers
@@ -135,7 +138,7 @@ func (h *harness) admitNow(name string, cost Cost) {
 // queued (or decided, if decided at once). cancel cancels its context.
 func (h *harness) submit(ctx context.Context, name string, cost Cost) {
 	h.t.Helper()
-	before := h.c.Stats().Queued
+	before := h.arrivals()
 	decided := make(chan struct{})
 	go func() {
 		tk, err := h.c.Admit(ctx, cost)
@@ -152,9 +155,16 @@ func (h *harness) submit(ctx context.Context, name string, cost Cost) {
 		case <-decided:
 			return true
 		default:
-			return h.c.Stats().Queued > before
+			return h.arrivals() > before
 		}
 	})
+}
+
+// arrivals counts requests that reached the queue.
+func (h *harness) arrivals() uint64 {
+	h.c.mu.Lock()
+	defer h.c.mu.Unlock()
+	return h.c.seq
 }
 
 // add queues a request with a background context.
@@ -246,4 +256,21 @@ func (f *fakeCapacity) set(n int) {
 	f.mu.Lock()
 	f.slots = n
 	f.mu.Unlock()
+}
+
+// metricValue reads a counter's or gauge's current value.
+func metricValue(t *testing.T, m prometheus.Metric) float64 {
+	t.Helper()
+	var d dto.Metric
+	if err := m.Write(&d); err != nil {
+		t.Fatal(err)
+	}
+	switch {
+	case d.Counter != nil:
+		return d.Counter.GetValue()
+	case d.Gauge != nil:
+		return d.Gauge.GetValue()
+	}
+	t.Fatalf("not a counter or gauge: %v", m.Desc())
+	return 0
 }

@@ -101,7 +101,7 @@ func TestStarvationBoundProperty(t *testing.T) {
 			fcfsAt := map[string]time.Time{}
 			var fcfs []string
 			var slots []time.Time // every admission instant, in order
-			var queued []string // arrival order
+			var queued []string   // arrival order
 			holder := ""
 			check := func(name string) {
 				now := h.clock.Now()
