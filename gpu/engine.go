@@ -95,11 +95,3 @@ func (s *EngineStats) since(prev *EngineStats) {
 		}
 	}
 }
-
-// Age is how old the GPU snapshot g is at now; nil is infinitely old.
-func (g *GPUSnapshot) Age(now time.Time) time.Duration {
-	if g == nil || g.At.IsZero() {
-		return maxDuration
-	}
-	return now.Sub(g.At)
-}

@@ -60,3 +60,11 @@ type GPUSnapshot struct {
 	At      time.Time     // when the fetch completed (the poller's clock)
 	Latency time.Duration // how long the fetch took
 }
+
+// Age is how old g is at now; a nil snapshot is infinitely old.
+func (g *GPUSnapshot) Age(now time.Time) time.Duration {
+	if g == nil || g.At.IsZero() {
+		return maxDuration
+	}
+	return now.Sub(g.At)
+}
