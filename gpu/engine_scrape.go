@@ -11,7 +11,7 @@ const acceptText = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 // EngineScraper is the EngineSource of one vLLM replica: GET /metrics over
 // fasthttp, parse the families the router needs. Build with
 // NewEngineScraper; the zero value is unusable. Safe for concurrent use
-// (calls are serialised: the poller makes one at a time anyway).
+// (parsing is serialised; the poller makes one call at a time anyway).
 type EngineScraper struct {
 	url    string
 	client HTTPDoer

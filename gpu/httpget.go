@@ -42,8 +42,9 @@ func scrapeURL(rawURL, defaultPath string) (*url.URL, error) {
 }
 
 // newHostClient is the HTTP client of one scrape target: one host, at most
-// two connections (a scrape and a late one being given up), no retries
-// (the next tick is the retry).
+// two connections (the poller makes one scrape at a time; the second serves
+// PollOnce beside Run), no retries (the next tick is the retry). Deadlines
+// come per request from DoDeadline, which bounds dial, write and read.
 func newHostClient(u *url.URL) *fasthttp.HostClient {
 	addr := u.Host
 	if u.Port() == "" {
