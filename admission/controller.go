@@ -200,20 +200,19 @@ func (c *Controller) admitSlow(ctx context.Context, cost Cost, tokens int64) (Ti
 	return Ticket{}, ctx.Err()
 }
 
-// deadlineOf is the request's deadline (zero: none) and whether the
-// controller must time it itself (a context deadline ends the wait on its
-// own, as a context error).
+// deadlineOf is the request's deadline (zero: none) — the earlier of
+// Cost.Deadline and the context's, else DefaultTimeout from now — and
+// whether the controller must time it itself (a context deadline ends the
+// wait on its own, as a context error).
 func (c *Controller) deadlineOf(ctx context.Context, cost Cost, now time.Time) (time.Time, bool) {
-	if !cost.Deadline.IsZero() {
-		return cost.Deadline, true
+	d, own := cost.Deadline, !cost.Deadline.IsZero()
+	if cd, ok := ctx.Deadline(); ok && (d.IsZero() || cd.Before(d)) {
+		d, own = cd, false
 	}
-	if d, ok := ctx.Deadline(); ok {
-		return d, false
+	if d.IsZero() && c.cfg.DefaultTimeout > 0 {
+		d, own = now.Add(c.cfg.DefaultTimeout), true
 	}
-	if c.cfg.DefaultTimeout > 0 {
-		return now.Add(c.cfg.DefaultTimeout), true
-	}
-	return time.Time{}, false
+	return d, own
 }
 
 // fits reports whether a request may be admitted now: within the
@@ -312,9 +311,11 @@ func (c *Controller) dispatch(now time.Time) {
 			if isAged {
 				return
 			}
-			if e = q.sjf.min(); !c.fits(e.cost, e.tokens) {
+			s := q.sjf.min()
+			if s == e || !c.fits(s.cost, s.tokens) {
 				return
 			}
+			e = s
 		}
 		c.grant(e, now)
 	}

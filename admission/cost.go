@@ -23,9 +23,13 @@ type Cost struct {
 	// (an API key, a team). "" is a tenant like any other: every request
 	// without one shares it.
 	Tenant string
-	// Deadline is when the request stops being worth serving. Zero means the
-	// context's deadline if it has one, else Config.DefaultTimeout after
-	// arrival, else none.
+	// Deadline is when the request stops being worth serving (the
+	// X-Gpurouter-Timeout header). The earlier of it and the context's
+	// deadline applies; with neither, Config.DefaultTimeout after arrival;
+	// else none. A request whose estimated wait exceeds it is refused at
+	// once, and one still queued when it passes is shed (ReasonExpired).
+	// A context deadline that passes while queued ends Admit with the
+	// context's error instead.
 	Deadline time.Time
 
 	rawPrompt   int  // the uncorrected prompt estimate Estimator.Cost started from; 0 if none

@@ -300,3 +300,22 @@ func TestShedErrorMessage(t *testing.T) {
 		t.Fatal(Reason(99).String())
 	}
 }
+
+func TestContextDeadlineEarlierThanCostDeadline(t *testing.T) {
+	t.Parallel()
+	clock := newFakeClock()
+	clock.now = time.Now() // context deadlines are wall-clock times
+	h := newHarness(t, serial(Config{InitialDrainRate: 100}), Deps{Clock: clock})
+	h.clock = clock
+	h.admitNow("hold", tok(1, 0))
+	h.add("a", tok(1000, 0))
+	// The cost's deadline is an hour away, the context's 2s: a and the
+	// request itself are 2000 tokens, 20s at 100/s, so the context's
+	// deadline refuses it at once.
+	ctx, cancel := context.WithDeadline(context.Background(), clock.Now().Add(2*time.Second))
+	defer cancel()
+	_, err := h.c.Admit(ctx, Cost{PromptTokens: 1000, Deadline: clock.Now().Add(time.Hour)})
+	if se := shedErr(t, err, ReasonDeadline); se.Wait != 20*time.Second {
+		t.Fatalf("wait %v, want 20s (a, then itself)", se.Wait)
+	}
+}
