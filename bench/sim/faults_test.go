@@ -104,7 +104,7 @@ func TestFaultHang(t *testing.T) {
 	if code, _, _ := httpDo(t, "GET", u+"/health", ""); code != 200 {
 		t.Errorf("/health under hang = %d, want 200 (only inference hangs)", code)
 	}
-	waiting := func() int { r.waitMu.Lock(); defer r.waitMu.Unlock(); return len(r.waiters) }
+	waiting := r.waiting.len
 	if waiting() != 1 {
 		t.Fatalf("%d hung requests tracked, want 1", waiting())
 	}

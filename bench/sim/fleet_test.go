@@ -44,9 +44,7 @@ func TestFleetStopsCleanly(t *testing.T) {
 	hung := openStream(t, u1, "/v1/completions", `{"model":"qwen","prompt":"a","max_tokens":5}`)
 	defer hung.close()
 	waitFor(t, 2*time.Second, "requests in flight", func() bool {
-		f.Replicas()[1].waitMu.Lock()
-		defer f.Replicas()[1].waitMu.Unlock()
-		return f.Replicas()[0].State().Running == 2 && len(f.Replicas()[1].waiters) == 1
+		return f.Replicas()[0].State().Running == 2 && f.Replicas()[1].waiting.len() == 1
 	})
 
 	cancel()

@@ -209,32 +209,80 @@ func housekeeping(ctx context.Context, rs []*Replica) {
 // failed write, and nothing is written while a request is queued or
 // prefilling, or for a non-streaming request until it is done. vLLM notices
 // through the ASGI disconnect event and aborts; so do we, within
-// housekeepingInterval.
+// housekeepingInterval for up to sweepBatch silent requests (one cheap
+// syscall each), round-robin beyond that.
 func (r *Replica) sweepDisconnected() {
-	r.waitMu.Lock()
-	var gone []*request
-	for q := range r.waiters {
-		if q.conn != nil && peerClosed(q.conn) {
-			gone = append(gone, q)
-		}
-	}
-	for _, q := range gone {
-		delete(r.waiters, q)
-	}
-	r.waitMu.Unlock()
-	for _, q := range gone {
+	for _, q := range r.waiting.sweep(sweepBatch, func(q *request) bool { return q.conn != nil && peerClosed(q.conn) }) {
 		q.disconnected()
 	}
 }
 
-func (r *Replica) watch(q *request) {
-	r.waitMu.Lock()
-	r.waiters[q] = struct{}{}
-	r.waitMu.Unlock()
+// sweepBatch bounds the disconnect checks per replica per housekeeping tick.
+const sweepBatch = 128
+
+func (r *Replica) watch(q *request)   { r.waiting.add(q) }
+func (r *Replica) unwatch(q *request) { r.waiting.remove(q) }
+
+// waitSet holds the requests that have not written anything yet, for the
+// disconnect sweep. The zero value is empty and ready.
+type waitSet struct {
+	mu     sync.Mutex // guards items, cursor and every member's widx
+	items  []*request
+	cursor int
 }
 
-func (r *Replica) unwatch(q *request) {
-	r.waitMu.Lock()
-	delete(r.waiters, q)
-	r.waitMu.Unlock()
+func (w *waitSet) add(q *request) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if q.widx > 0 {
+		return
+	}
+	w.items = append(w.items, q)
+	q.widx = len(w.items) // 1-based: 0 means not in the set
+}
+
+func (w *waitSet) remove(q *request) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.removeLocked(q)
+}
+
+func (w *waitSet) removeLocked(q *request) {
+	i := q.widx - 1
+	if i < 0 {
+		return
+	}
+	last := w.items[len(w.items)-1]
+	w.items[i], last.widx = last, i+1
+	w.items[len(w.items)-1] = nil
+	w.items = w.items[:len(w.items)-1]
+	q.widx = 0
+}
+
+func (w *waitSet) len() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.items)
+}
+
+// sweep checks up to n members, continuing where the last sweep stopped,
+// and removes and returns those for which gone is true.
+func (w *waitSet) sweep(n int, gone func(*request) bool) []*request {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []*request
+	n = min(n, len(w.items))
+	for k := 0; k < n; k++ {
+		q := w.items[(w.cursor+k)%len(w.items)]
+		if gone(q) {
+			out = append(out, q)
+		}
+	}
+	if len(w.items) > 0 {
+		w.cursor = (w.cursor + n) % len(w.items)
+	}
+	for _, q := range out {
+		w.removeLocked(q)
+	}
+	return out
 }

@@ -98,8 +98,7 @@ type Replica struct {
 	inflight  atomic.Int64 // inference requests being answered (GET /load)
 	gpuMeter  gpuMeter
 
-	waitMu  sync.Mutex // guards waiters
-	waiters map[*request]struct{}
+	waiting waitSet // requests that have written nothing yet
 }
 
 // NewReplica builds a replica. It starts nothing and binds nothing.
@@ -144,7 +143,6 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 		words: fillerWords(), created: time.Now().Unix(), profName: p.Name,
 		eng: eng, rng: rand.New(rand.NewPCG(cfg.Seed, uint64(cfg.Index))),
 		stopped: make(chan struct{}), crashCh: make(chan time.Duration, 1),
-		waiters: make(map[*request]struct{}),
 	}
 	f := cfg.Faults
 	f.CrashSeconds = 0

@@ -324,3 +324,31 @@ func counterValue(c prometheus.Counter) float64 {
 	}
 	return m.GetCounter().GetValue()
 }
+
+func TestWaitSet(t *testing.T) {
+	var w waitSet
+	qs := make([]*request, 300)
+	for i := range qs {
+		qs[i] = &request{}
+		w.add(qs[i])
+	}
+	w.add(qs[0]) // twice is once
+	w.remove(qs[5])
+	w.remove(qs[5])
+	if w.len() != 299 {
+		t.Fatalf("len %d", w.len())
+	}
+	checked := map[*request]int{}
+	for range 4 { // round-robin: every member is checked within a few sweeps
+		w.sweep(100, func(q *request) bool { checked[q]++; return q == qs[7] || q == qs[200] })
+	}
+	if len(checked) != 299 || w.len() != 297 || qs[7].widx != 0 || qs[200].widx != 0 {
+		t.Errorf("checked %d, len %d", len(checked), w.len())
+	}
+	for _, q := range qs {
+		w.remove(q)
+	}
+	if w.len() != 0 {
+		t.Errorf("len %d after removing all", w.len())
+	}
+}

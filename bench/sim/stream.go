@@ -27,6 +27,7 @@ type request struct {
 	inc   *incarnation
 	s     *seq
 	conn  net.Conn
+	widx  int // position+1 in Replica.waiting, 0 when not there; guarded by waiting.mu
 	chat  bool
 	usage bool // send the usage chunk (stream_options.include_usage)
 
