@@ -121,7 +121,14 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "gpurouter sim:", err)
 		return 1
 	}
-	fmt.Fprintln(stdout, "stopped")
+	for i, r := range fleet.Replicas() {
+		l := r.StepLag()
+		fmt.Fprintf(stdout, "replica %d stopped: %d steps, step lag p50 %v p99 %v max %v\n", i, l.Steps,
+			l.P50.Round(time.Microsecond), l.P99.Round(time.Microsecond), l.Max.Round(time.Microsecond))
+		if l.P99 > 2*time.Millisecond {
+			fmt.Fprintf(stdout, "replica %d: the simulator ran late (p99 > 2ms): latencies measured against it are inflated\n", i)
+		}
+	}
 	return 0
 }
 
