@@ -17,7 +17,17 @@ type Request struct {
 	PrefixHash   uint64    // hash of the prompt's prefix (system prompt / first tokens); 0 if none
 	ArmKey       string    // what A/B assignment hashes: the request id, or `user` when set
 	Arm          string    // A/B arm: set by the client's header to force one, else by Pool.Pick
+	// LongPrefillCap, when > 0, marks the request as a long prefill and
+	// excludes replicas already running that many long prefills, so a long
+	// prompt never queues behind another on one replica while short
+	// requests keep a free lane elsewhere.
+	LongPrefillCap int
 	Now          time.Time // when the router received the request; the clock pickers use
+}
+
+// eligible reports whether a picker may choose c for r.
+func eligible(c *Replica, r *Request) bool {
+	return c.Available(r.Now) && (r.LongPrefillCap <= 0 || c.longPrefills.Load() < int64(r.LongPrefillCap))
 }
 
 // Picker chooses a replica for a request among candidates. It returns nil
@@ -104,7 +114,7 @@ func (p *RoundRobin) Pick(r *Request, candidates []*Replica) *Replica {
 	start := p.next.Add(1) - 1
 	for i := uint64(0); i < n; i++ {
 		c := candidates[(start+i)%n]
-		if c.Available(r.Now) {
+		if eligible(c, r) {
 			advancePast(&p.next, start, i)
 			return c
 		}
@@ -148,7 +158,7 @@ func (p *LeastRequest) Pick(r *Request, candidates []*Replica) *Replica {
 	var bestAt uint64
 	for i := uint64(0); i < n; i++ {
 		c := candidates[(start+i)%n]
-		if !c.Available(r.Now) {
+		if !eligible(c, r) {
 			continue
 		}
 		// +1: the load the replica would carry with this request, so that

@@ -96,7 +96,7 @@ func (p *affinity) bound(candidates []*Replica) float64 {
 }
 
 func (p *affinity) fits(c *Replica, r *Request, bound float64) bool {
-	return c.Available(r.Now) && float64(c.inFlight.Load()+1)/c.capacity() <= bound
+	return eligible(c, r) && float64(c.inFlight.Load()+1)/c.capacity() <= bound
 }
 
 func (p *affinity) Pick(r *Request, candidates []*Replica) *Replica {

@@ -43,7 +43,7 @@ func (p *scanPicker) Pick(r *Request, candidates []*Replica) *Replica {
 	var bestScore float64
 	for i := 0; i < n; i++ {
 		c := candidates[(start+i)%n]
-		if !c.Available(r.Now) {
+		if !eligible(c, r) {
 			continue
 		}
 		if sc := p.s.score(c, r.Now); best == nil || sc < bestScore {
@@ -65,7 +65,7 @@ func (p *Random) Pick(r *Request, candidates []*Replica) *Replica {
 	}
 	start := p.rand(n)
 	for i := 0; i < n; i++ {
-		if c := candidates[(start+i)%n]; c.Available(r.Now) {
+		if c := candidates[(start+i)%n]; eligible(c, r) {
 			return c
 		}
 	}
@@ -91,7 +91,7 @@ func (p *P2C) Pick(r *Request, candidates []*Replica) *Replica {
 	case 0:
 		return nil
 	case 1:
-		if candidates[0].Available(r.Now) {
+		if eligible(candidates[0], r) {
 			return candidates[0]
 		}
 		return nil
@@ -100,7 +100,7 @@ func (p *P2C) Pick(r *Request, candidates []*Replica) *Replica {
 	for d := 0; d < p2cDraws && b == nil; d++ {
 		c := candidates[p.rand(n)]
 		switch {
-		case !c.Available(r.Now):
+		case !eligible(c, r):
 		case a == nil:
 			a = c
 		case c != a:

@@ -84,6 +84,9 @@ type Replica struct {
 
 	tel telemetry
 
+	kvReserved   atomic.Int64 // KV footprint (tokens) of requests in flight, router-side
+	longPrefills atomic.Int64 // requests with a long prompt not yet past their first token
+
 	idHash uint64 // hash of name, for rendezvous hashing
 
 	// gpuErrs and faultSince belong to StoreGPU (one caller at a time).
@@ -214,6 +217,14 @@ func (r *Replica) Available(now time.Time) bool {
 	return now.UnixNano() >= until
 }
 
+// KVReserved is the KV-cache footprint, in tokens, the router has sent to
+// the replica and not yet seen finish (prompt plus expected output each).
+func (r *Replica) KVReserved() int64 { return r.kvReserved.Load() }
+
+// LongPrefills is how many long-prompt requests on the replica have not yet
+// produced their first token.
+func (r *Replica) LongPrefills() int64 { return r.longPrefills.Load() }
+
 // SetDraining marks the replica as draining (no new requests; those in
 // flight finish) or returns it to service.
 func (r *Replica) SetDraining(on bool) { r.draining.Store(on) }
@@ -224,9 +235,16 @@ func (r *Replica) Draining() bool { return r.draining.Load() }
 // Lease is one request's hold on a replica, from Acquire to Done. It is
 // used by one goroutine at a time (the request's).
 type Lease struct {
-	r         *Replica
-	done      func(error)
-	remaining *int64 // estimated tokens of work this request still holds; nil for a zero Lease
+	r    *Replica
+	done func(error)
+	st   *leaseState // nil for a zero Lease
+}
+
+// leaseState is what a lease still holds on its replica's counters.
+type leaseState struct {
+	remaining int64 // estimated work not yet done, in decode-token equivalents
+	kv        int64 // KV-cache footprint reserved, in tokens
+	long      bool  // counted in the replica's long prefills (until the first token)
 }
 
 // Acquire asks the breaker for permission and counts the request in flight.
@@ -234,10 +252,16 @@ type Lease struct {
 // Done exactly once, when the response has ended (stream closed).
 func (r *Replica) Acquire() (Lease, error) { return r.AcquireCost(0) }
 
-// AcquireCost is Acquire for a request expected to cost tokens of work
+// AcquireCost is Acquire for a request expected to cost work tokens
 // (weighted prompt plus expected output), which the replica counts as
 // outstanding until Progress or Done takes it back.
-func (r *Replica) AcquireCost(tokens int64) (Lease, error) {
+func (r *Replica) AcquireCost(work int64) (Lease, error) { return r.AcquireCostKV(work, 0, false) }
+
+// AcquireCostKV is AcquireCost that also reserves the request's KV-cache
+// footprint (prompt plus expected output, in tokens) until Done, and counts
+// it as a long prefill until PrefillDone when long is set: the numbers an
+// admission controller needs to tell whether the replica can take more.
+func (r *Replica) AcquireCostKV(work, kv int64, long bool) (Lease, error) {
 	done, err := r.breaker.Allow()
 	if err != nil {
 		return Lease{}, ErrBreakerOpen
@@ -247,10 +271,13 @@ func (r *Replica) AcquireCost(tokens int64) (Lease, error) {
 		g.Add(1)
 	}
 	r.served.Add(1)
-	tokens = max(tokens, 0)
-	r.tel.outstanding.Add(tokens)
-	rem := tokens
-	return Lease{r: r, done: done, remaining: &rem}, nil
+	st := &leaseState{remaining: max(work, 0), kv: max(kv, 0), long: long}
+	r.tel.outstanding.Add(st.remaining)
+	r.kvReserved.Add(st.kv)
+	if long {
+		r.longPrefills.Add(1)
+	}
+	return Lease{r: r, done: done, st: st}, nil
 }
 
 // Progress takes back n tokens of the lease's outstanding work (the
@@ -259,9 +286,17 @@ func (l Lease) Progress(n int64) {
 	if l.r == nil || n <= 0 {
 		return
 	}
-	n = min(n, *l.remaining)
-	*l.remaining -= n
+	n = min(n, l.st.remaining)
+	l.st.remaining -= n
 	l.r.tel.outstanding.Add(-n)
+}
+
+// PrefillDone marks the end of the request's prefill (its first token).
+func (l Lease) PrefillDone() {
+	if l.r != nil && l.st.long {
+		l.st.long = false
+		l.r.longPrefills.Add(-1)
+	}
 }
 
 // Done ends the lease. err nil is a success; an error wrapping
@@ -271,12 +306,15 @@ func (l Lease) Done(err error) {
 	if l.r == nil {
 		return
 	}
+	l.PrefillDone()
 	l.r.inFlight.Add(-1)
 	if g := l.r.group.Load(); g != nil {
 		g.Add(-1)
 	}
-	l.r.tel.outstanding.Add(-*l.remaining)
-	*l.remaining = 0
+	l.r.tel.outstanding.Add(-l.st.remaining)
+	l.st.remaining = 0
+	l.r.kvReserved.Add(-l.st.kv)
+	l.st.kv = 0
 	l.done(err)
 }
 
