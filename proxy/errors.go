@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strconv"
 
+	"github.com/gpurouter/gpurouter/admission"
 	"github.com/valyala/fasthttp"
 )
 
@@ -41,6 +42,8 @@ var errorTable = [...]errorKind{
 	{ErrMethodNotAllowed, fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed"},
 	{ErrBodyTooLarge, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large"},
 	{ErrShed, fasthttp.StatusTooManyRequests, "rate_limit_error", "rate_limit_exceeded"},
+	{admission.ErrDeadline, fasthttp.StatusTooManyRequests, "rate_limit_error", "deadline_unreachable"},
+	{admission.ErrShed, fasthttp.StatusTooManyRequests, "rate_limit_error", "queue_full"},
 	{ErrNoReplica, fasthttp.StatusServiceUnavailable, "server_error", "no_healthy_replica"},
 	{ErrShuttingDown, fasthttp.StatusServiceUnavailable, "server_error", "shutting_down"},
 	{ErrTimeout, fasthttp.StatusGatewayTimeout, "server_error", "upstream_timeout"},
@@ -95,6 +98,18 @@ func appendErrorJSON(dst []byte, err error) []byte {
 	return append(dst, "}}"...)
 }
 
+// retryAfterSeconds is the Retry-After hint carried by err (admission
+// computes one from its queue), else 1.
+func retryAfterSeconds(err error) int {
+	var ra interface{ RetryAfterSeconds() int }
+	if errors.As(err, &ra) {
+		if n := ra.RetryAfterSeconds(); n > 0 {
+			return n
+		}
+	}
+	return 1
+}
+
 // writeError answers the client with err's status and OpenAI error body.
 func writeError(ctx *fasthttp.RequestCtx, err error) {
 	k := classify(err)
@@ -102,7 +117,7 @@ func writeError(ctx *fasthttp.RequestCtx, err error) {
 	ctx.SetStatusCode(k.status)
 	ctx.SetContentType("application/json")
 	if k.status == fasthttp.StatusTooManyRequests || k.status == fasthttp.StatusServiceUnavailable {
-		ctx.Response.Header.Set("Retry-After", "1")
+		ctx.Response.Header.Set("Retry-After", strconv.Itoa(retryAfterSeconds(err)))
 	}
 	ctx.SetBody(appendErrorJSON(nil, err))
 }

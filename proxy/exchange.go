@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gpurouter/gpurouter/admission"
 	"github.com/gpurouter/gpurouter/balancer"
 	"go.uber.org/zap"
 )
@@ -51,8 +52,17 @@ type exchange struct {
 	// the prefill completes and tokens stream.
 	prefillCost int64
 	outputCost  int64
+	kvCost      int64 // KV footprint reserved on the replica (prompt + expected output), 0 without admission
+	longCap     int   // per-replica long-prefill cap this request must respect (0: not a long prefill)
+
+	class  int    // priority class (from the API key's tier, else 0)
+	tenant string // fairness group (the API key id, else the body's user)
+
+	ticket    admission.Ticket
+	hasTicket bool
 
 	received  time.Time // full request read by the router
+	admitted  time.Time // admission let it through (zero without admission)
 	sent      time.Time // last attempt handed to the upstream client
 	firstByte time.Time // upstream response headers read
 	firstTok  time.Time // first token chunk relayed
@@ -81,6 +91,7 @@ func (x *exchange) tokenChunk(now time.Time) {
 			x.rm.ttft.Observe(now.Sub(x.received).Seconds())
 		}
 		x.lease.Progress(x.prefillCost)
+		x.lease.PrefillDone()
 	} else {
 		gap := now.Sub(x.lastTok)
 		x.itlCount++
@@ -140,6 +151,7 @@ func (x *exchange) finish(err error, status int) {
 	if x.up != nil {
 		x.lease.Done(breakerErr)
 	}
+	x.releaseTicket()
 	s := x.s
 	s.active.Add(-1)
 

@@ -85,6 +85,8 @@ func (s *Server) forward(rt *routeTable, x *exchange, ureq *fasthttp.Request) (*
 		ArmKey:       x.id,
 		Arm:          x.arm,
 		Now:          x.received,
+		// A long prompt must not queue behind another on one replica.
+		LongPrefillCap: x.longCap,
 	}
 	if x.req.user != "" {
 		breq.ArmKey = x.req.user // a user stays in one arm across requests
@@ -109,7 +111,7 @@ func (s *Server) forward(rt *routeTable, x *exchange, ureq *fasthttp.Request) (*
 			return nil, lastErr
 		}
 		tried = append(tried, rep)
-		lease, err := rep.AcquireCost(x.prefillCost + x.outputCost)
+		lease, err := rep.AcquireCostKV(x.prefillCost+x.outputCost, x.kvCost, x.longCap > 0)
 		if err != nil {
 			// An open breaker is not an attempt: nothing was sent.
 			lastErr = fmt.Errorf("%w for model %q (breakers open)", ErrNoReplica, x.pool.Model())
@@ -117,6 +119,9 @@ func (s *Server) forward(rt *routeTable, x *exchange, ureq *fasthttp.Request) (*
 		}
 		attempt++
 		x.attempts++
+		if x.hasTicket {
+			x.ticket.Placed()
+		}
 		up := rt.upstreams[rep]
 		resp := fasthttp.AcquireResponse()
 		resp.StreamBody = true

@@ -79,6 +79,7 @@ func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint,
 		x.affinity = req.user
 	}
 	x.prefillCost, x.outputCost = s.costOf(&req)
+	x.tenant = req.user
 
 	// 2. Find the pool: the path prefix's, else the body's model.
 	x.pool, err = s.poolFor(rt, req.model, prefixPool)
@@ -98,16 +99,23 @@ func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint,
 		strip = true
 	}
 
-	// 3. Admission control (queueing when the pool is saturated) comes with
-	// the admission package; until then every parsed request is admitted.
+	// 3. Admission: while the pool is saturated the request waits here,
+	// shortest expected work first (with aging), instead of in an engine's
+	// queue; it is shed with 429 + Retry-After when it can't be served in time.
+	if pa, ok := rt.admit[x.pool]; ok {
+		if err := s.admit(ctx, x, pa); err != nil {
+			s.reject(ctx, x, err)
+			return
+		}
+	}
 
 	// 4–5. Pick a replica and forward, retrying elsewhere before any byte
 	// has reached the client.
 	ureq := s.upstreamRequest(ctx, x, ep, body)
 	resp, err := s.forward(rt, x, ureq)
 	fasthttp.ReleaseRequest(ureq)
-	if !x.sent.IsZero() {
-		s.m.queue.WithLabelValues(x.pool.Model()).Observe(x.sent.Sub(x.received).Seconds())
+	if a := x.admittedAt(); !a.IsZero() {
+		s.m.queue.WithLabelValues(x.pool.Model()).Observe(a.Sub(x.received).Seconds())
 	}
 	if err != nil {
 		s.reject(ctx, x, err)

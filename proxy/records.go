@@ -48,7 +48,7 @@ func (x *exchange) record(end time.Time) Record {
 		Stream:           x.req.stream,
 		Attempts:         x.attempts,
 		ReceivedNs:       unixNs(x.received),
-		AdmittedNs:       unixNs(x.sent),
+		AdmittedNs:       unixNs(x.admittedAt()),
 		FirstByteNs:      unixNs(x.firstByte),
 		FirstTokenNs:     unixNs(x.firstTok),
 		DoneNs:           unixNs(end),
@@ -63,8 +63,8 @@ func (x *exchange) record(end time.Time) Record {
 	if x.up != nil {
 		r.Replica = x.up.replica.Name()
 	}
-	if !x.sent.IsZero() {
-		r.QueueS = x.sent.Sub(x.received).Seconds()
+	if a := x.admittedAt(); !a.IsZero() {
+		r.QueueS = a.Sub(x.received).Seconds()
 	}
 	if !x.firstTok.IsZero() {
 		r.TTFTS = x.firstTok.Sub(x.received).Seconds()
@@ -74,6 +74,15 @@ func (x *exchange) record(end time.Time) Record {
 		r.ITLMaxS = x.itlMax.Seconds()
 	}
 	return r
+}
+
+// admittedAt is when the request left the router's queue: admission's
+// verdict, or (without admission) when it was handed to the upstream.
+func (x *exchange) admittedAt() time.Time {
+	if !x.admitted.IsZero() {
+		return x.admitted
+	}
+	return x.sent
 }
 
 // recordRing keeps the most recent records; older ones are overwritten.

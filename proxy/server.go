@@ -29,6 +29,9 @@ import (
 type Options struct {
 	Config Config
 	Pools  []*balancer.Pool // at least one; model names and aliases must be unique
+	// Admission, per pool, queues requests while the pool is saturated;
+	// pools without an entry admit everything.
+	Admission map[*balancer.Pool]PoolAdmission
 	// Score is how the pools' load policies weigh work; the proxy uses it
 	// to lease requests with their cost (prompt weighted by PrefillWeight).
 	Score balancer.ScoreConfig
@@ -113,7 +116,7 @@ func New(o Options) (*Server, error) {
 	}
 	s.m, s.gather = m, gather
 	s.records = newRecordRing(s.cfg.RecordRing)
-	rt, err := buildRoutes(o.Pools, s.cfg, m, s.now)
+	rt, err := buildRoutes(o.Pools, o.Admission, s.cfg, m, s.now, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -162,6 +165,22 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	return nil
 }
 
+// SetPools replaces the pools the router serves, atomically: requests
+// already routed keep their replica and upstream connection until they
+// end; new requests see only the new pools. Replicas carried over (the same
+// *balancer.Replica) keep their upstream client and connections.
+func (s *Server) SetPools(pools []*balancer.Pool, adm map[*balancer.Pool]PoolAdmission) error {
+	if len(pools) == 0 {
+		return errors.New("proxy: no pools")
+	}
+	rt, err := buildRoutes(pools, adm, s.cfg, s.m, s.now, s.routes.Load())
+	if err != nil {
+		return err
+	}
+	s.routes.Store(rt)
+	return nil
+}
+
 // Active is the number of requests in progress.
 func (s *Server) Active() int64 { return s.active.Load() }
 
@@ -184,7 +203,17 @@ type routeTable struct {
 	byModel   map[string]*balancer.Pool // model names and aliases
 	prefixes  []prefixRoute             // longest first
 	upstreams map[*balancer.Replica]*upstream
-	models    []byte // the /v1/models document
+	admit     map[*balancer.Pool]PoolAdmission // pools with admission control
+	models    []byte                           // the /v1/models document
+}
+
+// upstream looks up a replica's upstream; a nil table has none.
+func (rt *routeTable) upstream(r *balancer.Replica) (*upstream, bool) {
+	if rt == nil {
+		return nil, false
+	}
+	u, ok := rt.upstreams[r]
+	return u, ok
 }
 
 type prefixRoute struct {
@@ -192,8 +221,9 @@ type prefixRoute struct {
 	pool   *balancer.Pool
 }
 
-func buildRoutes(pools []*balancer.Pool, cfg Config, m *metrics, now func() time.Time) (*routeTable, error) {
+func buildRoutes(pools []*balancer.Pool, adm map[*balancer.Pool]PoolAdmission, cfg Config, m *metrics, now func() time.Time, prev *routeTable) (*routeTable, error) {
 	rt := &routeTable{
+		admit:     adm,
 		pools:     pools,
 		byModel:   make(map[string]*balancer.Pool),
 		upstreams: make(map[*balancer.Replica]*upstream),
@@ -211,6 +241,10 @@ func buildRoutes(pools []*balancer.Pool, cfg Config, m *metrics, now func() time
 			rt.prefixes = append(rt.prefixes, prefixRoute{prefix: pp, pool: p})
 		}
 		for _, r := range p.Replicas() {
+			if u, ok := prev.upstream(r); ok && u.pool == p {
+				rt.upstreams[r] = u
+				continue
+			}
 			rt.upstreams[r] = newUpstream(p, r, cfg, m)
 		}
 	}

@@ -1,0 +1,73 @@
+package proxy
+
+import (
+	"time"
+
+	"github.com/gpurouter/gpurouter/admission"
+	"github.com/gpurouter/gpurouter/balancer"
+)
+
+// PoolCapacity answers admission's question for one pool — can some
+// replica take this request now without it queueing inside an engine? — by
+// applying the saturation rule to every available replica: the engine's
+// last report (stale counts as saturated) blended with the router's own
+// reservations and long prefills in flight.
+type PoolCapacity struct {
+	pool       *balancer.Pool
+	sat        admission.SaturationConfig
+	staleAfter time.Duration
+	now        func() time.Time
+}
+
+var _ admission.Capacity = (*PoolCapacity)(nil)
+
+// NewPoolCapacity builds a pool's capacity answer; staleAfter is the same
+// bound the balancer's scores use, now nil means time.Now.
+func NewPoolCapacity(p *balancer.Pool, sat admission.SaturationConfig, staleAfter time.Duration, now func() time.Time) *PoolCapacity {
+	if now == nil {
+		now = time.Now
+	}
+	if staleAfter <= 0 {
+		staleAfter = time.Second
+	}
+	return &PoolCapacity{pool: p, sat: sat.WithDefaults(), staleAfter: staleAfter, now: now}
+}
+
+// Admissible implements admission.Capacity. It runs under the controller's
+// lock: a scan of atomics, no allocation.
+func (c *PoolCapacity) Admissible(cost admission.Cost) bool {
+	now := c.now()
+	for _, r := range c.pool.Replicas() {
+		if !r.Available(now) {
+			continue
+		}
+		if c.sat.Fits(c.load(r, now), cost) {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *PoolCapacity) load(r *balancer.Replica, now time.Time) admission.ReplicaLoad {
+	l := admission.ReplicaLoad{
+		OutstandingTokens: r.KVReserved(),
+		LongPrefills:      int(r.LongPrefills()),
+	}
+	if e := r.EngineLoad(); e != nil {
+		if now.Sub(e.At) > c.staleAfter {
+			l.Stale = true
+		} else {
+			l.Waiting, l.KVUsage, l.KVCapacityTokens = e.Waiting, e.KVUsage, int64(e.KVCapacityTokens)
+		}
+	}
+	return l
+}
+
+// longPrefillCap is the per-replica cap a long request must respect when
+// placed (0 when the request is not long or there is no cap).
+func (c *PoolCapacity) longPrefillCap(cost admission.Cost) int {
+	if c == nil || !c.sat.LongPrefill(cost) || c.sat.MaxLongPrefills < 0 {
+		return 0
+	}
+	return c.sat.MaxLongPrefills
+}
