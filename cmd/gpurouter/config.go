@@ -18,6 +18,7 @@ type fileConfig struct {
 	Breaker   breakerConfig   `yaml:"breaker"`
 	Shutdown  shutdownConfig  `yaml:"shutdown"`
 	Telemetry telemetryConfig `yaml:"telemetry"`
+	Admission admissionConfig `yaml:"admission"`
 	Routing   routingConfig   `yaml:"routing"`
 	Pools     []poolConfig    `yaml:"pools"`
 }
@@ -31,6 +32,31 @@ type telemetryConfig struct {
 	GPUInterval time.Duration `yaml:"gpu_interval"` // GPU read period per replica; default 1s
 	StaleAfter  time.Duration `yaml:"stale_after"`  // engine numbers older than this no longer count; default 1s
 	FailOpen    bool          `yaml:"fail_open"`    // stale: false = treat as saturated (avoid), true = use router counts; default false
+}
+
+// admissionConfig is length-aware admission: per pool, requests wait at
+// the router while every replica is saturated, shortest expected work
+// first with aging, and are shed (429) when they can't be served in time.
+type admissionConfig struct {
+	Disabled         bool             `yaml:"disabled"`           // admit everything at once (--admission off); default false
+	MaxQueueRequests int              `yaml:"max_queue_requests"` // requests that may wait per pool; default 1024
+	MaxQueueTokens   int64            `yaml:"max_queue_tokens"`   // their total estimated tokens; default 4194304
+	AgingBound       time.Duration    `yaml:"aging_bound"`        // after this wait a request is served in arrival order; default 5s
+	Classes          int              `yaml:"classes"`            // priority classes (X-Gpurouter-Priority 0..classes-1); default 4
+	TenantQueueShare float64          `yaml:"tenant_queue_share"` // max fraction of the queue one tenant may hold, 0 = no cap; default 0
+	TenantFairness   bool             `yaml:"tenant_fairness"`    // share admissions between tenants by tokens; default false
+	DefaultTimeout   time.Duration    `yaml:"default_timeout"`    // deadline of requests without X-Gpurouter-Timeout, 0 = none; default 0
+	MaxInFlight      int              `yaml:"max_in_flight"`      // admitted requests per pool, 0 = no cap; default 0
+	Saturation       saturationConfig `yaml:"saturation"`
+}
+
+// saturationConfig says when a replica can take no more without queueing.
+type saturationConfig struct {
+	MaxWaiting        int     `yaml:"max_waiting"`         // engine waiting requests tolerated, -1 = ignore; default 0
+	KVUsageThreshold  float64 `yaml:"kv_usage_threshold"`  // KV usage (0–1) that saturates, -1 = ignore; default 0.9
+	TokenBudgetRatio  float64 `yaml:"token_budget_ratio"`  // router-side reserved tokens ≤ ratio × KV capacity, -1 = none; default 1
+	LongPrefillTokens int     `yaml:"long_prefill_tokens"` // prompt tokens that make a long prefill, -1 = no cap; default 4096
+	MaxLongPrefills   int     `yaml:"max_long_prefills"`   // concurrent long prefills per replica; default 1
 }
 
 // routingConfig tunes how load-based policies score replicas.

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpurouter/gpurouter/admission"
 	"github.com/gpurouter/gpurouter/balancer"
 	"github.com/gpurouter/gpurouter/gpu"
 	"go.yaml.in/yaml/v3"
@@ -233,6 +234,16 @@ func applyDefaults(cfg *fileConfig) {
 	setDuration(&cfg.Telemetry.Timeout, gpu.DefaultTimeout)
 	setDuration(&cfg.Telemetry.GPUInterval, gpu.DefaultGPUInterval)
 	setDuration(&cfg.Telemetry.StaleAfter, 5*cfg.Telemetry.Interval)
+	setInt(&cfg.Admission.MaxQueueRequests, admission.DefaultMaxQueueRequests)
+	if cfg.Admission.MaxQueueTokens == 0 {
+		cfg.Admission.MaxQueueTokens = admission.DefaultMaxQueueTokens
+	}
+	setDuration(&cfg.Admission.AgingBound, admission.DefaultAgingBound)
+	setInt(&cfg.Admission.Classes, admission.DefaultClasses)
+	setFloat(&cfg.Admission.Saturation.KVUsageThreshold, admission.DefaultKVUsageThreshold)
+	setFloat(&cfg.Admission.Saturation.TokenBudgetRatio, admission.DefaultTokenBudgetRatio)
+	setInt(&cfg.Admission.Saturation.LongPrefillTokens, admission.DefaultLongPrefillTokens)
+	setInt(&cfg.Admission.Saturation.MaxLongPrefills, admission.DefaultMaxLongPrefills)
 	setFloat(&cfg.Routing.WaitingWeight, 4)
 	setFloat(&cfg.Routing.KVThreshold, 0.9)
 	setFloat(&cfg.Routing.KVPenalty, 8)

@@ -62,6 +62,14 @@ func validate(cfg fileConfig) error {
 	if cfg.Telemetry.StaleAfter > 0 && cfg.Telemetry.StaleAfter < cfg.Telemetry.Interval {
 		v.add("telemetry.stale_after", "must be >= telemetry.interval (%v), got %v: every snapshot would be stale", cfg.Telemetry.Interval, cfg.Telemetry.StaleAfter)
 	}
+	if err := admissionFrom(cfg.Admission).Validate(); err != nil {
+		v.add("admission", "%v", err)
+	}
+	v.nonNegative("admission.aging_bound", cfg.Admission.AgingBound)
+	v.nonNegative("admission.default_timeout", cfg.Admission.DefaultTimeout)
+	if cfg.Admission.MaxInFlight < 0 {
+		v.add("admission.max_in_flight", "must be >= 0, got %d", cfg.Admission.MaxInFlight)
+	}
 	v.rangeF("routing.waiting_weight", cfg.Routing.WaitingWeight, 0, 1000, false)
 	v.rangeF("routing.kv_threshold", cfg.Routing.KVThreshold, 0, 1, true)
 	v.rangeF("routing.kv_penalty", cfg.Routing.KVPenalty, 0, 1e6, false)

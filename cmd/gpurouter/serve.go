@@ -37,6 +37,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	var pools stringList
 	fs.Var(&pools, "pool", "MODEL=URL[,URL...]: a pool for the flag-only quick start (repeatable)")
 	policy := fs.String("policy", "", "policy of the --pool pools: "+strings.Join(balancer.Policies(), ", "))
+	admissionFlag := fs.String("admission", "", "on|off: length-aware admission (queue at the router while pools are saturated); overrides the file (default on)")
 	printConfig := fs.Bool("print-config", false, "print the effective configuration (YAML, defaults filled) and exit")
 	check := fs.Bool("check", false, "validate the configuration and exit (non-zero listing every error)")
 	if err := fs.Parse(args); err != nil {
@@ -64,6 +65,16 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	default:
 		fmt.Fprintln(stderr, "serve: need --config FILE, or --pool MODEL=URL[,URL...] (e.g. gpurouter serve --listen 127.0.0.1:8080 --pool m=http://127.0.0.1:9001)")
 		return 2
+	}
+	if err == nil && *admissionFlag != "" {
+		switch *admissionFlag {
+		case "on":
+			cfg.Admission.Disabled = false
+		case "off":
+			cfg.Admission.Disabled = true
+		default:
+			err = fmt.Errorf("--admission %q: want on or off", *admissionFlag)
+		}
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "serve: %v\n", err)
@@ -111,10 +122,11 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 
 // router is a configured proxy and its background loops.
 type router struct {
-	srv    *proxy.Server
-	health *balancer.HealthChecker
-	poller *gpu.Poller // nil when telemetry is disabled
-	log    *zap.Logger
+	srv       *proxy.Server
+	health    *balancer.HealthChecker
+	poller    *gpu.Poller // nil when telemetry is disabled
+	admission map[*balancer.Pool]proxy.PoolAdmission
+	log       *zap.Logger
 }
 
 // newRouter translates the file schema into the packages' configs.
@@ -148,11 +160,15 @@ func newRouter(cfg fileConfig, log *zap.Logger) (*router, error) {
 		all = append(all, reps...)
 		byPool[i] = reps
 	}
-	poller, err := newPoller(cfg, byPool, log)
+	reg := prometheus.NewRegistry()
+	adm, err := newAdmission(cfg, pools, reg)
 	if err != nil {
 		return nil, err
 	}
-	reg := prometheus.NewRegistry()
+	poller, err := newPoller(cfg, pools, byPool, adm, log)
+	if err != nil {
+		return nil, err
+	}
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if poller != nil {
 		reg.MustRegister(poller.Collector())
@@ -172,6 +188,7 @@ func newRouter(cfg fileConfig, log *zap.Logger) (*router, error) {
 		},
 		Pools:      pools,
 		Score:      score,
+		Admission:  adm,
 		Registerer: reg,
 		Gatherer:   reg,
 		Logger:     log,
@@ -185,7 +202,7 @@ func newRouter(cfg fileConfig, log *zap.Logger) (*router, error) {
 		UnhealthyThreshold: cfg.Health.UnhealthyThreshold,
 		HealthyThreshold:   cfg.Health.HealthyThreshold,
 	}, balancer.HTTPProber{Path: cfg.Health.Path}, func() []*balancer.Replica { return all }, log)
-	return &router{srv: srv, health: health, poller: poller, log: log}, nil
+	return &router{srv: srv, health: health, poller: poller, admission: adm, log: log}, nil
 }
 
 // run serves until ctx ends, then drains for up to drain.
@@ -197,6 +214,13 @@ func (r *router) run(ctx context.Context, ln net.Listener, drain time.Duration) 
 		defer wg.Done()
 		r.health.Run(bg) //nolint:errcheck
 	}()
+	for _, pa := range r.admission {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pa.Controller.Run(bg) //nolint:errcheck
+		}()
+	}
 	if r.poller != nil {
 		wg.Add(1)
 		go func() {
