@@ -133,6 +133,9 @@ func New(o Options) (*Server, error) {
 		DisableHeaderNamesNormalizing: true,
 		CloseOnShutdown:               true,
 		ReduceMemoryUsage:             false,
+		// fasthttp logs every connection that ends in an error; a client
+		// that hangs up is routine here (and already in the access log).
+		Logger: fasthttpLogger{s.log},
 	}
 	return s, nil
 }
@@ -194,6 +197,15 @@ func sequentialIDs(jitter func(int64) int64) func() string {
 	prefix := "gr-" + strconv.FormatInt(jitter(1<<40), 36) + "-"
 	var n atomic.Uint64
 	return func() string { return prefix + strconv.FormatUint(n.Add(1), 36) }
+}
+
+// fasthttpLogger sends fasthttp's own messages to zap at debug level.
+type fasthttpLogger struct{ log *zap.Logger }
+
+func (l fasthttpLogger) Printf(format string, args ...any) {
+	if ce := l.log.Check(zap.DebugLevel, "fasthttp"); ce != nil {
+		ce.Write(zap.String("message", fmt.Sprintf(format, args...)))
+	}
 }
 
 // routeTable is the immutable map from requests to pools and replicas to
