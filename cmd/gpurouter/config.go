@@ -19,6 +19,7 @@ type fileConfig struct {
 	Shutdown  shutdownConfig  `yaml:"shutdown"`
 	Telemetry telemetryConfig `yaml:"telemetry"`
 	Admission admissionConfig `yaml:"admission"`
+	Admin     adminConfig     `yaml:"admin"`
 	Routing   routingConfig   `yaml:"routing"`
 	Pools     []poolConfig    `yaml:"pools"`
 }
@@ -32,6 +33,12 @@ type telemetryConfig struct {
 	GPUInterval time.Duration `yaml:"gpu_interval"` // GPU read period per replica; default 1s
 	StaleAfter  time.Duration `yaml:"stale_after"`  // engine numbers older than this no longer count; default 1s
 	FailOpen    bool          `yaml:"fail_open"`    // stale: false = treat as saturated (avoid), true = use router counts; default false
+}
+
+// adminConfig is the operators' API: its own listener, behind a token.
+type adminConfig struct {
+	Listen string `yaml:"listen"` // e.g. 127.0.0.1:8081; "" = no admin API; default ""
+	Token  string `yaml:"token"`  // bearer token it requires; required with listen
 }
 
 // admissionConfig is length-aware admission: per pool, requests wait at

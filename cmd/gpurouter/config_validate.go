@@ -62,6 +62,14 @@ func validate(cfg fileConfig) error {
 	if cfg.Telemetry.StaleAfter > 0 && cfg.Telemetry.StaleAfter < cfg.Telemetry.Interval {
 		v.add("telemetry.stale_after", "must be >= telemetry.interval (%v), got %v: every snapshot would be stale", cfg.Telemetry.Interval, cfg.Telemetry.StaleAfter)
 	}
+	if cfg.Admin.Listen != "" {
+		if err := checkListen(cfg.Admin.Listen); err != nil {
+			v.add("admin.listen", "%v", err)
+		}
+		if len(cfg.Admin.Token) < 16 {
+			v.add("admin.token", "required with admin.listen, at least 16 characters")
+		}
+	}
 	if err := admissionFrom(cfg.Admission).Validate(); err != nil {
 		v.add("admission", "%v", err)
 	}
