@@ -2,7 +2,11 @@
 
 package proxy
 
-import "syscall"
+import (
+	"errors"
+	"os"
+	"syscall"
+)
 
 // peerClosed reports whether the peer of a socket has closed it, without
 // consuming data: a non-blocking MSG_PEEK read returns 0 bytes only at
@@ -22,5 +26,7 @@ func peerClosed(raw syscall.RawConn) bool {
 		}
 		return true
 	})
-	return closed || err != nil
+	// An error from raw.Read itself (not from recvfrom) is about the fd:
+	// closed means gone, a deadline means nothing about the peer.
+	return closed || (err != nil && !errors.Is(err, os.ErrDeadlineExceeded))
 }

@@ -25,6 +25,13 @@ type clientWatch struct {
 // startWatch arms a watch over conn that calls abort at most once.
 func (s *Server) startWatch(x *exchange, conn net.Conn, abort func(error)) *clientWatch {
 	w := &clientWatch{x: x, abort: abort, every: s.cfg.DisconnectCheck}
+	// fasthttp arms a read deadline (the server's ReadTimeout) to read the
+	// request and re-arms it before reading the next one; left in place it
+	// would make every peek after it fail, so a long stream would look like
+	// a vanished client.
+	if conn != nil {
+		conn.SetReadDeadline(time.Time{}) //nolint:errcheck
+	}
 	if sc, ok := conn.(syscall.Conn); ok {
 		if raw, err := sc.SyscallConn(); err == nil {
 			w.raw = raw
