@@ -310,3 +310,32 @@ func TestSinkFromPollerSnapshots(t *testing.T) {
 		}
 	}
 }
+
+func TestLeastLoadedAvoidsReplicasInLongPrefill(t *testing.T) {
+	c := newFakeClock()
+	a, b := newReplica(t, "a", c, replicaOpts{}), newReplica(t, "b", c, replicaOpts{})
+	a.SetEngineLoad(balancer.EngineLoad{Running: 1, At: t0})
+	b.SetEngineLoad(balancer.EngineLoad{Running: 4, At: t0})
+	pool := newPoolT(t, balancer.PoolConfig{Policy: "least_loaded"}, a, b)
+	if got := pool.Pick(fixedReq(0)); got.Name() != "a" {
+		t.Fatalf("picked %s before any long prefill, want a", got.Name())
+	}
+	long, err := a.AcquireCostKV(2500, 10000, true) // a starts a 10k-token prefill
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := pool.Pick(fixedReq(0)); got.Name() != "b" {
+		t.Fatalf("picked %s while a runs a long prefill, want b", got.Name())
+	}
+	long.PrefillDone()
+	if got := pool.Pick(fixedReq(0)); got.Name() != "a" {
+		t.Fatalf("picked %s after a's prefill finished, want a", got.Name())
+	}
+	if a.LongPrefills() != 0 || a.KVReserved() != 10000 {
+		t.Fatalf("long prefills %d, kv reserved %d", a.LongPrefills(), a.KVReserved())
+	}
+	long.Done(nil)
+	if a.KVReserved() != 0 {
+		t.Fatalf("kv reserved %d after done", a.KVReserved())
+	}
+}

@@ -29,6 +29,11 @@ type ScoreConfig struct {
 	// least_tokens: prefill runs far more tokens per step than decode
 	// [0.25].
 	PrefillWeight float64
+	// LongPrefillWeight is the load, in requests, of each long-prompt
+	// prefill the replica is running: a new request placed there waits for
+	// it (the engine's token budget is spent on the long prompt's chunks),
+	// so short requests should go elsewhere [8].
+	LongPrefillWeight float64
 	// Epsilon is the bounded-load slack of the affinity policies: a replica
 	// takes an affine request only while its load is at most (1+ε)× the
 	// mean [0.25].
@@ -50,6 +55,9 @@ func (c ScoreConfig) withDefaults() ScoreConfig {
 	}
 	if c.PrefillWeight <= 0 {
 		c.PrefillWeight = 0.25
+	}
+	if c.LongPrefillWeight <= 0 {
+		c.LongPrefillWeight = 8
 	}
 	if c.Epsilon <= 0 {
 		c.Epsilon = 0.25
@@ -91,10 +99,11 @@ func (c *ScoreConfig) loadScore(r *Replica, now time.Time) float64 {
 			load += c.KVPenalty * (e.KVUsage - c.KVThreshold) / (1 - c.KVThreshold)
 		}
 		load += e.KVUsage * 1e-3 // tie-breaker: less KV pressure wins
+		load += c.LongPrefillWeight * float64(r.longPrefills.Load())
 	case stale && !c.FailOpen:
 		return saturatedScore + inFlight/r.capacity()
 	default:
-		load = inFlight
+		load = inFlight + c.LongPrefillWeight*float64(r.longPrefills.Load())
 	}
 	return load / r.capacity()
 }
