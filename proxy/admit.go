@@ -20,8 +20,8 @@ type PoolAdmission struct {
 
 // Request headers that steer admission.
 const (
-	headerPriority = "X-Gpurouter-Priority" // integer class, larger is more urgent
-	headerTenant   = "X-Gpurouter-Tenant"   // fairness group; default the API key, else the body's user
+	headerPriority = "X-Gpurouter-Priority" // integer class, larger is more urgent; at most the API key's tier
+	headerTenant   = "X-Gpurouter-Tenant"   // fairness group, else the body's user; ignored with an API key (the key is the tenant)
 	headerTimeout  = "X-Gpurouter-Timeout"  // "5s" or seconds: refuse at once if the wait would exceed it
 )
 
@@ -36,12 +36,15 @@ func (s *Server) admit(ctx *fasthttp.RequestCtx, x *exchange, pa PoolAdmission) 
 			return badParam(headerPriority, "must be an integer priority class")
 		}
 		cost.Class = class
+		if x.keys != nil {
+			cost.Class = min(class, x.class) // a key's tier is its ceiling
+		}
 	} else {
 		cost.Class = x.class
 	}
 	cost.Tenant = string(ctx.Request.Header.Peek(headerTenant))
-	if cost.Tenant == "" {
-		cost.Tenant = x.tenant
+	if cost.Tenant == "" || x.keys != nil {
+		cost.Tenant = x.tenant // an authenticated client is its key's tenant
 	}
 	if v := ctx.Request.Header.Peek(headerTimeout); len(v) > 0 {
 		d, err := parseTimeout(string(v))

@@ -10,6 +10,9 @@ type Config struct {
 	IdleTimeout      time.Duration // longest gap between two reads of a response stream [60s]
 	TotalTimeout     time.Duration // whole request; 0 = unlimited [0]
 	MaxBodyBytes     int           // request body limit [8 MiB]
+	MaxHeaderBytes   int           // request line + headers limit (fasthttp's read buffer); more is 431 [16 KiB]
+	ReadTimeout      time.Duration // a client must send its whole request within this (slowloris) [60s]
+	MaxConnections   int           // concurrent client connections; more are refused with 503 [10000]
 	MaxResponseBytes int           // non-streamed response body limit [64 MiB]
 
 	MaxAttempts int           // tries per request including the first [3]
@@ -47,7 +50,10 @@ func (c Config) withDefaults() Config {
 	def(&c.BackoffMax, 200*time.Millisecond)
 	def(&c.MaxIdleConnTime, 4*time.Second)
 	def(&c.DisconnectCheck, 200*time.Millisecond)
+	def(&c.ReadTimeout, 60*time.Second)
 	defInt(&c.MaxBodyBytes, 8<<20)
+	defInt(&c.MaxHeaderBytes, 16<<10)
+	defInt(&c.MaxConnections, 10000)
 	defInt(&c.MaxResponseBytes, 64<<20)
 	defInt(&c.MaxAttempts, 3)
 	defInt(&c.MaxConnsPerReplica, 1024)

@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"strconv"
+	"time"
 
 	"github.com/gpurouter/gpurouter/admission"
 	"github.com/valyala/fasthttp"
@@ -17,12 +18,21 @@ var (
 	ErrNotFound         = errors.New("not found")
 	ErrMethodNotAllowed = errors.New("method not allowed")
 	ErrBodyTooLarge     = errors.New("request body too large")
+	ErrHeaderTooLarge   = errors.New("request headers too large")
+	ErrRequestTimeout   = errors.New("request not received in time")
 	ErrShed             = errors.New("request shed")
 	ErrNoReplica        = errors.New("no healthy replica")
 	ErrUpstream         = errors.New("upstream failed")
 	ErrTimeout          = errors.New("upstream timed out")
 	ErrClientGone       = errors.New("client disconnected")
 	ErrShuttingDown     = errors.New("router shutting down")
+
+	// Client authentication (KeyStore): no or an unknown API key, a model
+	// the key may not use, a key over its rate limit (the error carries
+	// RetryAfter).
+	ErrUnauthorized = errors.New("unauthorized")
+	ErrForbidden    = errors.New("forbidden")
+	ErrRateLimited  = errors.New("rate limit exceeded")
 )
 
 // errorKind is how one sentinel looks to a client.
@@ -39,8 +49,13 @@ var errorTable = [...]errorKind{
 	{ErrBadRequest, fasthttp.StatusBadRequest, "invalid_request_error", "invalid_request"},
 	{ErrUnknownModel, fasthttp.StatusNotFound, "invalid_request_error", "model_not_found"},
 	{ErrNotFound, fasthttp.StatusNotFound, "invalid_request_error", "not_found"},
+	{ErrUnauthorized, fasthttp.StatusUnauthorized, "invalid_request_error", "invalid_api_key"},
+	{ErrForbidden, fasthttp.StatusForbidden, "invalid_request_error", "model_not_allowed"},
+	{ErrRateLimited, fasthttp.StatusTooManyRequests, "rate_limit_error", "rate_limit_exceeded"},
 	{ErrMethodNotAllowed, fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed"},
 	{ErrBodyTooLarge, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large"},
+	{ErrHeaderTooLarge, fasthttp.StatusRequestHeaderFieldsTooLarge, "invalid_request_error", "request_header_too_large"},
+	{ErrRequestTimeout, fasthttp.StatusRequestTimeout, "invalid_request_error", "request_timeout"},
 	{ErrShed, fasthttp.StatusTooManyRequests, "rate_limit_error", "rate_limit_exceeded"},
 	{admission.ErrDeadline, fasthttp.StatusTooManyRequests, "rate_limit_error", "deadline_unreachable"},
 	{admission.ErrShed, fasthttp.StatusTooManyRequests, "rate_limit_error", "queue_full"},
@@ -99,12 +114,18 @@ func appendErrorJSON(dst []byte, err error) []byte {
 }
 
 // retryAfterSeconds is the Retry-After hint carried by err (admission
-// computes one from its queue), else 1.
+// computes one from its queue, a key's rate limit from its bucket), else 1.
 func retryAfterSeconds(err error) int {
 	var ra interface{ RetryAfterSeconds() int }
 	if errors.As(err, &ra) {
 		if n := ra.RetryAfterSeconds(); n > 0 {
 			return n
+		}
+	}
+	var rd interface{ RetryAfter() time.Duration }
+	if errors.As(err, &rd) {
+		if d := rd.RetryAfter(); d > 0 {
+			return int((d + time.Second - 1) / time.Second)
 		}
 	}
 	return 1
@@ -118,6 +139,9 @@ func writeError(ctx *fasthttp.RequestCtx, err error) {
 	ctx.SetContentType("application/json")
 	if k.status == fasthttp.StatusTooManyRequests || k.status == fasthttp.StatusServiceUnavailable {
 		ctx.Response.Header.Set("Retry-After", strconv.Itoa(retryAfterSeconds(err)))
+	}
+	if k.status == fasthttp.StatusUnauthorized {
+		ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="gpurouter"`) // RFC 6750 §3
 	}
 	ctx.SetBody(appendErrorJSON(nil, err))
 }

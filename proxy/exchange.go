@@ -25,9 +25,10 @@ const (
 	outcomeBrokenStream                 // the stream ended without [DONE]
 	outcomeTimeout                      // first-byte, idle or total deadline hit
 	outcomeShutdown                     // aborted by router shutdown
+	outcomeRateLimited                  // refused by the API key's rate limit (429)
 )
 
-var outcomeNames = [...]string{"ok", "client_error", "canceled", "no_replica", "shed", "upstream_error", "broken_stream", "timeout", "shutdown"}
+var outcomeNames = [...]string{"ok", "client_error", "canceled", "no_replica", "shed", "upstream_error", "broken_stream", "timeout", "shutdown", "rate_limited"}
 
 func (o outcome) String() string { return outcomeNames[o] }
 
@@ -55,8 +56,10 @@ type exchange struct {
 	kvCost      int64 // KV footprint reserved on the replica (prompt + expected output), 0 without admission
 	longCap     int   // per-replica long-prefill cap this request must respect (0: not a long prefill)
 
-	class  int    // priority class (from the API key's tier, else 0)
-	tenant string // fairness group (the API key id, else the body's user)
+	class     int       // priority class (from the API key's tier, else 0)
+	tenant    string    // fairness group (the API key id, else the body's user)
+	principal Principal // the client's API key; zero when auth is off or no valid key came
+	keys      *KeyStore // the store that authenticated principal; nil when auth is off
 
 	ticket    admission.Ticket
 	hasTicket bool
@@ -129,6 +132,10 @@ func outcomeOf(err error, status int) (outcome, error) {
 		return outcomeNoReplica, nil
 	case errors.Is(err, ErrShed):
 		return outcomeShed, nil
+	case errors.Is(err, ErrRateLimited):
+		return outcomeRateLimited, nil
+	case errors.Is(err, ErrUnauthorized), errors.Is(err, ErrForbidden):
+		return outcomeClientError, nil
 	case errors.Is(err, ErrBadRequest), errors.Is(err, ErrUnknownModel), errors.Is(err, ErrNotFound),
 		errors.Is(err, ErrMethodNotAllowed), errors.Is(err, ErrBodyTooLarge):
 		return outcomeClientError, nil
@@ -182,12 +189,17 @@ func (x *exchange) finish(err error, status int) {
 	}
 	s.records.add(x.record(e2eEnd))
 	if ce := s.log.Check(zap.InfoLevel, "request"); ce != nil {
+		keyID := zap.Skip() // the key's id only, never the key
+		if x.principal.ID != "" {
+			keyID = zap.String("key_id", x.principal.ID)
+		}
 		ce.Write(
 			zap.String("request_id", x.id),
 			zap.String("endpoint", x.ep.String()),
 			zap.String("model", model),
 			zap.String("replica", replica),
 			zap.String("arm", x.arm),
+			keyID,
 			zap.Int("status", status),
 			zap.String("outcome", x.outcome.String()),
 			zap.Bool("stream", x.req.stream),

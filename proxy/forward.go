@@ -33,14 +33,17 @@ func isHopByHop(k []byte) bool {
 
 // upstreamRequest builds the request sent to replicas: the client's headers
 // minus hop-by-hop ones, the request id, and the (possibly rewritten) body.
+// The API key of a client that authenticated to the router is not
+// forwarded: the engines have their own, if any.
 func (s *Server) upstreamRequest(ctx *fasthttp.RequestCtx, x *exchange, ep endpoint, body []byte) *fasthttp.Request {
 	u := fasthttp.AcquireRequest()
 	// Headers named in Connection are hop-by-hop too (RFC 9110 §7.6.1).
 	connHdr := ctx.Request.Header.Peek("Connection")
+	stripAuth := x.principal.key != nil
 	ctx.Request.Header.VisitAll(func(k, v []byte) {
 		if isHopByHop(k) || bytes.EqualFold(k, []byte("Accept-Encoding")) ||
 			bytes.EqualFold(k, []byte("Content-Length")) || bytes.EqualFold(k, []byte("Host")) ||
-			listsToken(connHdr, k) {
+			listsToken(connHdr, k) || (stripAuth && bytes.EqualFold(k, []byte("Authorization"))) {
 			return
 		}
 		u.Header.SetBytesKV(k, v)

@@ -3,6 +3,8 @@ package proxy
 import (
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
 
 	"github.com/gpurouter/gpurouter/balancer"
 	"github.com/valyala/fasthttp"
@@ -27,7 +29,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			writeError(ctx, fmt.Errorf("%w: %s %s", ErrMethodNotAllowed, ctx.Method(), path))
 			return
 		}
-		s.serveModels(ctx)
+		s.serveModelsAuth(ctx)
 		return
 	case "/debug/requests":
 		s.serveDebugRequests(ctx)
@@ -65,6 +67,13 @@ func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint,
 		return
 	}
 
+	// 0. Clients: with API keys configured, a valid one comes first
+	// (clients.go).
+	if err := s.authenticate(ctx, x); err != nil {
+		s.reject(ctx, x, err)
+		return
+	}
+
 	// 1. Parse the body once: model, stream, max_tokens, prompt size, user.
 	body := ctx.PostBody()
 	req, err := parseRequest(body, ep)
@@ -84,6 +93,28 @@ func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint,
 	// 2. Find the pool: the path prefix's, else the body's model.
 	x.pool, err = s.poolFor(rt, req.model, prefixPool)
 	if err != nil {
+		s.reject(ctx, x, err)
+		return
+	}
+
+	// The pool's output cap: a request asking for more (or not saying)
+	// is clamped to it, and told so in a response header.
+	if limit := s.maxTokensOf(x.pool); limit > 0 && ep != epEmbeddings && (req.maxTokens == 0 || req.maxTokens > limit) {
+		var clamped bool
+		if body, clamped, err = withMaxTokens(body, limit); err != nil {
+			s.reject(ctx, x, fmt.Errorf("%w: %v", ErrBadRequest, err))
+			return
+		}
+		if clamped {
+			req.maxTokens, x.req.maxTokens = limit, limit
+			x.prefillCost, x.outputCost = s.costOf(&req)
+			ctx.Response.Header.Set(headerMaxTokens, strconv.Itoa(limit))
+		}
+	}
+
+	// 2a. The client's API key must allow the pool's model and be within
+	// its rate limits.
+	if err := s.permit(x); err != nil {
 		s.reject(ctx, x, err)
 		return
 	}
@@ -186,16 +217,23 @@ func (s *Server) reject(ctx *fasthttp.RequestCtx, x *exchange, err error) {
 	x.finish(err, statusOf(err))
 }
 
-// handleParseError answers requests fasthttp could not read (body over the
-// limit, malformed HTTP) with an OpenAI error.
+// headerMaxTokens tells the client its max_tokens was clamped, and to what.
+const headerMaxTokens = "X-Gpurouter-Max-Tokens"
+
+// handleParseError answers requests fasthttp could not read (body or
+// headers over the limit, a client too slow to send its request, malformed
+// HTTP) with an OpenAI error; fasthttp then closes the connection.
 func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
-	var tooLarge bool
-	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
-		tooLarge = true
-	}
-	if tooLarge {
+	var small *fasthttp.ErrSmallBuffer
+	var ne net.Error
+	switch {
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		writeError(ctx, fmt.Errorf("%w: limit is %d bytes", ErrBodyTooLarge, s.cfg.MaxBodyBytes))
-		return
+	case errors.As(err, &small):
+		writeError(ctx, fmt.Errorf("%w: request line and headers are limited to %d bytes", ErrHeaderTooLarge, s.cfg.MaxHeaderBytes))
+	case errors.As(err, &ne) && ne.Timeout():
+		writeError(ctx, fmt.Errorf("%w: the request must arrive within %s", ErrRequestTimeout, s.cfg.ReadTimeout))
+	default:
+		writeError(ctx, fmt.Errorf("%w: %v", ErrBadRequest, err))
 	}
-	writeError(ctx, fmt.Errorf("%w: %v", ErrBadRequest, err))
 }

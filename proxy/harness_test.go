@@ -43,6 +43,13 @@ func withBreaker(n int) routerOpt {
 
 func startRouter(t testing.TB, urls []string, opts ...routerOpt) *testRouter {
 	t.Helper()
+	return startRouterWith(t, urls, nil, opts...)
+}
+
+// startRouterWith is startRouter with a last say on the Server's Options
+// (keys, logger); edit may be nil.
+func startRouterWith(t testing.TB, urls []string, edit func(*Options), opts ...routerOpt) *testRouter {
+	t.Helper()
 	cfg := Config{DisconnectCheck: 20 * time.Millisecond}
 	pc := balancer.PoolConfig{Model: "m", Aliases: []string{"m-alias"}, Policy: "round_robin"}
 	bc := balancer.BreakerConfig{}
@@ -62,10 +69,14 @@ func startRouter(t testing.TB, urls []string, opts ...routerOpt) *testRouter {
 		t.Fatal(err)
 	}
 	tr.pool = p
-	srv, err := New(Options{
+	o := Options{
 		Config: cfg, Pools: []*balancer.Pool{p}, Registerer: tr.reg, Gatherer: tr.reg,
 		Sleep: func(d time.Duration) { tr.sleep = append(tr.sleep, d) },
-	})
+	}
+	if edit != nil {
+		edit(&o)
+	}
+	srv, err := New(o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -320,3 +320,33 @@ func withIncludeUsage(body []byte, hasOptions bool) ([]byte, error) {
 	}
 	return sjson.SetRawBytes(body, "stream_options", []byte(`{"include_usage":true}`))
 }
+
+// withMaxTokens caps the output a request asks for at limit: max_tokens
+// and max_completion_tokens above it are rewritten to it, and a body that
+// names neither gets max_tokens: limit. It reports whether body changed.
+func withMaxTokens(body []byte, limit int) ([]byte, bool, error) {
+	named, changed := false, false
+	for _, k := range [...]string{"max_tokens", "max_completion_tokens"} {
+		v := gjson.GetBytes(body, k)
+		if !v.Exists() || v.Type == gjson.Null {
+			continue
+		}
+		named = true
+		if v.Int() <= int64(limit) {
+			continue
+		}
+		var err error
+		if body, err = sjson.SetBytes(body, k, limit); err != nil {
+			return body, false, err
+		}
+		changed = true
+	}
+	if !named {
+		var err error
+		if body, err = sjson.SetBytes(body, "max_tokens", limit); err != nil {
+			return body, false, err
+		}
+		changed = true
+	}
+	return body, changed, nil
+}

@@ -35,6 +35,13 @@ type Options struct {
 	// Score is how the pools' load policies weigh work; the proxy uses it
 	// to lease requests with their cost (prompt weighted by PrefillWeight).
 	Score balancer.ScoreConfig
+	// Keys turns client authentication on: every API request needs one of
+	// its API keys (see clients.go). nil means no authentication.
+	Keys *KeyStore
+	// MaxTokens caps, per pool model, the output a request may ask for:
+	// max_tokens / max_completion_tokens above the cap (or absent) are
+	// rewritten to it. Models not listed, or 0, have no cap.
+	MaxTokens map[string]int
 
 	// Registerer receives the router's metrics; Gatherer serves /metrics.
 	// Both nil means a fresh private registry.
@@ -57,6 +64,9 @@ type Server struct {
 	m       *metrics
 	gather  prometheus.Gatherer
 	routes  atomic.Pointer[routeTable]
+	keys    atomic.Pointer[KeyStore] // nil: no client authentication
+	maxToks atomic.Pointer[map[string]int]
+	authM   *authMetrics
 	records *recordRing
 	srv     *fasthttp.Server
 
@@ -115,6 +125,11 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("proxy: metrics: %w", err)
 	}
 	s.m, s.gather = m, gather
+	if s.authM, err = newAuthMetrics(reg); err != nil {
+		return nil, fmt.Errorf("proxy: metrics: %w", err)
+	}
+	s.keys.Store(o.Keys)
+	s.SetMaxTokens(o.MaxTokens)
 	s.records = newRecordRing(s.cfg.RecordRing)
 	rt, err := buildRoutes(o.Pools, o.Admission, s.cfg, m, s.now, nil)
 	if err != nil {
@@ -126,13 +141,18 @@ func New(o Options) (*Server, error) {
 		ErrorHandler:       s.handleParseError,
 		Name:               "gpurouter",
 		MaxRequestBodySize: s.cfg.MaxBodyBytes,
-		ReadTimeout:        time.Minute, // a client must send its request within this (slowloris)
+		ReadBufferSize:     s.cfg.MaxHeaderBytes, // bounds the request line + headers: more is a 431 (handleParseError)
+		ReadTimeout:        s.cfg.ReadTimeout,    // a client must send its request within this (slowloris)
+		Concurrency:        s.cfg.MaxConnections, // connections over it get fasthttp's 503 and are closed
 		IdleTimeout:        2 * time.Minute,
 		// WriteTimeout stays 0: it would cap whole streams.
 		NoDefaultServerHeader:         true,
 		DisableHeaderNamesNormalizing: true,
 		CloseOnShutdown:               true,
 		ReduceMemoryUsage:             false,
+		// Parse errors must not quote the request: its headers may hold
+		// an API key.
+		SecureErrorLogMessage: true,
 		// fasthttp logs every connection that ends in an error; a client
 		// that hangs up is routine here (and already in the access log).
 		Logger: fasthttpLogger{s.log},
@@ -183,6 +203,21 @@ func (s *Server) SetPools(pools []*balancer.Pool, adm map[*balancer.Pool]PoolAdm
 	s.routes.Store(rt)
 	return nil
 }
+
+// SetMaxTokens replaces the per-model output caps (see Options.MaxTokens);
+// requests already forwarded keep theirs.
+func (s *Server) SetMaxTokens(caps map[string]int) {
+	m := make(map[string]int, len(caps))
+	for model, n := range caps {
+		if n > 0 {
+			m[model] = n
+		}
+	}
+	s.maxToks.Store(&m)
+}
+
+// maxTokensOf is the output cap of pool p's requests, 0 for none.
+func (s *Server) maxTokensOf(p *balancer.Pool) int { return (*s.maxToks.Load())[p.Model()] }
 
 // Active is the number of requests in progress.
 func (s *Server) Active() int64 { return s.active.Load() }

@@ -20,6 +20,7 @@ type fileConfig struct {
 	Telemetry telemetryConfig `yaml:"telemetry"`
 	Admission admissionConfig `yaml:"admission"`
 	Admin     adminConfig     `yaml:"admin"`
+	Auth      authConfig      `yaml:"auth"`
 	Routing   routingConfig   `yaml:"routing"`
 	Pools     []poolConfig    `yaml:"pools"`
 }
@@ -88,7 +89,10 @@ type timeoutsConfig struct {
 }
 
 type limitsConfig struct {
-	MaxBodyBytes int `yaml:"max_body_bytes"` // request body limit; default 8388608 (8 MiB)
+	MaxBodyBytes   int           `yaml:"max_body_bytes"`   // request body limit; default 8388608 (8 MiB)
+	MaxHeaderBytes int           `yaml:"max_header_bytes"` // request line + headers, more is 431; default 16384
+	ReadTimeout    time.Duration `yaml:"read_timeout"`     // a client must send its whole request within this (slowloris); default 60s
+	MaxConnections int           `yaml:"max_connections"`  // concurrent client connections, more are refused (503); default 10000
 }
 
 type retryConfig struct {
@@ -127,6 +131,11 @@ type poolConfig struct {
 	Policy     string          `yaml:"policy"`      // a balancer policy name; default least_loaded
 	Arms       []armConfig     `yaml:"arms"`        // optional A/B experiment; replaces policy when set
 	Replicas   []replicaConfig `yaml:"replicas"`    // at least one
+
+	// MaxTokensLimit caps the output tokens a request may ask for: a larger
+	// (or absent) max_tokens / max_completion_tokens is rewritten to it;
+	// 0 = no cap; default 0.
+	MaxTokensLimit int `yaml:"max_tokens_limit"`
 }
 
 // armConfig is one arm of a pool's A/B experiment.

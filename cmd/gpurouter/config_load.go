@@ -42,6 +42,9 @@ const (
 	defaultFirstByteTimeout   = 120 * time.Second
 	defaultIdleTimeout        = 60 * time.Second
 	defaultMaxBodyBytes       = 8 << 20
+	defaultMaxHeaderBytes     = 16 << 10
+	defaultReadTimeout        = 60 * time.Second
+	defaultMaxConnections     = 10000
 	defaultMaxAttempts        = 3
 	defaultBackoffBase        = 10 * time.Millisecond
 	defaultBackoffMax         = 200 * time.Millisecond
@@ -59,6 +62,7 @@ const (
 	defaultPolicy             = balancer.DefaultPolicy
 	defaultWeight             = 1.0
 	minMaxBodyBytes           = 1024
+	minMaxHeaderBytes         = 1024
 )
 
 // loadConfigFile reads, strictly decodes, completes and validates the
@@ -72,6 +76,7 @@ func loadConfigFile(path string) (fileConfig, error) {
 	if err != nil {
 		return fileConfig{}, fmt.Errorf("%s: invalid configuration:\n%w", path, err)
 	}
+	resolveKeysFile(&cfg, path)
 	return cfg, nil
 }
 
@@ -216,6 +221,9 @@ func applyDefaults(cfg *fileConfig) {
 	setDuration(&cfg.Timeouts.FirstByte, defaultFirstByteTimeout)
 	setDuration(&cfg.Timeouts.Idle, defaultIdleTimeout)
 	setInt(&cfg.Limits.MaxBodyBytes, defaultMaxBodyBytes)
+	setInt(&cfg.Limits.MaxHeaderBytes, defaultMaxHeaderBytes)
+	setDuration(&cfg.Limits.ReadTimeout, defaultReadTimeout)
+	setInt(&cfg.Limits.MaxConnections, defaultMaxConnections)
 	setInt(&cfg.Retry.MaxAttempts, defaultMaxAttempts)
 	setDuration(&cfg.Retry.BackoffBase, defaultBackoffBase)
 	setDuration(&cfg.Retry.BackoffMax, defaultBackoffMax)
@@ -249,6 +257,9 @@ func applyDefaults(cfg *fileConfig) {
 	setFloat(&cfg.Routing.KVPenalty, 8)
 	setFloat(&cfg.Routing.PrefillWeight, 0.25)
 	setFloat(&cfg.Routing.BoundedLoadEpsilon, 0.25)
+	if len(cfg.Auth.Keys) == 0 {
+		cfg.Auth.Keys = nil // "keys: []" and no keys are the same configuration
+	}
 	for i := range cfg.Pools {
 		p := &cfg.Pools[i]
 		setString(&p.Policy, defaultPolicy)

@@ -30,6 +30,11 @@ func validate(cfg fileConfig) error {
 	if cfg.Limits.MaxBodyBytes < minMaxBodyBytes {
 		v.add("limits.max_body_bytes", "must be >= %d, got %d", minMaxBodyBytes, cfg.Limits.MaxBodyBytes)
 	}
+	if cfg.Limits.MaxHeaderBytes < minMaxHeaderBytes {
+		v.add("limits.max_header_bytes", "must be >= %d, got %d", minMaxHeaderBytes, cfg.Limits.MaxHeaderBytes)
+	}
+	v.positive("limits.read_timeout", cfg.Limits.ReadTimeout)
+	v.atLeastOne("limits.max_connections", cfg.Limits.MaxConnections)
 
 	v.atLeastOne("retry.max_attempts", cfg.Retry.MaxAttempts)
 	v.positive("retry.backoff_base", cfg.Retry.BackoffBase)
@@ -84,6 +89,7 @@ func validate(cfg fileConfig) error {
 	v.rangeF("routing.prefill_weight", cfg.Routing.PrefillWeight, 0, 1000, false)
 	v.rangeF("routing.bounded_load_epsilon", cfg.Routing.BoundedLoadEpsilon, 0, 100, false)
 
+	v.auth(cfg.Auth, cfg.Admission.Classes)
 	v.pools(cfg.Pools)
 	return errors.Join(v.errs...)
 }
@@ -202,6 +208,9 @@ func (v *validator) pools(pools []poolConfig) {
 		}
 		if !slices.Contains(knownPolicies, p.Policy) {
 			v.add(at+".policy", "unknown policy %q (known: %s)", p.Policy, strings.Join(knownPolicies, ", "))
+		}
+		if p.MaxTokensLimit < 0 {
+			v.add(at+".max_tokens_limit", "must be >= 0 (0 = no cap), got %d", p.MaxTokensLimit)
 		}
 		v.arms(at, p.Arms)
 		v.replicas(at, p.Replicas)

@@ -62,6 +62,10 @@ func newRouter(cfg fileConfig, log *zap.Logger) (*router, error) {
 	if err != nil {
 		return nil, err
 	}
+	keys, err := newKeyStore(cfg)
+	if err != nil {
+		return nil, err
+	}
 	r.srv, err = proxy.New(proxy.Options{
 		Config: proxy.Config{
 			ConnectTimeout:     cfg.Timeouts.Connect,
@@ -69,6 +73,9 @@ func newRouter(cfg fileConfig, log *zap.Logger) (*router, error) {
 			IdleTimeout:        cfg.Timeouts.Idle,
 			TotalTimeout:       cfg.Timeouts.Total,
 			MaxBodyBytes:       cfg.Limits.MaxBodyBytes,
+			MaxHeaderBytes:     cfg.Limits.MaxHeaderBytes,
+			ReadTimeout:        cfg.Limits.ReadTimeout,
+			MaxConnections:     cfg.Limits.MaxConnections,
 			MaxAttempts:        cfg.Retry.MaxAttempts,
 			BackoffBase:        cfg.Retry.BackoffBase,
 			BackoffMax:         cfg.Retry.BackoffMax,
@@ -78,6 +85,8 @@ func newRouter(cfg fileConfig, log *zap.Logger) (*router, error) {
 		Pools:      st.pools,
 		Score:      scoreConfig(cfg),
 		Admission:  st.adm,
+		MaxTokens:  maxTokens(cfg),
+		Keys:       keys, // nil: no client auth
 		Registerer: r.reg,
 		Gatherer:   r.reg,
 		Logger:     log,
@@ -220,14 +229,21 @@ func (r *router) reload(cfg fileConfig) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	old := r.state.Load()
+	applyKeys, err := prepareKeys(r.srv, cfg)
+	if err != nil {
+		return err
+	}
 	st, err := r.buildFleet(cfg, old)
 	if err != nil {
 		return err
 	}
+	r.srv.SetMaxTokens(maxTokens(cfg)) // by model: harmless a moment before the pools
 	if err := r.srv.SetPools(st.pools, st.adm); err != nil {
+		r.srv.SetMaxTokens(maxTokens(old.cfg))
 		return err
 	}
 	r.state.Store(st)
+	applyKeys()
 	r.startLoopsLocked(st, old)
 	if fixed := restartOnly(old.cfg, cfg); len(fixed) > 0 {
 		r.log.Warn("configuration reloaded; these options take effect only at restart", zap.Strings("options", fixed))
@@ -235,6 +251,17 @@ func (r *router) reload(cfg fileConfig) error {
 		r.log.Info("configuration reloaded", zap.Int("pools", len(st.pools)), zap.Int("replicas", len(st.replicas)))
 	}
 	return nil
+}
+
+// maxTokens is each pool's output cap, by model.
+func maxTokens(cfg fileConfig) map[string]int {
+	m := map[string]int{}
+	for _, p := range cfg.Pools {
+		if p.MaxTokensLimit > 0 {
+			m[p.Model] = p.MaxTokensLimit
+		}
+	}
+	return m
 }
 
 // restartOnly lists the top-level options that differ and need a restart.

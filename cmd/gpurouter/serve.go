@@ -33,6 +33,9 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	admissionFlag := fs.String("admission", "", "on|off: length-aware admission (queue at the router while pools are saturated); overrides the file (default on)")
 	adminListen := fs.String("admin-listen", "", "admin API address (e.g. 127.0.0.1:8081); overrides the file's admin.listen")
 	adminToken := fs.String("admin-token", "", "bearer token the admin API requires; overrides the file's admin.token")
+	var apiKeys stringList
+	fs.Var(&apiKeys, "api-key", "KEY: a client API key (at least 16 characters), for every model, without limits (repeatable; enables client auth; only its SHA-256 is kept)")
+	hashKey := fs.String("hash-key", "", "print the hash of API key KEY (\"-\" reads it from stdin) for auth.keys or a keys file, and exit")
 	printConfig := fs.Bool("print-config", false, "print the effective configuration (YAML, defaults filled) and exit")
 	check := fs.Bool("check", false, "validate the configuration and exit (non-zero listing every error)")
 	if err := fs.Parse(args); err != nil {
@@ -40,6 +43,13 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "serve: unexpected arguments: %v\n", fs.Args())
+		return 2
+	}
+	if *hashKey != "" {
+		return printKeyHash(*hashKey, os.Stdin, stdout, stderr)
+	}
+	if err := checkFlagKeys(apiKeys); err != nil {
+		fmt.Fprintf(stderr, "serve: %v\n", err)
 		return 2
 	}
 
@@ -82,7 +92,12 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		if *adminToken != "" {
 			cfg.Admin.Token = *adminToken
 		}
-		return cfg, validate(cfg)
+		cfg.Auth.Keys = append(cfg.Auth.Keys, flagKeys(apiKeys)...)
+		if err := validate(cfg); err != nil {
+			return cfg, err
+		}
+		_, _, err = clientKeys(cfg) // the keys file, so that --check and reloads see its problems
+		return cfg, err
 	}
 	cfg, err := load()
 	if err != nil {
