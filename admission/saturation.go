@@ -12,6 +12,7 @@ const (
 	DefaultTokenBudgetRatio  = 1.0
 	DefaultLongPrefillTokens = 4096 // tokens
 	DefaultMaxLongPrefills   = 1
+	DefaultShortLanes        = 1
 )
 
 // Capacity is the one question the Controller asks its pool: could some
@@ -69,6 +70,11 @@ type SaturationConfig struct {
 	// so short requests always find a replica not stuck behind one.
 	// Negative means no cap.
 	MaxLongPrefills int
+	// ShortLanes is how many of a pool's available replicas are kept free
+	// of long prefills (default 1): a long request waits at the router
+	// rather than take the last replica a short request could start on at
+	// once. Negative means none kept. Applied by the pool's Capacity.
+	ShortLanes int
 }
 
 // WithDefaults returns s with every zero field set to its default.
@@ -84,6 +90,9 @@ func (s SaturationConfig) WithDefaults() SaturationConfig {
 	}
 	if s.MaxLongPrefills == 0 {
 		s.MaxLongPrefills = DefaultMaxLongPrefills
+	}
+	if s.ShortLanes == 0 {
+		s.ShortLanes = DefaultShortLanes
 	}
 	return s
 }

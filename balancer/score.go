@@ -32,7 +32,8 @@ type ScoreConfig struct {
 	// LongPrefillWeight is the load, in requests, of each long-prompt
 	// prefill the replica is running: a new request placed there waits for
 	// it (the engine's token budget is spent on the long prompt's chunks),
-	// so short requests should go elsewhere [8].
+	// so requests go elsewhere whenever another replica is free of one
+	// [1000: in effect, avoid unless every replica runs one].
 	LongPrefillWeight float64
 	// Epsilon is the bounded-load slack of the affinity policies: a replica
 	// takes an affine request only while its load is at most (1+ε)× the
@@ -57,7 +58,7 @@ func (c ScoreConfig) withDefaults() ScoreConfig {
 		c.PrefillWeight = 0.25
 	}
 	if c.LongPrefillWeight <= 0 {
-		c.LongPrefillWeight = 8
+		c.LongPrefillWeight = 1000
 	}
 	if c.Epsilon <= 0 {
 		c.Epsilon = 0.25

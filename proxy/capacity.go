@@ -37,15 +37,33 @@ func NewPoolCapacity(p *balancer.Pool, sat admission.SaturationConfig, staleAfte
 // lock: a scan of atomics, no allocation.
 func (c *PoolCapacity) Admissible(cost admission.Cost) bool {
 	now := c.now()
+	long := c.sat.LongPrefill(cost)
+	fits, available, inLong := false, 0, 0
 	for _, r := range c.pool.Replicas() {
 		if !r.Available(now) {
 			continue
 		}
-		if c.sat.Fits(c.load(r, now), cost) {
-			return true
+		available++
+		if r.LongPrefills() > 0 {
+			inLong++
+		}
+		if !fits && c.sat.Fits(c.load(r, now), cost) {
+			fits = true
+			if !long {
+				return true
+			}
 		}
 	}
-	return false
+	// A long prompt may not take the last replicas free of long prefills:
+	// short requests must always have somewhere to start at once.
+	switch {
+	case !fits || c.sat.ShortLanes <= 0:
+		return fits
+	case available > c.sat.ShortLanes:
+		return inLong+1 <= available-c.sat.ShortLanes
+	default: // too few replicas to keep a lane: one long prefill at a time
+		return inLong == 0
+	}
 }
 
 func (c *PoolCapacity) load(r *balancer.Replica, now time.Time) admission.ReplicaLoad {

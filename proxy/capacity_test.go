@@ -1,0 +1,63 @@
+package proxy
+
+import (
+	"testing"
+	"time"
+
+	"github.com/gpurouter/gpurouter/admission"
+	"github.com/gpurouter/gpurouter/balancer"
+)
+
+func TestPoolCapacityKeepsAShortLane(t *testing.T) {
+	now := time.Unix(1000, 0)
+	clock := func() time.Time { return now }
+	var reps []*balancer.Replica
+	for _, u := range []string{"http://a:1", "http://b:1", "http://c:1"} {
+		r, err := balancer.NewReplica(balancer.ReplicaConfig{URL: u}, balancer.BreakerConfig{}, clock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.SetEngineLoad(balancer.EngineLoad{Running: 1, KVCapacityTokens: 1 << 20, At: now})
+		reps = append(reps, r)
+	}
+	pool, err := balancer.NewPool(balancer.PoolConfig{Model: "m"}, reps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := NewPoolCapacity(pool, admission.SaturationConfig{}, time.Second, clock)
+	long := admission.Cost{PromptTokens: 9000, OutputTokens: 100}
+	short := admission.Cost{PromptTokens: 200, OutputTokens: 100}
+
+	if !c.Admissible(long) {
+		t.Fatal("idle pool refused a long request")
+	}
+	l1, _ := reps[0].AcquireCostKV(2350, 9100, true)
+	if !c.Admissible(long) {
+		t.Fatal("second long refused with two replicas free of long prefills")
+	}
+	l2, _ := reps[1].AcquireCostKV(2350, 9100, true)
+	if c.Admissible(long) {
+		t.Fatal("a long request may not take the last replica free of long prefills")
+	}
+	if !c.Admissible(short) {
+		t.Fatal("a short request must still be admitted")
+	}
+	l1.PrefillDone()
+	if !c.Admissible(long) {
+		t.Fatal("long refused after a prefill finished")
+	}
+	if got := c.longPrefillCap(long); got != 1 {
+		t.Fatalf("long-prefill cap %d, want 1", got)
+	}
+	if got := c.longPrefillCap(short); got != 0 {
+		t.Fatalf("short request got cap %d", got)
+	}
+	l1.Done(nil)
+	l2.Done(nil)
+	reps[1].SetEngineLoad(balancer.EngineLoad{Waiting: 3, At: now.Add(-time.Minute)}) // stale: saturated
+	reps[0].SetEngineLoad(balancer.EngineLoad{Waiting: 2, At: now})                    // waiting: saturated
+	reps[2].SetEngineLoad(balancer.EngineLoad{KVUsage: 0.95, At: now})                 // KV: saturated
+	if c.Admissible(short) {
+		t.Fatal("saturated pool admitted a request")
+	}
+}
