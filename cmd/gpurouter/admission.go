@@ -23,6 +23,7 @@ func admissionFrom(a admissionConfig) admission.Config {
 			TokenBudgetRatio:  a.Saturation.TokenBudgetRatio,
 			LongPrefillTokens: a.Saturation.LongPrefillTokens,
 			MaxLongPrefills:   a.Saturation.MaxLongPrefills,
+			ShortLanes:        a.Saturation.ShortLanes,
 		},
 	}
 }

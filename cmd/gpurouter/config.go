@@ -65,6 +65,7 @@ type saturationConfig struct {
 	TokenBudgetRatio  float64 `yaml:"token_budget_ratio"`  // router-side reserved tokens ≤ ratio × KV capacity, -1 = none; default 1
 	LongPrefillTokens int     `yaml:"long_prefill_tokens"` // prompt tokens that make a long prefill, -1 = no cap; default 4096
 	MaxLongPrefills   int     `yaml:"max_long_prefills"`   // concurrent long prefills per replica; default 1
+	ShortLanes        int     `yaml:"short_lanes"`         // replicas kept free of long prefills, -1 = none; default 1
 }
 
 // routingConfig tunes how load-based policies score replicas.

@@ -252,6 +252,7 @@ func applyDefaults(cfg *fileConfig) {
 	setFloat(&cfg.Admission.Saturation.TokenBudgetRatio, admission.DefaultTokenBudgetRatio)
 	setInt(&cfg.Admission.Saturation.LongPrefillTokens, admission.DefaultLongPrefillTokens)
 	setInt(&cfg.Admission.Saturation.MaxLongPrefills, admission.DefaultMaxLongPrefills)
+	setInt(&cfg.Admission.Saturation.ShortLanes, admission.DefaultShortLanes)
 	setFloat(&cfg.Routing.WaitingWeight, 4)
 	setFloat(&cfg.Routing.KVThreshold, 0.9)
 	setFloat(&cfg.Routing.KVPenalty, 8)
