@@ -94,6 +94,9 @@ func Sweep(ctx context.Context, c SweepConfig) ([]SweepPoint, error) {
 		}
 		cfg := c.Base
 		cfg.RequestRate = rate
+		// A sweep varies the arrival rate: a trace contributes its request
+		// lengths, not its timestamps (which would make every point alike).
+		cfg.Timed = false
 		res, err := Run(ctx, cfg)
 		if res == nil {
 			return points, err
