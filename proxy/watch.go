@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"fmt"
+	"math"
 	"net"
 	"sync/atomic"
 	"syscall"
@@ -37,7 +38,10 @@ func (s *Server) startWatch(x *exchange, conn net.Conn, abort func(error)) *clie
 			w.raw = raw
 		}
 	}
-	w.timer = time.AfterFunc(w.every, w.tick)
+	// tick reads w.timer: arm it only once the field is set (Reset orders
+	// the write before the tick, for the race detector as for the CPU).
+	w.timer = time.AfterFunc(time.Duration(math.MaxInt64), w.tick)
+	w.timer.Reset(w.every)
 	return w
 }
 
