@@ -134,6 +134,13 @@ func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint,
 	// shortest expected work first (with aging), instead of in an engine's
 	// queue; it is shed with 429 + Retry-After when it can't be served in time.
 	if pa, ok := rt.admit[x.pool]; ok {
+		// With no replica up the pool can't serve it however long it
+		// waits: 503 now, as without admission, not a queue until one
+		// comes back.
+		if x.pool.Available(x.received) == 0 {
+			s.reject(ctx, x, fmt.Errorf("%w for model %q", ErrNoReplica, x.pool.Model()))
+			return
+		}
 		if err := s.admit(ctx, x, pa); err != nil {
 			s.reject(ctx, x, err)
 			return
@@ -143,7 +150,7 @@ func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint,
 	// 4–5. Pick a replica and forward, retrying elsewhere before any byte
 	// has reached the client.
 	ureq := s.upstreamRequest(ctx, x, ep, body)
-	resp, err := s.forward(rt, x, ureq)
+	resp, err := s.forward(rt, x, ureq, ctx.Conn())
 	fasthttp.ReleaseRequest(ureq)
 	if a := x.admittedAt(); !a.IsZero() {
 		s.m.queue.WithLabelValues(x.pool.Model()).Observe(a.Sub(x.received).Seconds())
