@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"time"
 
 	"github.com/gpurouter/gpurouter/balancer"
@@ -76,9 +77,10 @@ func retryable(status int) bool {
 
 // forward picks a replica and sends the request, retrying on another
 // replica when the connection fails or the replica answers 502/503/429 —
-// only possible because nothing has reached the client yet. On success the
+// only possible because nothing has reached the client yet. client is the
+// client's connection, watched until the engine answers. On success the
 // exchange holds the replica's lease and the response is ready to relay.
-func (s *Server) forward(rt *routeTable, x *exchange, ureq *fasthttp.Request) (*fasthttp.Response, error) {
+func (s *Server) forward(rt *routeTable, x *exchange, ureq *fasthttp.Request, client net.Conn) (*fasthttp.Response, error) {
 	breq := balancer.Request{
 		Model:        x.req.model,
 		PromptTokens: x.req.promptTokens(),
@@ -130,7 +132,25 @@ func (s *Server) forward(rt *routeTable, x *exchange, ureq *fasthttp.Request) (*
 		resp.StreamBody = true
 		ureq.Header.SetHost(rep.Addr())
 		x.sent = s.now()
+		// Until the engine answers — a whole non-streamed generation, a
+		// long prefill — only the watch notices a client that leaves (or
+		// the total deadline, or a drain's end) and aborts the request.
+		pr := up.pending.expect(x.id)
+		w := s.startWatch(x, client, pr.abort)
 		err = up.client.Do(ureq, resp)
+		w.stop()
+		if cause := up.pending.settle(x.id, pr); cause != nil {
+			if err == nil {
+				resp.CloseBodyStream() //nolint:errcheck
+			}
+			fasthttp.ReleaseResponse(resp)
+			if errors.Is(cause, ErrTimeout) {
+				lease.Done(cause)
+			} else {
+				lease.Done(errors.Join(cause, balancer.ErrNotReplicaFault))
+			}
+			return nil, cause
+		}
 		if err != nil {
 			fasthttp.ReleaseResponse(resp)
 			lastErr = upstreamError(rep, err)

@@ -57,12 +57,16 @@ func TestStreamRelaysEachEventBeforeTheNextIsSent(t *testing.T) {
 func TestClientDisconnectAbortsUpstream(t *testing.T) {
 	tests := []struct {
 		name    string
+		body    string
 		prefill time.Duration
 		gap     time.Duration
 		readN   int // token events the client reads before hanging up
 	}{
-		{"during prefill, nothing written yet", time.Minute, 0, 0},
-		{"during decode", 0, 5 * time.Millisecond, 3},
+		{"during prefill, nothing written yet", chatStream, time.Minute, 0, 0},
+		{"during decode", chatStream, 0, 5 * time.Millisecond, 3},
+		// The engine answers a non-streamed request only when done: no
+		// response has started when the client leaves.
+		{"non-streamed, while the engine generates", chatPlain, time.Minute, 0, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -76,7 +80,7 @@ func TestClientDisconnectAbortsUpstream(t *testing.T) {
 				t.Fatal(err)
 			}
 			io.WriteString(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "+
-				itoa(len(chatStream))+"\r\n\r\n"+chatStream)
+				itoa(len(tt.body))+"\r\n\r\n"+tt.body)
 			select {
 			case <-up.received:
 			case <-time.After(5 * time.Second):

@@ -1,7 +1,9 @@
 package proxy
 
 import (
+	"bytes"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/gpurouter/gpurouter/balancer"
@@ -17,6 +19,7 @@ type upstream struct {
 	client  *fasthttp.HostClient
 	all     *metrics
 	byArm   []*replicaMetrics // children for the pool's arms at build time
+	pending pendingSet        // requests sent and not yet answered
 }
 
 func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, m *metrics) *upstream {
@@ -49,7 +52,7 @@ func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, m *metrics) 
 				return nil, err
 			}
 			connect.Observe(time.Since(start).Seconds())
-			return &deadlineConn{Conn: c, firstByte: cfg.FirstByteTimeout, idle: cfg.IdleTimeout}, nil
+			return &deadlineConn{Conn: c, firstByte: cfg.FirstByteTimeout, idle: cfg.IdleTimeout, pending: &u.pending}, nil
 		},
 	}
 	return u
@@ -76,10 +79,18 @@ type deadlineConn struct {
 	net.Conn
 	firstByte time.Duration
 	idle      time.Duration
-	awaiting  bool // a request was written and no response byte read yet
+	awaiting  bool        // a request was written and no response byte read yet
+	pending   *pendingSet // where the request being written is expected
 }
 
 func (c *deadlineConn) Write(p []byte) (int, error) {
+	if !c.awaiting {
+		// A request starts (its head is in this first write): tell its
+		// exchange which connection to close should its client leave.
+		if pr := c.pending.of(p); pr != nil && !pr.attach(c.Conn) {
+			return 0, net.ErrClosed // the client has already left
+		}
+	}
 	c.awaiting = true
 	return c.Conn.Write(p)
 }
@@ -107,3 +118,92 @@ func (c *deadlineConn) SetReadDeadline(time.Time) error { return nil }
 
 // SetDeadline keeps the write side of fasthttp's deadline only.
 func (c *deadlineConn) SetDeadline(t time.Time) error { return c.Conn.SetWriteDeadline(t) }
+
+// pendingSet holds, by request id, the requests sent to a replica whose
+// response has not started. A client can leave while an engine works on a
+// request without answering yet — a whole non-streamed generation, a long
+// prefill — and fasthttp's client can't be interrupted: closing the
+// connection is what stops the wait, and what tells the engine to abort.
+// The connection is found by the X-Request-Id in the request's head.
+type pendingSet struct{ m sync.Map } // id → *pendingReq
+
+// expect registers the request with id before it is sent; nil (no abort
+// possible) when a request with the same client-chosen id is pending.
+func (s *pendingSet) expect(id string) *pendingReq {
+	pr := &pendingReq{}
+	if _, dup := s.m.LoadOrStore(id, pr); dup {
+		return nil
+	}
+	return pr
+}
+
+// settle ends pr's wait (the response started, or the attempt failed) and
+// returns why it was aborted, nil if it wasn't.
+func (s *pendingSet) settle(id string, pr *pendingReq) error {
+	if pr == nil {
+		return nil
+	}
+	s.m.CompareAndDelete(id, pr)
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	pr.done, pr.conn = true, nil
+	return pr.cause
+}
+
+var requestIDLine = []byte("\r\nX-Request-Id: ")
+
+// of finds the pending request whose head is head.
+func (s *pendingSet) of(head []byte) *pendingReq {
+	if s == nil {
+		return nil
+	}
+	i := bytes.Index(head, requestIDLine)
+	if i < 0 {
+		return nil
+	}
+	id := head[i+len(requestIDLine):]
+	j := bytes.IndexByte(id, '\r')
+	if j < 0 {
+		return nil
+	}
+	if v, ok := s.m.Load(string(id[:j])); ok {
+		return v.(*pendingReq)
+	}
+	return nil
+}
+
+// pendingReq is one request awaiting its response.
+type pendingReq struct {
+	mu    sync.Mutex
+	conn  net.Conn // the connection it went out on
+	cause error    // why it was aborted; nil while it wasn't
+	done  bool     // settled: abort no longer applies
+}
+
+// attach records the connection the request is written on; false when
+// the request was already aborted.
+func (pr *pendingReq) attach(c net.Conn) bool {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	if pr.conn == nil && !pr.done {
+		pr.conn = c
+	}
+	return pr.cause == nil
+}
+
+// abort ends the wait for err's reason by closing the connection (now, or
+// as soon as the request is written). Safe on nil and more than once.
+func (pr *pendingReq) abort(err error) {
+	if pr == nil {
+		return
+	}
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	if pr.done || pr.cause != nil {
+		return
+	}
+	pr.cause = err
+	if pr.conn != nil {
+		pr.conn.Close()
+	}
+}
