@@ -51,6 +51,7 @@ type RouterRecord struct {
 	ITLCount         int     `json:"itl_count"`
 	PromptTokens     int     `json:"prompt_tokens"`
 	CompletionTokens int     `json:"completion_tokens"`
+	EstPromptTokens  int     `json:"est_prompt_tokens"` // the router's estimate before the engine answered
 }
 
 // OK reports whether the router served the request to the end.
@@ -212,6 +213,23 @@ func (m MatchedRequest) TTFTDiff() time.Duration { return m.Client.TTFT - secs(m
 // E2EDiff is client e2e − router e2e: sending the request to the router
 // plus relaying the last token back.
 func (m MatchedRequest) E2EDiff() time.Duration { return m.Client.E2E - secs(m.Router.E2ES) }
+
+// PromptEstimateError summarises the router's prompt-token estimates
+// against the engine's counts over matched requests: the signed relative
+// error (est − engine) / engine, in percent; n is how many requests had
+// both numbers.
+func (m RouterMatch) PromptEstimateError(ps []float64) (d Dist, n int) {
+	var errs []float64
+	for _, p := range m.Pairs {
+		if p.Router.EstPromptTokens > 0 && p.Router.PromptTokens > 0 {
+			errs = append(errs, 100*float64(p.Router.EstPromptTokens-p.Router.PromptTokens)/float64(p.Router.PromptTokens))
+		}
+	}
+	if len(errs) == 0 {
+		return Dist{}, 0
+	}
+	return newDist(errs, ps), len(errs)
+}
 
 // RouterMatch is the join of a run's records with the router's.
 type RouterMatch struct {

@@ -122,6 +122,9 @@ func writeMatch(c *consoleWriter, m RouterMatch, ps []float64) {
 		}
 		c.line(line + fmt.Sprintf("  max %.3f", x.d.Max))
 	}
+	if d, n := m.PromptEstimateError(ps); n > 0 {
+		c.line(fmt.Sprintf("Prompt token estimate error (router vs engine, %%, %d requests): mean %+.1f  P50 %+.1f  min %+.1f  max %+.1f", n, d.Mean, d.Median, d.Min, d.Max))
+	}
 }
 
 func writeReplicas(c *consoleWriter, reps []ReplicaSummary) {

@@ -30,6 +30,7 @@ const (
 // stream). On success the exchange holds the ticket and its cost.
 func (s *Server) admit(ctx *fasthttp.RequestCtx, x *exchange, pa PoolAdmission) error {
 	cost := pa.Controller.Estimate(x.req.promptTokens(), x.req.maxTokens)
+	x.estPrompt = cost.PromptTokens
 	if v := ctx.Request.Header.Peek(headerPriority); len(v) > 0 {
 		class, err := strconv.Atoi(string(v))
 		if err != nil {

@@ -74,6 +74,7 @@ type exchange struct {
 	itlSum    time.Duration
 	itlMax    time.Duration
 
+	estPrompt        int // the router's prompt estimate, before any usage
 	promptTokens     int // from the engine's usage (estimate if none came)
 	completionTokens int
 	gotUsage         bool

@@ -88,6 +88,7 @@ func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint,
 		x.affinity = req.user
 	}
 	x.prefillCost, x.outputCost = s.costOf(&req)
+	x.estPrompt = req.promptTokens()
 	x.tenant = req.user
 
 	// 2. Find the pool: the path prefix's, else the body's model.

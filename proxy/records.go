@@ -31,6 +31,10 @@ type Record struct {
 	ITLCount         int     `json:"itl_count"`
 	PromptTokens     int     `json:"prompt_tokens"`
 	CompletionTokens int     `json:"completion_tokens"`
+	// EstPromptTokens is the router's own prompt estimate, made before the
+	// engine answered (admission's learned estimate, else bytes/4), so the
+	// estimator's error can be read against PromptTokens.
+	EstPromptTokens int `json:"est_prompt_tokens"`
 }
 
 func unixNs(t time.Time) int64 {
@@ -56,6 +60,7 @@ func (x *exchange) record(end time.Time) Record {
 		ITLCount:         x.itlCount,
 		PromptTokens:     x.promptTokens,
 		CompletionTokens: x.completionTokens,
+		EstPromptTokens:  x.estPrompt,
 	}
 	if x.pool != nil {
 		r.Model = x.pool.Model()
