@@ -55,8 +55,8 @@ func TestPoolCapacityKeepsAShortLane(t *testing.T) {
 	l1.Done(nil)
 	l2.Done(nil)
 	reps[1].SetEngineLoad(balancer.EngineLoad{Waiting: 3, At: now.Add(-time.Minute)}) // stale: saturated
-	reps[0].SetEngineLoad(balancer.EngineLoad{Waiting: 2, At: now})                    // waiting: saturated
-	reps[2].SetEngineLoad(balancer.EngineLoad{KVUsage: 0.95, At: now})                 // KV: saturated
+	reps[0].SetEngineLoad(balancer.EngineLoad{Waiting: 2, At: now})                   // waiting: saturated
+	reps[2].SetEngineLoad(balancer.EngineLoad{KVUsage: 0.95, At: now})                // KV: saturated
 	if c.Admissible(short) {
 		t.Fatal("saturated pool admitted a request")
 	}
