@@ -37,6 +37,7 @@ func NewPoolCapacity(p *balancer.Pool, sat admission.SaturationConfig, staleAfte
 // lock: a scan of atomics, no allocation.
 func (c *PoolCapacity) Admissible(cost admission.Cost) bool {
 	now := c.now()
+	allStale := c.allStale(now)
 	long := c.sat.LongPrefill(cost)
 	fits, available, inLong := false, 0, 0
 	for _, r := range c.pool.Replicas() {
@@ -47,7 +48,7 @@ func (c *PoolCapacity) Admissible(cost admission.Cost) bool {
 		if r.LongPrefills() > 0 {
 			inLong++
 		}
-		if !fits && c.sat.Fits(c.load(r, now), cost) {
+		if !fits && c.sat.Fits(c.load(r, now, allStale), cost) {
 			fits = true
 			if !long {
 				return true
@@ -66,19 +67,44 @@ func (c *PoolCapacity) Admissible(cost admission.Cost) bool {
 	}
 }
 
-func (c *PoolCapacity) load(r *balancer.Replica, now time.Time) admission.ReplicaLoad {
+// load is r's side of the saturation rule. Stale telemetry saturates a
+// replica — unless every available replica is stale (allStale): then
+// failing closed would stop the pool, so each is judged by what the router
+// itself has placed there against its KV capacity (configuration, which
+// doesn't go stale), as the balancer orders stale replicas by router counts.
+func (c *PoolCapacity) load(r *balancer.Replica, now time.Time, allStale bool) admission.ReplicaLoad {
 	l := admission.ReplicaLoad{
 		OutstandingTokens: r.KVReserved(),
 		LongPrefills:      int(r.LongPrefills()),
 	}
 	if e := r.EngineLoad(); e != nil {
-		if now.Sub(e.At) > c.staleAfter {
-			l.Stale = true
-		} else {
+		switch {
+		case now.Sub(e.At) <= c.staleAfter:
 			l.Waiting, l.KVUsage, l.KVCapacityTokens = e.Waiting, e.KVUsage, int64(e.KVCapacityTokens)
+		case allStale:
+			l.KVCapacityTokens = int64(e.KVCapacityTokens)
+		default:
+			l.Stale = true
 		}
 	}
 	return l
+}
+
+// allStale reports whether every available replica has only stale
+// telemetry (one never scraped isn't stale: it has no numbers at all).
+func (c *PoolCapacity) allStale(now time.Time) bool {
+	n := 0
+	for _, r := range c.pool.Replicas() {
+		if !r.Available(now) {
+			continue
+		}
+		e := r.EngineLoad()
+		if e == nil || now.Sub(e.At) <= c.staleAfter {
+			return false
+		}
+		n++
+	}
+	return n > 0
 }
 
 // longPrefillCap is the per-replica cap a long request must respect when

@@ -61,3 +61,50 @@ func TestPoolCapacityKeepsAShortLane(t *testing.T) {
 		t.Fatal("saturated pool admitted a request")
 	}
 }
+
+// Stale telemetry saturates a replica while another has fresh numbers; when
+// every replica is stale the pool is not stopped: requests are admitted
+// against the router's own reservations and the last known KV capacity.
+func TestPoolCapacityAllStaleFallsBackToRouterCounts(t *testing.T) {
+	now := time.Unix(1000, 0)
+	clock := func() time.Time { return now }
+	var reps []*balancer.Replica
+	for _, u := range []string{"http://a:1", "http://b:1"} {
+		r, err := balancer.NewReplica(balancer.ReplicaConfig{URL: u}, balancer.BreakerConfig{}, clock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reps = append(reps, r)
+	}
+	pool, err := balancer.NewPool(balancer.PoolConfig{Model: "m"}, reps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := NewPoolCapacity(pool, admission.SaturationConfig{}, time.Second, clock)
+	short := admission.Cost{PromptTokens: 200, OutputTokens: 100}
+	stale := balancer.EngineLoad{Waiting: 5, KVUsage: 0.99, KVCapacityTokens: 1000, At: now.Add(-time.Minute)}
+
+	reps[0].SetEngineLoad(stale)
+	reps[1].SetEngineLoad(balancer.EngineLoad{Waiting: 2, KVCapacityTokens: 1000, At: now})
+	if c.Admissible(short) {
+		t.Fatal("admitted with one replica stale and the other saturated by fresh numbers")
+	}
+	reps[1].SetEngineLoad(stale)
+	if !c.Admissible(short) {
+		t.Fatal("every replica stale stopped the pool")
+	}
+	var leases []balancer.Lease
+	for _, r := range reps {
+		l, err := r.AcquireCostKV(300, 900, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, l)
+	}
+	if c.Admissible(short) {
+		t.Fatal("admitted past every stale replica's KV budget")
+	}
+	for _, l := range leases {
+		l.Done(nil)
+	}
+}
