@@ -108,3 +108,13 @@ func TestPoolCapacityAllStaleFallsBackToRouterCounts(t *testing.T) {
 		l.Done(nil)
 	}
 }
+
+func TestAdmissionShedIsOutcomeShed(t *testing.T) {
+	err := &admission.ShedError{Reason: admission.ReasonQueueFull, RetryAfter: 3 * time.Second}
+	if o, _ := outcomeOf(err, 429); o != outcomeShed {
+		t.Fatalf("outcome %s, want shed", o)
+	}
+	if statusOf(err) != 429 || retryAfterSeconds(err) != 3 {
+		t.Fatalf("status %d retry-after %d", statusOf(err), retryAfterSeconds(err))
+	}
+}

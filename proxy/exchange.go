@@ -131,7 +131,7 @@ func outcomeOf(err error, status int) (outcome, error) {
 		return outcomeBrokenStream, err
 	case errors.Is(err, ErrNoReplica):
 		return outcomeNoReplica, nil
-	case errors.Is(err, ErrShed):
+	case errors.Is(err, ErrShed), errors.Is(err, admission.ErrShed):
 		return outcomeShed, nil
 	case errors.Is(err, ErrRateLimited):
 		return outcomeRateLimited, nil
