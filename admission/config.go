@@ -64,6 +64,13 @@ type Config struct {
 	// Cost.Deadline, no context deadline), counted from arrival. 0 means
 	// none: such a request waits until admitted, shed or canceled.
 	DefaultTimeout time.Duration
+	// ExpireQueued decides what a deadline means once a request is queued.
+	// false (the default): the deadline is judged once, on arrival — a
+	// request refused then gets 429 at once, and one let into the queue is
+	// served however long it ends up waiting, so no client is ever refused
+	// late. true: a request still queued when its deadline passes is shed
+	// then (ReasonExpired).
+	ExpireQueued bool
 	// MaxInFlight caps admitted, unreleased requests in the pool, a
 	// router-side backstop for when telemetry says nothing. 0 means no cap.
 	MaxInFlight int

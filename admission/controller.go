@@ -171,7 +171,7 @@ func (c *Controller) admitSlow(ctx context.Context, cost Cost, tokens int64) (Ti
 			c.mu.Unlock()
 			return Ticket{}, err
 		}
-		if ownTimer {
+		if ownTimer && c.cfg.ExpireQueued {
 			e.timer = c.clock.AfterFunc(deadline.Sub(now), func() { c.expire(e) })
 		}
 	}

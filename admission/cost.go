@@ -27,7 +27,7 @@ type Cost struct {
 	// X-Gpurouter-Timeout header). The earlier of it and the context's
 	// deadline applies; with neither, Config.DefaultTimeout after arrival;
 	// else none. A request whose estimated wait exceeds it is refused at
-	// once, and one still queued when it passes is shed (ReasonExpired).
+	// once, and (with Config.ExpireQueued) one still queued when it passes is shed (ReasonExpired).
 	// A context deadline that passes while queued ends Admit with the
 	// context's error instead.
 	Deadline time.Time

@@ -171,6 +171,21 @@ func TestNoDeadlineRefusalWhileDrainRateUnknown(t *testing.T) {
 	}
 }
 
+// By default a deadline is judged on arrival only: a queued request is
+// never refused late, it waits until a slot frees.
+func TestQueuedRequestIsNotRefusedLate(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, serial(Config{}), Deps{})
+	h.admitNow("hold", tok(1, 0))
+	h.add("x", Cost{PromptTokens: 1, Deadline: h.clock.Now().Add(5 * time.Second)})
+	h.clock.Advance(time.Minute)
+	h.none()
+	h.release("hold")
+	if got := h.nextAdmitted(); got != "x" {
+		t.Fatalf("admitted %q, want x", got)
+	}
+}
+
 func TestDeadlineExpiresWhileQueued(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -178,8 +193,8 @@ func TestDeadlineExpiresWhileQueued(t *testing.T) {
 		cfg  Config
 		cost Cost
 	}{
-		{"cost deadline", Config{}, Cost{PromptTokens: 1, Deadline: newFakeClock().Now().Add(5 * time.Second)}},
-		{"default timeout", Config{DefaultTimeout: 5 * time.Second}, tok(1, 0)},
+		{"cost deadline", Config{ExpireQueued: true}, Cost{PromptTokens: 1, Deadline: newFakeClock().Now().Add(5 * time.Second)}},
+		{"default timeout", Config{DefaultTimeout: 5 * time.Second, ExpireQueued: true}, tok(1, 0)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -204,7 +219,7 @@ func TestDeadlineExpiresWhileQueued(t *testing.T) {
 
 func TestAdmittedRequestStopsItsDeadlineTimer(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, serial(Config{DefaultTimeout: 5 * time.Second}), Deps{})
+	h := newHarness(t, serial(Config{DefaultTimeout: 5 * time.Second, ExpireQueued: true}), Deps{})
 	h.admitNow("hold", tok(1, 0))
 	h.add("x", tok(1, 0))
 	if n := h.clock.pendingTimers(); n != 1 {
@@ -219,7 +234,7 @@ func TestAdmittedRequestStopsItsDeadlineTimer(t *testing.T) {
 
 func TestCancelWhileQueued(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, serial(Config{DefaultTimeout: time.Minute}), Deps{})
+	h := newHarness(t, serial(Config{DefaultTimeout: time.Minute, ExpireQueued: true}), Deps{})
 	h.admitNow("hold", tok(1, 0))
 	ctx, cancel := context.WithCancel(context.Background())
 	h.submit(ctx, "gone", tok(1, 0))

@@ -16,6 +16,7 @@ func admissionFrom(a admissionConfig) admission.Config {
 		TenantQueueShare: a.TenantQueueShare,
 		TenantFairness:   a.TenantFairness,
 		DefaultTimeout:   a.DefaultTimeout,
+		ExpireQueued:     a.ExpireQueued,
 		MaxInFlight:      a.MaxInFlight,
 		Saturation: admission.SaturationConfig{
 			MaxWaiting:        a.Saturation.MaxWaiting,

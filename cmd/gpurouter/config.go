@@ -54,6 +54,7 @@ type admissionConfig struct {
 	TenantQueueShare float64          `yaml:"tenant_queue_share"` // max fraction of the queue one tenant may hold, 0 = no cap; default 0
 	TenantFairness   bool             `yaml:"tenant_fairness"`    // share admissions between tenants by tokens; default false
 	DefaultTimeout   time.Duration    `yaml:"default_timeout"`    // deadline of requests without X-Gpurouter-Timeout, 0 = none; default 0
+	ExpireQueued     bool             `yaml:"expire_queued"`      // also refuse a queued request when its deadline passes; default false
 	MaxInFlight      int              `yaml:"max_in_flight"`      // admitted requests per pool, 0 = no cap; default 0
 	Saturation       saturationConfig `yaml:"saturation"`
 }
