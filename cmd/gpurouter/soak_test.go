@@ -1,0 +1,283 @@
+package main
+
+// The soak: many concurrent streams through a configured router to a
+// simulated fleet for a while, with clients hanging up at random and one
+// replica killed and restarted mid-run. Every request must be accounted
+// for — completed, canceled by its client, or failed with a counted status
+// or reason — none may hang, and goroutines and heap must come back to
+// their baseline afterwards.
+//
+// CI runs the short form (go test -race ./...). A long run:
+//
+//	nice -n 19 go test -run Soak -timeout 30m ./cmd/gpurouter/ -soak.duration 10m -soak.streams 2000 -v
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"runtime"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gpurouter/gpurouter/bench/sim"
+)
+
+var (
+	soakDuration = flag.Duration("soak.duration", 60*time.Second, "soak: how long clients keep sending")
+	soakStreams  = flag.Int("soak.streams", 500, "soak: concurrent clients, each sending one request after another")
+	soakSpeed    = flag.Float64("soak.speed", 0.1, "soak: speed of the simulated engines (1 = the tinyllama profile's own), keeping the event rate within what -race on 2 cores relays")
+)
+
+var soakOutcomes = []string{"ok", "canceled", "client_error", "no_replica", "shed", "upstream_error", "broken_stream", "timeout", "shutdown"}
+
+// soakAccount is the client side's tally.
+type soakAccount struct {
+	mu        sync.Mutex
+	sent      int
+	completed int
+	canceled  int            // hung up on purpose
+	failed    map[string]int // status or reason → count
+	hung      int            // no end within the bound
+	durations []time.Duration
+}
+
+func (a *soakAccount) add(kind, reason string, d time.Duration) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.durations = append(a.durations, d)
+	switch kind {
+	case "completed":
+		a.completed++
+	case "canceled":
+		a.canceled++
+	case "hung":
+		a.hung++
+	default:
+		a.failed[reason]++
+	}
+}
+
+func (a *soakAccount) failures() int {
+	n := 0
+	for _, c := range a.failed {
+		n += c
+	}
+	return n
+}
+
+type soakResources struct {
+	goroutines int
+	heap       uint64
+}
+
+func measure() soakResources {
+	runtime.GC()
+	runtime.GC() // a second cycle empties the sync.Pools the first one moved to their victim caches
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return soakResources{goroutines: runtime.NumGoroutine(), heap: ms.HeapAlloc}
+}
+
+func TestSoak(t *testing.T) {
+	if testing.Short() {
+		t.Skip("soak: skipped with -short")
+	}
+	duration, streams := *soakDuration, *soakStreams
+	const replicas = 4
+	faults := make([]sim.Faults, replicas)
+	for i := range faults {
+		faults[i].Speed = *soakSpeed
+	}
+	fleet := startSimFleet(t, replicas, faults)
+	cfg := faultConfig(fleet.URLs(), "least_loaded")
+	cfg.Health.Interval = 200 * time.Millisecond
+	cfg.Telemetry.Interval = 100 * time.Millisecond
+	cfg.Breaker.OpenTimeout = 2 * time.Second
+	tr := startTestRouter(t, cfg, nil)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: streams}}
+
+	// Baseline: everything started and warm, no request in flight.
+	for i := 0; i < 8; i++ {
+		if v := post(context.Background(), client, tr.base, chatRequest(true, 4), nil); !v.done {
+			t.Fatalf("warm-up: %+v", v)
+		}
+	}
+	client.CloseIdleConnections()
+	tr.waitIdle(10 * time.Second)
+	base := measure()
+	warmup := map[string]int{"": tr.requests()}
+	for _, o := range soakOutcomes {
+		warmup[o] = tr.requests("outcome", o)
+	}
+
+	acct := &soakAccount{failed: map[string]int{}}
+	// A request still open after this is hung: the longest ones take tens
+	// of seconds when the fleet is loaded (a stream gets a few tokens a
+	// second at the default speed), so the bound is generous, not tight.
+	bound := 3*time.Minute + duration/10
+	end := time.Now().Add(duration)
+	var wg sync.WaitGroup
+	for w := 0; w < streams; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 42))
+			for time.Now().Before(end) {
+				soakOne(client, tr.base, rng, bound, acct)
+			}
+		}()
+	}
+
+	// Kill one replica a third into the run and bring it back a sixth of
+	// the run later; it must be serving again before the end.
+	victim := fleet.Replicas()[1]
+	time.Sleep(duration / 3) // the schedule of the run, not synchronisation
+	down := min(duration/6, 20*time.Second)
+	r1 := tr.replicas()["r1"]
+	servedBefore := r1.Served
+	victim.Crash(down)
+	t.Logf("r1 crashed at %v for %v (had served %d, %d in flight)", duration/3, down, servedBefore, r1.InFlight)
+	wg.Wait()
+	ran := time.Since(end) + duration
+	servedAfter := tr.replicas()["r1"].Served
+
+	// Everything ends: the router holds nothing, the engines run nothing.
+	client.CloseIdleConnections()
+	tr.waitIdle(30 * time.Second)
+	eventually(t, 30*time.Second, "an engine kept running sequences after every client was done", func() bool {
+		for _, r := range fleet.Replicas() {
+			if s := r.State(); s.Running+s.Waiting > 0 {
+				return false
+			}
+		}
+		return true
+	})
+
+	// Accounting, client side and router side.
+	a := acct
+	reasons := make([]string, 0, len(a.failed))
+	for r, n := range a.failed {
+		reasons = append(reasons, fmt.Sprintf("%s=%d", r, n))
+	}
+	sort.Strings(reasons)
+	outcomes := map[string]int{}
+	for _, o := range soakOutcomes {
+		if n := tr.requests("outcome", o) - warmup[o]; n > 0 {
+			outcomes[o] = n
+		}
+	}
+	routerTotal := tr.requests() - warmup[""]
+	t.Logf("soak: %d streams for %v (ran %v), engine speed %.2f", streams, duration, ran.Round(time.Millisecond), *soakSpeed)
+	slices.Sort(a.durations)
+	pct := func(p float64) time.Duration {
+		if len(a.durations) == 0 {
+			return 0
+		}
+		return a.durations[int(p*float64(len(a.durations)-1))].Round(time.Millisecond)
+	}
+	t.Logf("client: sent %d = completed %d + canceled %d + failed %d + hung %d; failures: %s",
+		a.sent, a.completed, a.canceled, a.failures(), a.hung, strings.Join(reasons, " "))
+	t.Logf("client: request time p50 %v p99 %v max %v (hung bound %v)", pct(0.5), pct(0.99), pct(1), bound)
+	t.Logf("router: recorded %d: %v", routerTotal, outcomes)
+	t.Logf("r1 killed for %v and restarted: served %d before, %d by the end", down, servedBefore, servedAfter)
+	if a.sent != a.completed+a.canceled+a.failures()+a.hung {
+		t.Errorf("client accounting does not add up")
+	}
+	if a.hung != 0 {
+		t.Errorf("%d requests hung (no end within %v)", a.hung, bound)
+	}
+	// Every request reached the router and was recorded once; a client
+	// that hangs up early may leave before its request is complete.
+	if routerTotal > a.sent || routerTotal < a.sent-a.canceled {
+		t.Errorf("router recorded %d requests, clients sent %d (%d canceled)", routerTotal, a.sent, a.canceled)
+	}
+	if outcomes["ok"] < a.completed || outcomes["ok"] > a.completed+a.canceled {
+		t.Errorf("router ok %d, clients completed %d (+%d canceled)", outcomes["ok"], a.completed, a.canceled)
+	}
+	if a.completed < a.sent/2 {
+		t.Errorf("only %d of %d requests completed", a.completed, a.sent)
+	}
+	// The only failures are the requests the crash cut: those in flight on
+	// r1 (and a few arriving as it went down).
+	if n := a.failures(); n > int(r1.InFlight)+streams/50 {
+		t.Errorf("%d failures; r1 had %d requests in flight when it crashed", n, r1.InFlight)
+	}
+	if servedAfter <= servedBefore {
+		t.Errorf("r1 served nothing after its restart")
+	}
+
+	// Resources: back to the baseline once fasthttp's idle connections
+	// and workers have been cleaned up (bounded wait).
+	var after soakResources
+	settled := time.Now().Add(30 * time.Second)
+	for {
+		after = measure()
+		if after.goroutines <= base.goroutines+base.goroutines/10+10 || time.Now().After(settled) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("resources: goroutines %d → %d, heap %.1f MiB → %.1f MiB",
+		base.goroutines, after.goroutines, float64(base.heap)/(1<<20), float64(after.heap)/(1<<20))
+	if after.goroutines > base.goroutines+base.goroutines/10+10 {
+		t.Errorf("goroutines did not return to baseline: %d → %d", base.goroutines, after.goroutines)
+	}
+	if after.heap > base.heap*3/2+16<<20 {
+		t.Errorf("heap did not return near baseline: %d → %d bytes", base.heap, after.heap)
+	}
+}
+
+// soakOne sends one request — usually a stream, sometimes not — and
+// classifies how it ended. About one in ten is hung up on: mid-stream or
+// after a short random delay.
+func soakOne(c *http.Client, base string, rng *rand.Rand, bound time.Duration, a *soakAccount) {
+	stream := rng.IntN(10) != 0
+	maxTokens := 8 + rng.IntN(57)
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	defer cancel()
+	var hangUp atomic.Bool
+	stopAfter := 0
+	switch rng.IntN(20) {
+	case 0:
+		stopAfter = 1 + rng.IntN(maxTokens/2)
+	case 1:
+		delay := time.Duration(rng.IntN(500)) * time.Millisecond
+		t := time.AfterFunc(delay, func() { hangUp.Store(true); cancel() })
+		defer t.Stop()
+	}
+	a.mu.Lock()
+	a.sent++
+	a.mu.Unlock()
+	v := post(ctx, c, base, chatRequest(stream, maxTokens), func(v *clientView) bool {
+		if stopAfter > 0 && v.events >= stopAfter {
+			hangUp.Store(true)
+			return false
+		}
+		return true
+	})
+	switch {
+	case hangUp.Load():
+		a.add("canceled", "", v.duration)
+	case errors.Is(v.err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded):
+		a.add("hung", "", v.duration)
+	case v.err != nil:
+		a.add("failed", "transport", v.duration)
+	case v.status != 200:
+		code, _ := errorCode(v.body)
+		a.add("failed", fmt.Sprintf("%d/%s", v.status, code), v.duration)
+	case v.errCode != "":
+		a.add("failed", "event/"+v.errCode, v.duration)
+	case stream && !v.done:
+		a.add("failed", "no [DONE]", v.duration)
+	default:
+		a.add("completed", "", v.duration)
+	}
+}
