@@ -39,6 +39,9 @@ func FuzzParseRequest(f *testing.F) {
 		if r.promptBytes < 0 || r.maxTokens < 0 {
 			t.Fatalf("negative sizes: %+v", r)
 		}
+		if ep != epEmbeddings {
+			checkMaxTokensClamp(t, body, ep, r)
+		}
 		if r.stream && !r.clientUsage {
 			out, err := withIncludeUsage(body, r.hasOptions)
 			if err != nil {
@@ -53,6 +56,32 @@ func FuzzParseRequest(f *testing.F) {
 			}
 		}
 	})
+}
+
+// checkMaxTokensClamp checks a pool's max_tokens cap on a body that
+// parsed: the rewrite is valid JSON that parses the same, and the engine —
+// reading the last of each key — can't generate more than the cap.
+func checkMaxTokensClamp(t *testing.T, body []byte, ep endpoint, r request) {
+	const limit = 16
+	out, err := withMaxTokens(append([]byte(nil), body...), limit)
+	if err != nil {
+		return // refused with 400 (a key given twice; sjson refusing an odd document)
+	}
+	r2, err := parseRequest(out, ep)
+	if err != nil || r2.model != r.model || r2.stream != r.stream || r2.maxTokens == 0 || r2.maxTokens > limit {
+		t.Fatalf("clamped body parses as %+v (%v), was %+v: %s", r2, err, r, out)
+	}
+	last := map[string]gjson.Result{}
+	gjson.ParseBytes(out).ForEach(func(k, v gjson.Result) bool { last[k.Str] = v; return true })
+	mt, mct := last["max_tokens"], last["max_completion_tokens"]
+	if mt.Type != gjson.Number && mct.Type != gjson.Number {
+		t.Fatalf("clamped body names no max_tokens: %s", out)
+	}
+	for _, v := range []gjson.Result{mt, mct} {
+		if v.Exists() && (v.Type != gjson.Number || v.Int() > limit) {
+			t.Fatalf("the engine would read %s from the clamped body: %s", v.Raw, out)
+		}
+	}
 }
 
 // chunkedBody feeds data to the relay in pieces of the given sizes, then

@@ -100,13 +100,12 @@ func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint,
 
 	// The pool's output cap: a request asking for more (or not saying)
 	// is clamped to it, and told so in a response header.
-	if limit := s.maxTokensOf(x.pool); limit > 0 && ep != epEmbeddings && (req.maxTokens == 0 || req.maxTokens > limit) {
-		var clamped bool
-		if body, clamped, err = withMaxTokens(body, limit); err != nil {
-			s.reject(ctx, x, fmt.Errorf("%w: %v", ErrBadRequest, err))
+	if limit := s.maxTokensOf(x.pool); limit > 0 && ep != epEmbeddings {
+		if body, err = withMaxTokens(body, limit); err != nil {
+			s.reject(ctx, x, fmt.Errorf("%w: %w", ErrBadRequest, err))
 			return
 		}
-		if clamped {
+		if req.maxTokens == 0 || req.maxTokens > limit {
 			req.maxTokens, x.req.maxTokens = limit, limit
 			x.prefillCost, x.outputCost = s.costOf(&req)
 			ctx.Response.Header.Set(headerMaxTokens, strconv.Itoa(limit))

@@ -322,31 +322,36 @@ func withIncludeUsage(body []byte, hasOptions bool) ([]byte, error) {
 }
 
 // withMaxTokens caps the output a request asks for at limit: max_tokens
-// and max_completion_tokens above it are rewritten to it, and a body that
-// names neither gets max_tokens: limit. It reports whether body changed.
-func withMaxTokens(body []byte, limit int) ([]byte, bool, error) {
-	named, changed := false, false
-	for _, k := range [...]string{"max_tokens", "max_completion_tokens"} {
-		v := gjson.GetBytes(body, k)
-		if !v.Exists() || v.Type == gjson.Null {
-			continue
+// and max_completion_tokens above it (or null) are rewritten to it, and a
+// body that names neither gets max_tokens: limit. Either key given twice
+// is refused: the engine would read the last, the rewrite the first.
+func withMaxTokens(body []byte, limit int) ([]byte, error) {
+	keys := [...]string{"max_tokens", "max_completion_tokens"}
+	var seen [len(keys)]int
+	var over [len(keys)]bool
+	gjson.ParseBytes(body).ForEach(func(k, v gjson.Result) bool {
+		for i, name := range keys {
+			if k.Str == name {
+				seen[i]++
+				over[i] = v.Type == gjson.Null || v.Int() > int64(limit)
+			}
 		}
-		named = true
-		if v.Int() <= int64(limit) {
-			continue
+		return true
+	})
+	var err error
+	for i, name := range keys {
+		switch {
+		case seen[i] > 1:
+			return body, badParam(name, "given more than once")
+		case over[i]:
+			body, err = sjson.SetBytes(body, name, limit)
 		}
-		var err error
-		if body, err = sjson.SetBytes(body, k, limit); err != nil {
-			return body, false, err
+		if err != nil {
+			return body, err
 		}
-		changed = true
 	}
-	if !named {
-		var err error
-		if body, err = sjson.SetBytes(body, "max_tokens", limit); err != nil {
-			return body, false, err
-		}
-		changed = true
+	if seen[0]+seen[1] == 0 {
+		body, err = sjson.SetBytes(body, "max_tokens", limit)
 	}
-	return body, changed, nil
+	return body, err
 }

@@ -233,6 +233,8 @@ func TestLimitMaxTokensClamp(t *testing.T) {
 		{"no max_tokens", chatRequest(false, -1), limit, true},
 		{"max_completion_tokens above", `{"model":"m","max_completion_tokens":50,"ignore_eos":true,"messages":[{"role":"user","content":"x"}]}`, limit, true},
 		{"both above", `{"model":"m","max_tokens":70,"max_completion_tokens":50,"ignore_eos":true,"messages":[{"role":"user","content":"x"}]}`, limit, true},
+		{"max_completion_tokens below wins", `{"model":"m","max_tokens":70,"max_completion_tokens":5,"ignore_eos":true,"messages":[{"role":"user","content":"x"}]}`, 5, false},
+		{"max_tokens null", `{"model":"m","max_tokens":null,"ignore_eos":true,"messages":[{"role":"user","content":"x"}]}`, limit, true},
 		{"stream above", strings.Replace(chatRequest(true, 100), `"ignore_eos"`, usage+`"ignore_eos"`, 1), limit, true},
 	}
 	for _, tt := range tests {
@@ -246,6 +248,14 @@ func TestLimitMaxTokensClamp(t *testing.T) {
 			}
 		})
 	}
+	t.Run("a key given twice is refused", func(t *testing.T) {
+		// The engine would read the last, a rewrite the first: no bypass.
+		v := post(context.Background(), http.DefaultClient, tr.base,
+			`{"model":"m","max_tokens":1,"max_tokens":100000,"messages":[{"role":"user","content":"x"}]}`, nil)
+		if code, _ := errorCode(v.body); v.status != 400 || code != "invalid_request" || !strings.Contains(v.body, `"param":"max_tokens"`) {
+			t.Fatalf("client saw %+v, want 400 naming max_tokens", v)
+		}
+	})
 	t.Run("reload changes the cap", func(t *testing.T) {
 		next := tr.r.state.Load().cfg
 		next.Pools = append([]poolConfig(nil), next.Pools...)
