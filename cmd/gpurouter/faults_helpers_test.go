@@ -57,6 +57,7 @@ func chatRequest(stream bool, maxTokens int) string {
 // clientView is what one client saw.
 type clientView struct {
 	status   int
+	id       string // X-Request-Id
 	replica  string // X-Gpurouter-Replica
 	body     string // a non-stream response body
 	events   int    // data events before [DONE], error events included
@@ -84,7 +85,7 @@ func post(ctx context.Context, c *http.Client, base, body string, each func(*cli
 		return v
 	}
 	defer resp.Body.Close()
-	v.status, v.replica = resp.StatusCode, resp.Header.Get("X-Gpurouter-Replica")
+	v.status, v.id, v.replica = resp.StatusCode, resp.Header.Get("X-Request-Id"), resp.Header.Get("X-Gpurouter-Replica")
 	if !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		b, err := io.ReadAll(resp.Body)
 		v.body, v.err = string(b), err

@@ -143,34 +143,40 @@ func TestFaultReplicaHangRetriedElsewhere(t *testing.T) {
 		cfg.Timeouts.FirstByte = firstByte
 		cfg.Breaker.ConsecutiveFailures = 100 // keep r0 in rotation: every pick of it is a retry
 		tr := startTestRouter(t, cfg, nil)
-		retried := 0
 		const n = 6
+		took := map[string]time.Duration{} // request id → what the client waited
 		for i := 0; i < n; i++ {
 			stream := i%2 == 0
 			v := post(context.Background(), http.DefaultClient, tr.base, chatRequest(stream, 8), nil)
 			if v.status != 200 || v.replica != "r1" || v.errCode != "" || (stream && !v.done) {
 				t.Fatalf("request %d: %+v, want a clean answer from r1", i, v)
 			}
-			if v.duration >= firstByte {
+			took[v.id] = v.duration
+		}
+		var recs struct {
+			Records []struct {
+				ID       string `json:"request_id"`
+				Attempts int
+			}
+		}
+		getJSON(t, tr.base+"/debug/requests", &recs)
+		retried := 0
+		for _, r := range recs.Records {
+			if r.Attempts == 2 {
 				retried++
+				if took[r.ID] < firstByte {
+					t.Errorf("request %s was retried after %v, before first_byte (%v) passed", r.ID, took[r.ID], firstByte)
+				}
 			}
 		}
 		if retried == 0 {
 			t.Fatal("no request went to the hung replica first: the row tested nothing")
 		}
 		if got := int(sumMetric(t, tr.base+"/metrics", "gpurouter_retries_total", "reason", "timeout")); got != retried {
-			t.Errorf("router counted %d first-byte timeout retries, clients waited for %d", got, retried)
+			t.Errorf("router counted %d first-byte timeout retries, its records %d", got, retried)
 		}
-		var recs struct{ Records []struct{ Attempts int } }
-		getJSON(t, tr.base+"/debug/requests", &recs)
-		twice := 0
-		for _, r := range recs.Records {
-			if r.Attempts == 2 {
-				twice++
-			}
-		}
-		if twice != retried || tr.requests("outcome", "ok") != n {
-			t.Errorf("records: %d requests took 2 attempts (want %d); %d ok (want %d)", twice, retried, tr.requests("outcome", "ok"), n)
+		if n := tr.requests("outcome", "ok"); n != len(took) {
+			t.Errorf("router recorded %d ok requests, want %d", n, len(took))
 		}
 	})
 	t.Run("every replica hangs", func(t *testing.T) {
@@ -228,7 +234,7 @@ func TestFaultSlowReplicaRoutedAround(t *testing.T) {
 // after a first-byte timeout, and not after waiting in the admission queue
 // for a replica to come back.
 func TestFaultAllReplicasDown503Fast(t *testing.T) {
-	const firstByte = 2 * time.Second
+	const firstByte = 5 * time.Second
 	tests := []struct {
 		name   string
 		faults sim.Faults
