@@ -69,29 +69,32 @@ func (u *upstream) metricsFor(arm string) *replicaMetrics {
 	return u.all.forReplica(u.pool.Model(), u.replica.Name(), arm)
 }
 
-// deadlineConn arms a read deadline before every read: FirstByte while
-// waiting for the first byte of a response (the engine's queue and prefill),
-// Idle between later reads (the gap between two stream events). fasthttp's
-// own deadlines are absolute and would cut long streams, so they are
-// ignored. Reads and writes of one request happen on one goroutine at a time,
-// so awaiting needs no lock.
+// deadlineConn arms a read deadline before every read: FirstByte until
+// the first byte of the response body (the engine's queue and prefill —
+// vLLM sends a stream's headers at once, then the first event after
+// prefill), Idle between later reads (the gap between two stream events).
+// fasthttp's own deadlines are absolute and would cut long streams, so
+// they are ignored. Reads and writes of one request happen on one
+// goroutine at a time, so the fields need no lock.
 type deadlineConn struct {
 	net.Conn
 	firstByte time.Duration
 	idle      time.Duration
-	awaiting  bool        // a request was written and no response byte read yet
+	sent      bool        // a request was written and no response byte read yet
+	awaiting  bool        // no byte of the response body read yet
+	headEnd   int         // bytes of the head's closing CRLF CRLF seen so far
 	pending   *pendingSet // where the request being written is expected
 }
 
 func (c *deadlineConn) Write(p []byte) (int, error) {
-	if !c.awaiting {
+	if !c.sent {
 		// A request starts (its head is in this first write): tell its
 		// exchange which connection to close should its client leave.
 		if pr := c.pending.of(p); pr != nil && !pr.attach(c.Conn) {
 			return 0, net.ErrClosed // the client has already left
 		}
+		c.sent, c.awaiting, c.headEnd = true, true, 0
 	}
-	c.awaiting = true
 	return c.Conn.Write(p)
 }
 
@@ -107,9 +110,31 @@ func (c *deadlineConn) Read(p []byte) (int, error) {
 	}
 	n, err := c.Conn.Read(p)
 	if n > 0 {
-		c.awaiting = false
+		c.sent = false
+		if c.awaiting {
+			c.awaiting = !c.bodyIn(p[:n])
+		}
 	}
 	return n, err
+}
+
+// bodyIn follows the response head's end through b and reports whether b
+// holds a byte past it.
+func (c *deadlineConn) bodyIn(b []byte) bool {
+	const crlf2 = "\r\n\r\n"
+	for _, ch := range b {
+		switch {
+		case c.headEnd == len(crlf2):
+			return true
+		case ch == crlf2[c.headEnd]:
+			c.headEnd++
+		case ch == '\r':
+			c.headEnd = 1
+		default:
+			c.headEnd = 0
+		}
+	}
+	return false
 }
 
 // SetReadDeadline ignores fasthttp's absolute deadlines (it only ever
