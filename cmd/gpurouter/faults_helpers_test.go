@@ -56,15 +56,16 @@ func chatRequest(stream bool, maxTokens int) string {
 
 // clientView is what one client saw.
 type clientView struct {
-	status   int
-	id       string // X-Request-Id
-	replica  string // X-Gpurouter-Replica
-	body     string // a non-stream response body
-	events   int    // data events before [DONE], error events included
-	errCode  string // the code of the stream's error event ("" when none)
-	done     bool   // the stream ended with data: [DONE]
-	err      error  // transport error
-	duration time.Duration
+	status     int
+	id         string // X-Request-Id
+	replica    string // X-Gpurouter-Replica
+	body       string // a non-stream response body
+	events     int    // data events before [DONE], error events included
+	errCode    string // the code of the stream's error event ("" when none)
+	done       bool   // the stream ended with data: [DONE]
+	err        error  // transport error
+	duration   time.Duration
+	retryAfter time.Duration // Retry-After of a refusal
 }
 
 // post sends body to the router's chat endpoint and reads the whole
@@ -86,6 +87,9 @@ func post(ctx context.Context, c *http.Client, base, body string, each func(*cli
 	}
 	defer resp.Body.Close()
 	v.status, v.id, v.replica = resp.StatusCode, resp.Header.Get("X-Request-Id"), resp.Header.Get("X-Gpurouter-Replica")
+	if ra, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil {
+		v.retryAfter = time.Duration(ra) * time.Second
+	}
 	if !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		b, err := io.ReadAll(resp.Body)
 		v.body, v.err = string(b), err

@@ -16,9 +16,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
+	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"sort"
 	"strings"
@@ -28,12 +31,16 @@ import (
 	"time"
 
 	"github.com/gpurouter/gpurouter/bench/sim"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 var (
 	soakDuration = flag.Duration("soak.duration", 60*time.Second, "soak: how long clients keep sending")
 	soakStreams  = flag.Int("soak.streams", 500, "soak: concurrent clients, each sending one request after another")
 	soakSpeed    = flag.Float64("soak.speed", 0.1, "soak: speed of the simulated engines (1 = the tinyllama profile's own), keeping the event rate within what -race on 2 cores relays")
+	soakHeap     = flag.String("soak.heapprofile", "", "soak: write a heap profile here once the run is over and resources have settled")
 )
 
 var soakOutcomes = []string{"ok", "canceled", "client_error", "no_replica", "shed", "upstream_error", "broken_stream", "timeout", "shutdown"}
@@ -98,10 +105,14 @@ func TestSoak(t *testing.T) {
 	}
 	fleet := startSimFleet(t, replicas, faults)
 	cfg := faultConfig(fleet.URLs(), "least_loaded")
-	cfg.Health.Interval = 200 * time.Millisecond
+	// Probes as deployed (1 s timeout): on a loaded box a tighter one marks
+	// busy replicas down.
+	cfg.Health = healthConfig{Interval: 500 * time.Millisecond, Timeout: time.Second}
 	cfg.Telemetry.Interval = 100 * time.Millisecond
 	cfg.Breaker.OpenTimeout = 2 * time.Second
-	tr := startTestRouter(t, cfg, nil)
+	// Warnings only: replicas marked unhealthy, counted in the report.
+	core, logs := observer.New(zapcore.WarnLevel)
+	tr := startTestRouter(t, cfg, zap.New(core))
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: streams}}
 
 	// Baseline: everything started and warm, no request in flight.
@@ -175,6 +186,20 @@ func TestSoak(t *testing.T) {
 		}
 	}
 	routerTotal := tr.requests() - warmup[""]
+	failedOn := map[string]string{} // replica → its failed outcomes
+	for name := range tr.replicas() {
+		var parts []string
+		for _, o := range []string{"broken_stream", "timeout", "upstream_error"} {
+			if n := tr.requests("replica", name, "outcome", o); n > 0 {
+				parts = append(parts, fmt.Sprintf("%s=%d", o, n))
+			}
+		}
+		failedOn[name] = strings.Join(parts, " ")
+	}
+	unhealthy := map[string]int{}
+	for _, e := range logs.FilterMessage("replica unhealthy").All() {
+		unhealthy[fmt.Sprint(e.ContextMap()["replica"])]++
+	}
 	t.Logf("soak: %d streams for %v (ran %v), engine speed %.2f", streams, duration, ran.Round(time.Millisecond), *soakSpeed)
 	slices.Sort(a.durations)
 	pct := func(p float64) time.Duration {
@@ -186,7 +211,7 @@ func TestSoak(t *testing.T) {
 	t.Logf("client: sent %d = completed %d + canceled %d + failed %d + hung %d; failures: %s",
 		a.sent, a.completed, a.canceled, a.failures(), a.hung, strings.Join(reasons, " "))
 	t.Logf("client: request time p50 %v p99 %v max %v (hung bound %v)", pct(0.5), pct(0.99), pct(1), bound)
-	t.Logf("router: recorded %d: %v", routerTotal, outcomes)
+	t.Logf("router: recorded %d: %v; failures by replica %v; marked unhealthy %v", routerTotal, outcomes, failedOn, unhealthy)
 	t.Logf("r1 killed for %v and restarted: served %d before, %d by the end", down, servedBefore, servedAfter)
 	if a.sent != a.completed+a.canceled+a.failures()+a.hung {
 		t.Errorf("client accounting does not add up")
@@ -202,13 +227,21 @@ func TestSoak(t *testing.T) {
 	if outcomes["ok"] < a.completed || outcomes["ok"] > a.completed+a.canceled {
 		t.Errorf("router ok %d, clients completed %d (+%d canceled)", outcomes["ok"], a.completed, a.canceled)
 	}
-	if a.completed < a.sent/2 {
-		t.Errorf("only %d of %d requests completed", a.completed, a.sent)
+	// Sheds (429) are the router refusing work beyond its queue — by
+	// design when the clients outnumber engine slots plus queue, as 2,000
+	// streams do with a replica down. Every other failure must be a
+	// request the crash cut: in flight on r1, or arriving as it went down.
+	shed := 0
+	for reason, n := range a.failed {
+		if strings.HasPrefix(reason, "429/") {
+			shed += n
+		}
 	}
-	// The only failures are the requests the crash cut: those in flight on
-	// r1 (and a few arriving as it went down).
-	if n := a.failures(); n > int(r1.InFlight)+streams/50 {
-		t.Errorf("%d failures; r1 had %d requests in flight when it crashed", n, r1.InFlight)
+	if a.completed < (a.sent-shed)/2 {
+		t.Errorf("only %d of %d requests (%d shed) completed", a.completed, a.sent, shed)
+	}
+	if n := a.failures() - shed; n > int(r1.InFlight)+streams/50 {
+		t.Errorf("%d failures besides sheds; r1 had %d requests in flight when it crashed", n, r1.InFlight)
 	}
 	if servedAfter <= servedBefore {
 		t.Errorf("r1 served nothing after its restart")
@@ -225,13 +258,31 @@ func TestSoak(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+	if *soakHeap != "" {
+		f, err := os.Create(*soakHeap)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := pprof.WriteHeapProfile(f); err != nil {
+			t.Error(err)
+		}
+		f.Close()
+	}
 	t.Logf("resources: goroutines %d → %d, heap %.1f MiB → %.1f MiB",
 		base.goroutines, after.goroutines, float64(base.heap)/(1<<20), float64(after.heap)/(1<<20))
 	if after.goroutines > base.goroutines+base.goroutines/10+10 {
 		t.Errorf("goroutines did not return to baseline: %d → %d", base.goroutines, after.goroutines)
 	}
-	if after.heap > base.heap*3/2+16<<20 {
-		t.Errorf("heap did not return near baseline: %d → %d bytes", base.heap, after.heap)
+	// The in-process simulator keeps two minutes of each replica's /metrics
+	// text (for stale_metrics_seconds): it fills during the run by design.
+	// Beyond it, allow the runtime's kept goroutine descriptors (never
+	// freed) and fixed-size rings filling: a router leaking per request
+	// would exceed this over a long run.
+	simHistory := uint64(replicas) * 121 * uint64(metricsSize(t, fleet.URLs()[0])) * 3 / 2
+	allowed := base.heap + base.heap/4 + simHistory + 16<<20
+	t.Logf("resources: heap allowance %.1f MiB (of it the simulator's metrics history ≤ %.1f MiB)", float64(allowed)/(1<<20), float64(simHistory)/(1<<20))
+	if after.heap > allowed {
+		t.Errorf("heap did not return near baseline: %d → %d bytes (allowed %d)", base.heap, after.heap, allowed)
 	}
 }
 
@@ -273,6 +324,11 @@ func soakOne(c *http.Client, base string, rng *rand.Rand, bound time.Duration, a
 	case v.status != 200:
 		code, _ := errorCode(v.body)
 		a.add("failed", fmt.Sprintf("%d/%s", v.status, code), v.duration)
+		if v.status == http.StatusTooManyRequests || v.status == http.StatusServiceUnavailable {
+			// As a client should: wait as told (here at most 2 s) before
+			// the next request, rather than spin on refusals.
+			time.Sleep(min(v.retryAfter, 2*time.Second))
+		}
 	case v.errCode != "":
 		a.add("failed", "event/"+v.errCode, v.duration)
 	case stream && !v.done:
@@ -280,4 +336,18 @@ func soakOne(c *http.Client, base string, rng *rand.Rand, bound time.Duration, a
 	default:
 		a.add("completed", "", v.duration)
 	}
+}
+
+// metricsSize is the length of one replica's /metrics document.
+func metricsSize(t *testing.T, url string) int {
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(b)
 }
