@@ -225,7 +225,6 @@ func (e *engine) preempt(s *seq) {
 // for every sequence whose context is now complete, finished sequences
 // released. now is when the step's outputs are available.
 func (e *engine) complete(now time.Time) {
-	generated := 0
 	finished := false
 	for _, b := range e.batch {
 		s := b.s
@@ -243,7 +242,9 @@ func (e *engine) complete(now time.Time) {
 			continue // prefill chunk
 		}
 		s.output++
-		generated++
+		// Counted before the token is emitted: a client that has read its
+		// last token must find it in /metrics.
+		e.m.generationTokens.Inc()
 		if s.firstToken.IsZero() {
 			s.firstToken = now
 			e.m.ttft.Observe(now.Sub(s.arrival).Seconds())
@@ -269,7 +270,6 @@ func (e *engine) complete(now time.Time) {
 	if finished {
 		e.compactRunning()
 	}
-	e.m.generationTokens.Add(float64(generated))
 	e.gauges()
 }
 
