@@ -57,11 +57,11 @@ func (p *engineParser) parse(text []byte) (*EngineStats, error) {
 	}
 	s := &EngineStats{}
 	if sum, n := sumFamily(mfs[vllmRunning]); n > 0 {
-		s.Running, s.Engines = int(max(0, sum)), n
+		s.Running, s.Engines = countOf(sum), n
 		s.Reported |= FieldRunning
 	}
 	if sum, n := sumFamily(mfs[vllmWaiting]); n > 0 {
-		s.Waiting = int(max(0, sum))
+		s.Waiting = countOf(sum)
 		s.Reported |= FieldWaiting
 	}
 	kv := mfs[vllmKVUsage]
@@ -102,6 +102,14 @@ func (p *engineParser) parse(text []byte) (*EngineStats, error) {
 	return s, nil
 }
 
+// maxCount bounds the request counts read from an engine: a value past it
+// (a broken or hostile exporter) saturates instead of wrapping around to a
+// negative int, which would make the replica look idle.
+const maxCount = 1 << 31
+
+// countOf turns a gauge into a request count in [0, maxCount].
+func countOf(v float64) int { return int(min(maxCount, max(0, v))) }
+
 // sumFamily is the sum of the usable sample values of mf and how many there
 // were (0 when mf is nil or has none).
 func sumFamily(mf *dto.MetricFamily) (sum float64, n int) {
@@ -128,8 +136,8 @@ func kvCapacity(mf *dto.MetricFamily) int {
 	for _, m := range mf.Metric {
 		blocks, err1 := strconv.Atoi(label(m, "num_gpu_blocks"))
 		size, err2 := strconv.Atoi(label(m, "block_size"))
-		if err1 == nil && err2 == nil && blocks > 0 && size > 0 {
-			total += blocks * size
+		if err1 == nil && err2 == nil && blocks > 0 && size > 0 && blocks <= maxCount && size <= maxCount {
+			total = min(total, maxCount*maxCount-blocks*size) + blocks*size // ≤ 2^62: no wrap-around
 		}
 	}
 	return total

@@ -217,6 +217,9 @@ vllm:num_preemptions_total{engine="0",model_name="m"} 3.0
 vllm:num_preemptions_created{engine="0",model_name="m"} 1.7543217059634e+09
 `))
 	f.Add([]byte("vllm:num_requests_running{engine=\"0\\\"} 1\n"))
+	f.Add([]byte("vllm:num_requests_running 1e19\nvllm:cache_config_info{block_size=\"4294967296\",num_gpu_blocks=\"4294967296\"} 1\n" +
+		"vllm:cache_config_info{block_size=\"2147483648\",num_gpu_blocks=\"2147483648\",engine=\"1\"} 1\n" +
+		"vllm:cache_config_info{block_size=\"2147483648\",num_gpu_blocks=\"2147483648\",engine=\"2\"} 1\n"))
 	f.Fuzz(func(t *testing.T, text []byte) {
 		s, err := ParseEngineMetrics(text)
 		if err != nil {
@@ -228,7 +231,7 @@ vllm:num_preemptions_created{engine="0",model_name="m"} 1.7543217059634e+09
 			}
 			return
 		}
-		if s.Running < 0 || s.Waiting < 0 || s.KVUsage < 0 || s.KVUsage > 1 || math.IsNaN(s.KVUsage) ||
+		if s.Running < 0 || s.Waiting < 0 || s.KVCapacityTokens < 0 || s.KVUsage < 0 || s.KVUsage > 1 || math.IsNaN(s.KVUsage) ||
 			s.PrefixCacheHitRate < 0 || s.PrefixCacheHitRate > 1 || s.Reported == 0 {
 			t.Fatalf("out of range: %+v", *s)
 		}
