@@ -302,7 +302,7 @@ func TestSoak(t *testing.T) {
 	// freed) and fixed-size rings filling: a router leaking per request
 	// would exceed this over a long run.
 	simHistory := uint64(replicas) * 121 * uint64(metricsSize(t, fleet.URLs()[0])) * 3 / 2
-	allowed := base.heap + base.heap/4 + simHistory + 16<<20
+	allowed := base.heap + base.heap/4 + simHistory + uint64(streams)*4<<10 + 16<<20 // goroutine descriptors scale with streams
 	t.Logf("resources: heap allowance %.1f MiB (of it the simulator's metrics history ≤ %.1f MiB)", float64(allowed)/(1<<20), float64(simHistory)/(1<<20))
 	if after.heap > allowed {
 		t.Errorf("heap did not return near baseline: %d → %d bytes (allowed %d)", base.heap, after.heap, allowed)
