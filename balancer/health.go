@@ -2,8 +2,10 @@ package balancer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -67,6 +69,13 @@ type HealthConfig struct {
 	Timeout            time.Duration // per probe [1s]
 	UnhealthyThreshold int           // consecutive failures before marking down [2]
 	HealthyThreshold   int           // consecutive successes before marking up [1]
+	// BusyGrace is how recently a replica must have delivered output for a
+	// probe that timed out to count as inconclusive instead of a failure
+	// [Interval × UnhealthyThreshold + Timeout]; negative turns it off. A
+	// router or engine so busy that /health answers late is not down, and
+	// marking the last busy replicas down turns overload into an outage.
+	// Refusals (connection refused, non-200) always count.
+	BusyGrace time.Duration
 }
 
 func (c HealthConfig) withDefaults() HealthConfig {
@@ -81,6 +90,9 @@ func (c HealthConfig) withDefaults() HealthConfig {
 	}
 	if c.HealthyThreshold <= 0 {
 		c.HealthyThreshold = 1
+	}
+	if c.BusyGrace == 0 {
+		c.BusyGrace = c.Interval*time.Duration(c.UnhealthyThreshold) + c.Timeout
 	}
 	return c
 }
@@ -151,9 +163,12 @@ func (h *HealthChecker) CheckOnce(ctx context.Context) {
 	for i, r := range rs {
 		// streak > 0 counts successes in a row, < 0 failures in a row.
 		s := h.streak[r]
-		if results[i] == nil {
+		switch err := results[i]; {
+		case err == nil:
 			s = max(s, 0) + 1
-		} else {
+		case h.busy(r, err):
+			// inconclusive: neither a success nor a failure in a row
+		default:
 			s = min(s, 0) - 1
 		}
 		live[r] = s
@@ -167,4 +182,24 @@ func (h *HealthChecker) CheckOnce(ctx context.Context) {
 		}
 	}
 	h.streak = live // drops replicas that left the set
+}
+
+// busy reports whether a failed probe only says the replica is slow to
+// answer while its traffic shows it alive: the probe timed out and the
+// replica delivered output within BusyGrace.
+func (h *HealthChecker) busy(r *Replica, err error) bool {
+	if h.cfg.BusyGrace < 0 || !timedOut(err) {
+		return false
+	}
+	return r.AliveWithin(h.cfg.BusyGrace)
+}
+
+// timedOut reports whether err is a deadline running out (the probe's
+// context or a network timeout), as opposed to a refusal or a bad status.
+func timedOut(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }

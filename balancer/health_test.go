@@ -396,3 +396,89 @@ func TestHTTPProberReusesConnection(t *testing.T) {
 		t.Fatalf("%d connections for 5 probes, want 1", conns)
 	}
 }
+
+// TestHealthCheckerBusyReplica: a probe that times out while the replica's
+// traffic shows it alive is inconclusive, so an overloaded fleet whose
+// /health answers late is not marked down; the same timeouts without recent
+// output, or an outright refusal, still take the replica out.
+func TestHealthCheckerBusyReplica(t *testing.T) {
+	timeout := context.DeadlineExceeded
+	cases := []struct {
+		name        string
+		probe       error
+		streaming   bool // a token arrives before every round
+		lastOutput  time.Duration
+		busyGrace   time.Duration
+		wantHealthy bool
+	}{
+		{name: "timeouts while streaming", probe: timeout, streaming: true, wantHealthy: true},
+		{name: "timeouts, output within the grace", probe: timeout, lastOutput: 3 * time.Second, wantHealthy: true},
+		{name: "timeouts, output older than the grace", probe: timeout, lastOutput: 6 * time.Second, wantHealthy: false},
+		{name: "timeouts, never any output", probe: timeout, wantHealthy: false},
+		{name: "refused while streaming", probe: errProbe, streaming: true, wantHealthy: false},
+		{name: "timeouts while streaming, grace off", probe: timeout, streaming: true, busyGrace: -1, wantHealthy: false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newFakeClock()
+			r := newReplica(t, "a", c, replicaOpts{})
+			// Interval 2s × threshold 2 + timeout 1s: the default grace is 5s.
+			h := balancer.NewHealthChecker(balancer.HealthConfig{BusyGrace: tc.busyGrace},
+				newFakeProber(map[string][]error{"a": {tc.probe}}),
+				func() []*balancer.Replica { return []*balancer.Replica{r} }, nil)
+			if tc.lastOutput > 0 {
+				l, err := r.Acquire()
+				if err != nil {
+					t.Fatal(err)
+				}
+				l.Alive()
+				l.Done(nil)
+				c.advance(tc.lastOutput)
+			}
+			for range 4 {
+				if tc.streaming {
+					l, err := r.Acquire()
+					if err != nil {
+						t.Fatal(err)
+					}
+					l.Alive()
+					l.Done(balancer.ErrNotReplicaFault)
+				}
+				h.CheckOnce(context.Background())
+			}
+			if r.Healthy() != tc.wantHealthy {
+				t.Fatalf("healthy = %v after 4 rounds, want %v", r.Healthy(), tc.wantHealthy)
+			}
+		})
+	}
+}
+
+// TestLeaseAliveStamps: a completed request and a relayed token both count
+// as output; a failed request does not.
+func TestLeaseAliveStamps(t *testing.T) {
+	c := newFakeClock()
+	r := newReplica(t, "a", c, replicaOpts{})
+	if r.AliveWithin(time.Hour) {
+		t.Fatal("a replica that never served is alive")
+	}
+	l, _ := r.Acquire()
+	l.Done(errProbe)
+	if r.AliveWithin(time.Hour) {
+		t.Fatal("a failed request counted as output")
+	}
+	l, _ = r.Acquire()
+	l.Done(nil)
+	if !r.AliveWithin(0) {
+		t.Fatal("a completed request did not count as output")
+	}
+	c.advance(time.Minute)
+	if r.AliveWithin(time.Second) {
+		t.Fatal("output a minute ago counts within a second")
+	}
+	l, _ = r.Acquire()
+	l.Alive()
+	if !r.AliveWithin(time.Second) {
+		t.Fatal("a relayed token did not count as output")
+	}
+	l.Done(balancer.ErrNotReplicaFault)
+}

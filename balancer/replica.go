@@ -84,6 +84,12 @@ type Replica struct {
 
 	tel telemetry
 
+	// alive is when (unix nanos) the replica last showed life through
+	// traffic: a token relayed or a request completed. It lets the health
+	// checker tell a replica too busy to answer a probe in time from a dead
+	// one (0 = never).
+	alive atomic.Int64
+
 	kvReserved   atomic.Int64 // KV footprint (tokens) of requests in flight, router-side
 	longPrefills atomic.Int64 // requests with a long prompt not yet past their first token
 
@@ -232,6 +238,25 @@ func (r *Replica) SetDraining(on bool) { r.draining.Store(on) }
 // Draining reports whether the replica is draining.
 func (r *Replica) Draining() bool { return r.draining.Load() }
 
+// aliveResolution is how stale the alive stamp may get: under heavy
+// streaming every token would otherwise store to the same cache line from
+// every stream on the replica.
+const aliveResolution = 100 * time.Millisecond
+
+func (r *Replica) markAlive(now time.Time) {
+	n := now.UnixNano()
+	if n-r.alive.Load() >= int64(aliveResolution) {
+		r.alive.Store(n)
+	}
+}
+
+// AliveWithin reports whether the replica delivered output (a token or a
+// completed response) within d before its clock's now.
+func (r *Replica) AliveWithin(d time.Duration) bool {
+	a := r.alive.Load()
+	return a != 0 && r.now().UnixNano()-a <= int64(d)
+}
+
 // Lease is one request's hold on a replica, from Acquire to Done. It is
 // used by one goroutine at a time (the request's).
 type Lease struct {
@@ -291,6 +316,16 @@ func (l Lease) Progress(n int64) {
 	l.r.tel.outstanding.Add(-n)
 }
 
+// Alive records that the replica just delivered output (a token reached
+// the router): passive evidence of life the health checker weighs against
+// probe timeouts. It reads the replica's clock, so the stamp and
+// AliveWithin always agree on what now is.
+func (l Lease) Alive() {
+	if l.r != nil {
+		l.r.markAlive(l.r.now())
+	}
+}
+
 // PrefillDone marks the end of the request's prefill (its first token).
 func (l Lease) PrefillDone() {
 	if l.r != nil && l.st.long {
@@ -315,6 +350,9 @@ func (l Lease) Done(err error) {
 	l.st.remaining = 0
 	l.r.kvReserved.Add(-l.st.kv)
 	l.st.kv = 0
+	if err == nil {
+		l.r.markAlive(l.r.now())
+	}
 	l.done(err)
 }
 

@@ -106,6 +106,7 @@ func (x *exchange) tokenChunk(now time.Time) {
 		}
 	}
 	x.lease.Progress(1)
+	x.lease.Alive()
 	x.lastTok = now
 }
 
