@@ -42,6 +42,7 @@ type relay struct {
 	eof     bool  // nothing more will be written after out
 	failure error // why the stream ended badly (nil for a clean end)
 	errEv   bool  // the upstream sent an error event
+	gotBody bool  // a byte of the body has arrived (the idle timeout now applies, not first_byte)
 
 	abortErr  atomic.Pointer[error] // set by abort, from the watcher
 	watch     *clientWatch
@@ -105,6 +106,7 @@ func (r *relay) fill() error {
 	n, err := r.body.Read(r.in[len(r.in):cap(r.in)])
 	r.in = r.in[:len(r.in)+n]
 	if n > 0 {
+		r.gotBody = true
 		r.process()
 	}
 	if err == nil {
@@ -127,6 +129,10 @@ func (r *relay) fill() error {
 		r.eof = true
 	case errors.Is(err, io.EOF):
 		r.fail(errBrokenStream)
+	case isTimeout(err) && !r.gotBody:
+		// The engine answered the head but not yet the first event (a
+		// stream queued or in prefill): upstream.go's first_byte bound.
+		r.fail(fmt.Errorf("%w: no first stream event within %s", ErrTimeout, r.x.s.cfg.FirstByteTimeout))
 	case isTimeout(err):
 		r.fail(fmt.Errorf("%w: no stream event for %s", ErrTimeout, r.x.s.cfg.IdleTimeout))
 	default:
