@@ -34,7 +34,8 @@ func NewPoolCapacity(p *balancer.Pool, sat admission.SaturationConfig, staleAfte
 }
 
 // Admissible implements admission.Capacity. It runs under the controller's
-// lock: a scan of atomics, no allocation.
+// lock: a scan of atomics, no allocation. A pool with no available replica
+// admits everything, so that the proxy refuses it at once (503).
 func (c *PoolCapacity) Admissible(cost admission.Cost) bool {
 	now := c.now()
 	allStale := c.allStale(now)
@@ -58,6 +59,12 @@ func (c *PoolCapacity) Admissible(cost admission.Cost) bool {
 	// A long prompt may not take the last replicas free of long prefills:
 	// short requests must always have somewhere to start at once.
 	switch {
+	case available == 0:
+		// No replica can take anything, however long a request waits: let
+		// it through so the proxy answers 503 now, as it does a request
+		// arriving while the pool is down, instead of holding it in a
+		// queue that nothing will drain until a replica returns.
+		return true
 	case !fits || c.sat.ShortLanes <= 0:
 		return fits
 	case available > c.sat.ShortLanes:

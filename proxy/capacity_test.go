@@ -60,6 +60,14 @@ func TestPoolCapacityKeepsAShortLane(t *testing.T) {
 	if c.Admissible(short) {
 		t.Fatal("saturated pool admitted a request")
 	}
+	// Every replica down: waiting can't help, the request goes through to
+	// be refused by the pick.
+	for _, r := range reps {
+		r.SetHealthy(false)
+	}
+	if !c.Admissible(short) || !c.Admissible(long) {
+		t.Fatal("a pool with no replica up held a request back")
+	}
 }
 
 // Stale telemetry saturates a replica while another has fresh numbers; when

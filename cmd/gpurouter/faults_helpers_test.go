@@ -144,6 +144,7 @@ type debugReplica struct {
 	Engine   *struct {
 		Running, Waiting int
 		KVUsage          float64
+		KVCapacityTokens int64
 		At               time.Time
 	} `json:"engine"`
 }

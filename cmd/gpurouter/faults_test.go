@@ -287,6 +287,77 @@ func TestFaultAllReplicasDown503Fast(t *testing.T) {
 	}
 }
 
+// Requests waiting in the admission queue when the last replica goes down
+// get the same 503 as requests arriving after it: nothing drains that queue
+// until a replica returns, so holding them would be a hang. Streams already
+// running on the replicas are not touched.
+func TestFaultAllReplicasDownFlushesAdmissionQueue(t *testing.T) {
+	fleet := startSimFleet(t, 2, nil)
+	cfg := faultConfig(fleet.URLs(), "least_loaded")
+	// A token budget of 0.1% of the KV cache: one long stream saturates a
+	// replica, so later requests wait at the router.
+	cfg.Admission.Saturation.TokenBudgetRatio = 0.001
+	tr := startTestRouter(t, cfg, nil)
+	eventually(t, 5*time.Second, "the engines never reported their KV capacity", func() bool {
+		for _, r := range tr.replicas() {
+			if r.Engine == nil || r.Engine.KVCapacityTokens == 0 {
+				return false
+			}
+		}
+		return true
+	})
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	holders := make(chan clientView, 2)
+	for range 2 {
+		go func() { holders <- post(ctx, http.DefaultClient, tr.base, chatRequest(true, 1500), nil) }()
+	}
+	eventually(t, 5*time.Second, "the long streams did not take one replica each", func() bool {
+		reps := tr.replicas()
+		return reps["r0"].InFlight == 1 && reps["r1"].InFlight == 1
+	})
+	queued := make(chan clientView, 3)
+	for range 3 {
+		go func() { queued <- post(ctx, http.DefaultClient, tr.base, chatRequest(false, 8), nil) }()
+	}
+	eventually(t, 5*time.Second, "requests did not wait in the admission queue", func() bool {
+		return sumMetric(t, tr.base+"/metrics", "gpurouter_admission_queue_depth") == 3
+	})
+
+	for _, rep := range fleet.Replicas() {
+		if err := rep.SetFaults(sim.Faults{Health: "fail"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 5*time.Second, "the health checker never marked both replicas down", func() bool {
+		reps := tr.replicas()
+		return !reps["r0"].Healthy && !reps["r1"].Healthy
+	})
+	down := time.Now()
+	for range 3 {
+		select {
+		case v := <-queued:
+			if code, _ := errorCode(v.body); v.status != 503 || code != "no_healthy_replica" {
+				t.Fatalf("queued client saw %+v, want 503 no_healthy_replica", v)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a queued request still waits 10 s after every replica went down")
+		}
+	}
+	if d := time.Since(down); d > 2*time.Second {
+		t.Fatalf("queued requests answered %v after the pool went down, want at once", d)
+	}
+	if reps := tr.replicas(); reps["r0"].InFlight != 1 || reps["r1"].InFlight != 1 {
+		t.Fatalf("the running streams were disturbed: %+v", reps)
+	}
+	cancel()
+	for range 2 {
+		<-holders
+	}
+	tr.waitIdle(5 * time.Second)
+}
+
 // Clients that hang up at random points — while queued at the router,
 // during prefill, mid-stream, during a non-streamed generation — leave
 // nothing behind: every engine sequence is aborted (the simulator's
