@@ -38,6 +38,7 @@ func (o outcome) String() string { return outcomeNames[o] }
 type exchange struct {
 	s        *Server
 	id       string
+	seq      uint64 // the router's own number for the request (unique, unlike a client-chosen id)
 	ep       endpoint
 	req      request
 	pool     *balancer.Pool

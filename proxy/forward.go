@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"time"
 
 	"github.com/gpurouter/gpurouter/balancer"
@@ -52,6 +53,13 @@ func (s *Server) upstreamRequest(ctx *fasthttp.RequestCtx, x *exchange, ep endpo
 	u.Header.SetMethod(fasthttp.MethodPost)
 	u.SetRequestURI(ep.path())
 	u.Header.Set("X-Request-Id", x.id)
+	// The request's own number, which finds its connection should the
+	// client leave before the engine answers (see pendingSet); X-Request-Id
+	// can't, a client may send the same one twice. Set replaces one the
+	// client sent.
+	x.seq = s.seq.Add(1)
+	var num [20]byte
+	u.Header.SetBytesV(seqHeader, strconv.AppendUint(num[:0], x.seq, 10))
 	u.Header.Set("X-Forwarded-For", ctx.RemoteIP().String())
 	u.SetBodyRaw(body)
 	return u
@@ -135,11 +143,11 @@ func (s *Server) forward(rt *routeTable, x *exchange, ureq *fasthttp.Request, cl
 		// Until the engine answers — a whole non-streamed generation, a
 		// long prefill — only the watch notices a client that leaves (or
 		// the total deadline, or a drain's end) and aborts the request.
-		pr := up.pending.expect(x.id)
+		pr := up.pending.expect(x.seq)
 		w := s.startWatch(x, client, pr.abort)
 		err = up.client.Do(ureq, resp)
 		w.stop()
-		if cause := up.pending.settle(x.id, pr); cause != nil {
+		if cause := up.pending.settle(x.seq, pr); cause != nil {
 			if err == nil {
 				resp.CloseBodyStream() //nolint:errcheck
 			}

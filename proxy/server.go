@@ -75,9 +75,10 @@ type Server struct {
 	ids    func() string
 	sleep  func(time.Duration)
 
-	active       atomic.Int64 // exchanges not yet finished
-	draining     atomic.Bool  // shutdown began: /ready fails, new requests get 503
-	abortStreams atomic.Bool  // drain deadline passed: streams in progress are ended
+	seq          atomic.Uint64 // numbers every request sent upstream (X-Gpurouter-Seq)
+	active       atomic.Int64  // exchanges not yet finished
+	draining     atomic.Bool   // shutdown began: /ready fails, new requests get 503
+	abortStreams atomic.Bool   // drain deadline passed: streams in progress are ended
 }
 
 // New builds a Server. It starts nothing.

@@ -117,6 +117,39 @@ func TestClientDisconnectAbortsUpstream(t *testing.T) {
 	}
 }
 
+// Two requests that carry the same client-chosen X-Request-Id are each
+// aborted when their own client leaves: the router finds a request's
+// upstream connection by its own number, not by the client's id.
+func TestClientDisconnectAbortsUpstreamDuplicateID(t *testing.T) {
+	up := newFakeVLLM(t)
+	up.prefill = time.Minute // the engine answers neither on its own
+	tr := startRouter(t, []string{up.url})
+	var conns []net.Conn
+	for range 2 {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(tr.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		io.WriteString(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: same-id\r\nContent-Type: application/json\r\nContent-Length: "+
+			itoa(len(chatPlain))+"\r\n\r\n"+chatPlain)
+		select {
+		case r := <-up.received:
+			if got := r.Header.Get("X-Request-Id"); got != "same-id" {
+				t.Fatalf("upstream got X-Request-Id %q, want the client's", got)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("upstream never got the request")
+		}
+		conns = append(conns, conn)
+	}
+	for i, conn := range conns {
+		conn.Close()
+		waitFor(t, "upstream to see the cancellation", func() bool { return up.canceled.Load() == int64(i+1) })
+	}
+	waitFor(t, "router to finish both requests", func() bool { return tr.srv.Active() == 0 })
+}
+
 func TestStreamCutWithoutDoneReachesClientAsErrorEvent(t *testing.T) {
 	up := newFakeVLLM(t)
 	up.tokens, up.cutAfter = 10, 3

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"net"
+	"strconv"
 	"sync"
 	"time"
 
@@ -144,54 +145,59 @@ func (c *deadlineConn) SetReadDeadline(time.Time) error { return nil }
 // SetDeadline keeps the write side of fasthttp's deadline only.
 func (c *deadlineConn) SetDeadline(t time.Time) error { return c.Conn.SetWriteDeadline(t) }
 
-// pendingSet holds, by request id, the requests sent to a replica whose
-// response has not started. A client can leave while an engine works on a
-// request without answering yet — a whole non-streamed generation, a long
-// prefill — and fasthttp's client can't be interrupted: closing the
-// connection is what stops the wait, and what tells the engine to abort.
-// The connection is found by the X-Request-Id in the request's head.
-type pendingSet struct{ m sync.Map } // id → *pendingReq
+// pendingSet holds, by the router's request number, the requests sent to a
+// replica whose response has not started. A client can leave while an
+// engine works on a request without answering yet — a whole non-streamed
+// generation, a long prefill — and fasthttp's client can't be interrupted:
+// closing the connection is what stops the wait, and what tells the engine
+// to abort. The connection is found by the X-Gpurouter-Seq in the request's
+// head.
+type pendingSet struct{ m sync.Map } // seq → *pendingReq
 
-// expect registers the request with id before it is sent; nil (no abort
-// possible) when a request with the same client-chosen id is pending.
-func (s *pendingSet) expect(id string) *pendingReq {
+// seqHeader carries the router's number of a request to its replica.
+const seqHeader = "X-Gpurouter-Seq"
+
+var seqLine = []byte("\r\n" + seqHeader + ": ")
+
+// expect registers the request numbered seq before it is sent.
+func (s *pendingSet) expect(seq uint64) *pendingReq {
 	pr := &pendingReq{}
-	if _, dup := s.m.LoadOrStore(id, pr); dup {
-		return nil
-	}
+	s.m.Store(seq, pr)
 	return pr
 }
 
 // settle ends pr's wait (the response started, or the attempt failed) and
 // returns why it was aborted, nil if it wasn't.
-func (s *pendingSet) settle(id string, pr *pendingReq) error {
+func (s *pendingSet) settle(seq uint64, pr *pendingReq) error {
 	if pr == nil {
 		return nil
 	}
-	s.m.CompareAndDelete(id, pr)
+	s.m.CompareAndDelete(seq, pr)
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
 	pr.done, pr.conn = true, nil
 	return pr.cause
 }
 
-var requestIDLine = []byte("\r\nX-Request-Id: ")
-
 // of finds the pending request whose head is head.
 func (s *pendingSet) of(head []byte) *pendingReq {
 	if s == nil {
 		return nil
 	}
-	i := bytes.Index(head, requestIDLine)
+	i := bytes.Index(head, seqLine)
 	if i < 0 {
 		return nil
 	}
-	id := head[i+len(requestIDLine):]
-	j := bytes.IndexByte(id, '\r')
+	num := head[i+len(seqLine):]
+	j := bytes.IndexByte(num, '\r')
 	if j < 0 {
 		return nil
 	}
-	if v, ok := s.m.Load(string(id[:j])); ok {
+	seq, err := strconv.ParseUint(string(num[:j]), 10, 64)
+	if err != nil {
+		return nil
+	}
+	if v, ok := s.m.Load(seq); ok {
 		return v.(*pendingReq)
 	}
 	return nil
