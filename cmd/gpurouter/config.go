@@ -114,6 +114,10 @@ type healthConfig struct {
 	Timeout            time.Duration `yaml:"timeout"`             // default 1s
 	UnhealthyThreshold int           `yaml:"unhealthy_threshold"` // consecutive failures before marking down; default 2
 	HealthyThreshold   int           `yaml:"healthy_threshold"`   // consecutive successes before marking up; default 1
+	// BusyGrace: a probe that times out within this long of the replica's
+	// last relayed token or completed response is inconclusive, not a
+	// failure. 0 = interval × unhealthy_threshold + timeout; negative = off.
+	BusyGrace time.Duration `yaml:"busy_grace"`
 }
 
 type breakerConfig struct {

@@ -420,3 +420,25 @@ pools:
 		})
 	}
 }
+
+// health.busy_grace is accepted (strict decoding would reject an unknown
+// key), kept as written, negative included (off), and 0 when absent so the
+// balancer derives it from the other health options.
+func TestConfigHealthBusyGrace(t *testing.T) {
+	for _, tt := range []struct {
+		yaml string
+		want time.Duration
+	}{
+		{"", 0},
+		{"health: {busy_grace: 12s}\n", 12 * time.Second},
+		{"health: {busy_grace: -1s}\n", -time.Second},
+	} {
+		cfg, err := parseConfig([]byte(tt.yaml + "pools: [{model: m, replicas: [{url: 'http://10.0.0.7:8000'}]}]\n"))
+		if err != nil {
+			t.Fatalf("%q: %v", tt.yaml, err)
+		}
+		if cfg.Health.BusyGrace != tt.want {
+			t.Errorf("%q: busy_grace = %v, want %v", tt.yaml, cfg.Health.BusyGrace, tt.want)
+		}
+	}
+}

@@ -100,6 +100,7 @@ func newRouter(cfg fileConfig, log *zap.Logger) (*router, error) {
 		Timeout:            cfg.Health.Timeout,
 		UnhealthyThreshold: cfg.Health.UnhealthyThreshold,
 		HealthyThreshold:   cfg.Health.HealthyThreshold,
+		BusyGrace:          cfg.Health.BusyGrace,
 	}, balancer.HTTPProber{Path: cfg.Health.Path}, func() []*balancer.Replica { return r.state.Load().replicas }, log)
 	return r, nil
 }
