@@ -124,6 +124,13 @@ func (s *Server) forward(rt *routeTable, x *exchange, ureq *fasthttp.Request, cl
 			return nil, lastErr
 		}
 		tried = append(tried, rep)
+		up := s.upstreamOf(rt, rep)
+		if up == nil {
+			// A reload put the replica in its pool and has not yet
+			// published the table that connects to it: not routable yet,
+			// and nothing was sent, so not an attempt.
+			continue
+		}
 		lease, err := rep.AcquireCostKV(x.prefillCost+x.outputCost, x.kvCost, x.longCap > 0)
 		if err != nil {
 			// An open breaker is not an attempt: nothing was sent.
@@ -135,7 +142,6 @@ func (s *Server) forward(rt *routeTable, x *exchange, ureq *fasthttp.Request, cl
 		if x.hasTicket {
 			x.ticket.Placed()
 		}
-		up := rt.upstreams[rep]
 		resp := fasthttp.AcquireResponse()
 		resp.StreamBody = true
 		ureq.Header.SetHost(rep.Addr())
@@ -183,6 +189,18 @@ func (s *Server) forward(rt *routeTable, x *exchange, ureq *fasthttp.Request, cl
 		return resp, nil
 	}
 	return nil, lastErr
+}
+
+// upstreamOf is rep's upstream: from rt, the table the request was routed
+// with, or for a replica added to its pool since, from the current table.
+// Pools are updated in place on reload, so a request can pick a replica
+// newer than its table; nil until the table that has it is published.
+func (s *Server) upstreamOf(rt *routeTable, rep *balancer.Replica) *upstream {
+	if u, ok := rt.upstream(rep); ok {
+		return u
+	}
+	u, _ := s.routes.Load().upstream(rep)
+	return u
 }
 
 func upstreamError(rep *balancer.Replica, err error) error {

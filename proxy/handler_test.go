@@ -293,3 +293,43 @@ func TestPathPrefixRoutesWithoutModel(t *testing.T) {
 		t.Errorf("upstream path %q", r.URL.Path)
 	}
 }
+
+// A reload updates a pool's replicas in place before it publishes the
+// route table with their upstream connections (SetPools). A request
+// that picks a replica in between must not use a missing upstream: it goes
+// to a replica the router can reach, and the new one takes traffic once
+// its table is published.
+func TestReplicaAddedBeforeRoutesPublished(t *testing.T) {
+	old, added := newFakeVLLM(t), newFakeVLLM(t)
+	tr := startRouter(t, []string{old.url}, withPolicy("round_robin"))
+	r1, err := balancer.NewReplica(balancer.ReplicaConfig{Name: "r1", URL: added.url}, balancer.BreakerConfig{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.pool.SetReplicas([]*balancer.Replica{tr.reps[0], r1})
+	served := func() map[string]int {
+		m := map[string]int{}
+		for range 6 {
+			resp := post(t, tr.url+"/v1/chat/completions", chatPlain)
+			io.Copy(io.Discard, resp.Body) //nolint:errcheck
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+			m[resp.Header.Get("X-Gpurouter-Replica")]++
+		}
+		return m
+	}
+	if got := served(); got["r0"] != 6 {
+		t.Fatalf("before the routes are published: served by %v, want r0 only", got)
+	}
+	if n := r1.InFlight(); n != 0 {
+		t.Fatalf("r1 holds %d leases after being skipped", n)
+	}
+	if err := tr.srv.SetPools([]*balancer.Pool{tr.pool}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := served(); got["r0"] != 3 || got["r1"] != 3 {
+		t.Fatalf("after: served by %v, want 3 and 3", got)
+	}
+}
