@@ -103,11 +103,11 @@ func (e EstimateConfig) Validate() error {
 // weighted by size), and the distribution of completion lengths of
 // requests sent without max_tokens (a decaying running quantile).
 //
-// The raw estimate can come from anywhere — the shared BPE estimator
-// (admission/tokens) or even bytes/4 — since the correction is learned
-// against the engine's own count. Cost reads lock-free; Observe takes the
-// estimator's own lock. Safe for concurrent use. Build with NewEstimator;
-// the zero value is not usable.
+// The raw estimate can come from anywhere — the router passes bytes/4 of
+// the prompt; tests may pass a BPE count (bench/tokens) — since the
+// correction is learned against the engine's own count. Cost reads
+// lock-free; Observe takes the estimator's own lock. Safe for concurrent
+// use. Build with NewEstimator; the zero value is not usable.
 type Estimator struct {
 	cfg EstimateConfig
 	m   *poolMetrics // nil: no metrics

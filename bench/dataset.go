@@ -8,7 +8,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/gpurouter/gpurouter/admission/tokens"
+	"github.com/gpurouter/gpurouter/bench/tokens"
 )
 
 // Dataset names accepted by LoadDataset (--dataset-name).

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpurouter/gpurouter/admission/tokens"
+	"github.com/gpurouter/gpurouter/bench/tokens"
 )
 
 func newEstimator(t testing.TB) *tokens.Estimator {

@@ -15,7 +15,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/gpurouter/gpurouter/admission/tokens"
+	"github.com/gpurouter/gpurouter/bench/tokens"
 )
 
 // Endpoints the load generator speaks.

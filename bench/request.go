@@ -14,7 +14,7 @@ type Request struct {
 	// seeds give prompts that share no prefix.
 	PromptSeed uint64
 	// PromptTokens is the prompt length in tokens (counted with
-	// admission/tokens, or given by the trace).
+	// bench/tokens, or given by the trace).
 	PromptTokens int
 	// OutputTokens is the requested output length: max_tokens in the body.
 	OutputTokens int

@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpurouter/gpurouter/admission/tokens"
 	"github.com/gpurouter/gpurouter/balancer"
 	"github.com/gpurouter/gpurouter/bench/sim"
+	"github.com/gpurouter/gpurouter/bench/tokens"
 	"github.com/gpurouter/gpurouter/proxy"
 )
 

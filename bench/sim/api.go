@@ -9,7 +9,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/gpurouter/gpurouter/admission/tokens"
+	"github.com/gpurouter/gpurouter/bench/tokens"
 )
 
 // Handler returns the replica's HTTP API as a fasthttp handler, for mounting

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gpurouter/gpurouter/admission/tokens"
+	"github.com/gpurouter/gpurouter/bench/tokens"
 	"github.com/gpurouter/gpurouter/gpu"
 )
 

@@ -44,7 +44,7 @@
 // # Simplifications
 //
 // Generated text is one filler word per token. Prompt tokens are counted with
-// the shared estimator (admission/tokens), and prefix-cache blocks are
+// the benchmark's BPE counter (bench/tokens), and prefix-cache blocks are
 // hashed over words rather than token ids. No speculative decoding, LoRA,
 // logprobs or n>1. vllm:cache_config_info also carries model_name (vLLM's has
 // only engine) so that every vllm:* series has both labels. Counters survive

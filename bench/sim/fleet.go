@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gpurouter/gpurouter/admission/tokens"
+	"github.com/gpurouter/gpurouter/bench/tokens"
 )
 
 // FleetConfig describes N replicas on loopback ports, one process. Only

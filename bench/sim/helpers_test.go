@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpurouter/gpurouter/admission/tokens"
+	"github.com/gpurouter/gpurouter/bench/tokens"
 )
 
 // The estimator loads a BPE vocabulary: build it once for all tests.

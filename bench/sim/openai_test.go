@@ -11,7 +11,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
-	"github.com/gpurouter/gpurouter/admission/tokens"
+	"github.com/gpurouter/gpurouter/bench/tokens"
 )
 
 // TestOpenAISDK drives a replica with the official Go SDK, unchanged: chat

@@ -14,8 +14,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gpurouter/gpurouter/admission/tokens"
 	"github.com/gpurouter/gpurouter/bench"
+	"github.com/gpurouter/gpurouter/bench/tokens"
 )
 
 // benchFlags are the flags every `gpurouter bench` form shares: vllm bench

@@ -17,9 +17,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/gpurouter/gpurouter/admission/tokens"
 	"github.com/gpurouter/gpurouter/bench"
 	"github.com/gpurouter/gpurouter/bench/sim"
+	"github.com/gpurouter/gpurouter/bench/tokens"
 )
 
 // demoPercentiles are the percentiles the demo reports.

@@ -2,9 +2,12 @@
 // with a real BPE vocabulary embedded in the binary (cl100k_base via
 // tiktoken-go), so no file or network is needed at run time.
 //
-// The router, the simulator and the benchmark all count with this one
-// package, so a prompt the benchmark synthesises to N tokens is N tokens to
-// the simulator and roughly N to the router's admission control.
+// The benchmark and the simulator (bench/sim) count with this one package,
+// so a prompt the benchmark synthesises to N tokens is N tokens to the
+// simulator. The router does not use it: its admission control estimates a
+// prompt from its size in bytes (bytes/4) and corrects that raw estimate by
+// a ratio it learns from the token counts the engine reports
+// (admission.Estimator), so it needs no vocabulary for the served model.
 package tokens
 
 import (
@@ -17,8 +20,7 @@ import (
 // Chat-template overheads, in tokens. Chat templates wrap every message in
 // role markers and separators; OpenAI documents 3 tokens per message plus 3
 // to prime the reply for its own models, and Llama/Qwen templates land within
-// a few tokens of that. The per-model correction learned by admission absorbs
-// the rest.
+// a few tokens of that.
 const (
 	PerMessageOverhead = 3
 	ReplyPriming       = 3
