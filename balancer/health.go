@@ -76,6 +76,11 @@ type HealthConfig struct {
 	// marking the last busy replicas down turns overload into an outage.
 	// Refusals (connection refused, non-200) always count.
 	BusyGrace time.Duration
+	// NewTicker paces Run's rounds: it returns a channel that delivers a
+	// tick every d and a function that stops it. Injected so tests drive
+	// rounds one tick at a time instead of waiting for Interval; nil means
+	// time.NewTicker.
+	NewTicker func(d time.Duration) (ticks <-chan time.Time, stop func())
 }
 
 func (c HealthConfig) withDefaults() HealthConfig {
@@ -94,7 +99,16 @@ func (c HealthConfig) withDefaults() HealthConfig {
 	if c.BusyGrace == 0 {
 		c.BusyGrace = c.Interval*time.Duration(c.UnhealthyThreshold) + c.Timeout
 	}
+	if c.NewTicker == nil {
+		c.NewTicker = realTicker
+	}
 	return c
+}
+
+// realTicker is HealthConfig.NewTicker over package time.
+func realTicker(d time.Duration) (<-chan time.Time, func()) {
+	t := time.NewTicker(d)
+	return t.C, t.Stop
 }
 
 // HealthChecker probes every replica periodically and flips Replica.Healthy
@@ -124,16 +138,17 @@ func NewHealthChecker(cfg HealthConfig, prober Prober, replicas func() []*Replic
 	}
 }
 
-// Run probes every Interval until ctx ends.
+// Run probes at once and then on every tick of the config's ticker (every
+// Interval) until ctx ends.
 func (h *HealthChecker) Run(ctx context.Context) error {
-	t := time.NewTicker(h.cfg.Interval)
-	defer t.Stop()
+	ticks, stop := h.cfg.NewTicker(h.cfg.Interval)
+	defer stop()
 	for {
 		h.CheckOnce(ctx)
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-t.C:
+		case <-ticks:
 		}
 	}
 }

@@ -53,6 +53,10 @@ type Options struct {
 	Jitter func(n int64) int64   // uniform in [0,n); nil means math/rand/v2
 	IDs    func() string         // request id generator; nil means a per-process prefix and a counter
 	Sleep  func(d time.Duration) // retry backoff; nil means time.Sleep
+
+	// AfterFunc arms the timers that watch a response in progress for a
+	// vanished client (see watch.go); nil means time.AfterFunc.
+	AfterFunc func(d time.Duration, f func()) Timer
 }
 
 // Server is the router's HTTP front end. Build with New, run with Serve,
@@ -75,6 +79,8 @@ type Server struct {
 	ids    func() string
 	sleep  func(time.Duration)
 
+	afterFunc func(time.Duration, func()) Timer // nil means time.AfterFunc
+
 	seq          atomic.Uint64 // numbers every request sent upstream (X-Gpurouter-Seq)
 	active       atomic.Int64  // exchanges not yet finished
 	draining     atomic.Bool   // shutdown began: /ready fails, new requests get 503
@@ -95,6 +101,7 @@ func New(o Options) (*Server, error) {
 		ids:    o.IDs,
 		sleep:  o.Sleep,
 	}
+	s.afterFunc = o.AfterFunc
 	if s.log == nil {
 		s.log = zap.NewNop()
 	}

@@ -19,8 +19,25 @@ type clientWatch struct {
 	raw     syscall.RawConn // nil when the client conn is not a plain socket (TLS, in-memory)
 	abort   func(error)
 	every   time.Duration
-	timer   *time.Timer
+	timer   Timer
 	stopped atomic.Bool
+}
+
+// Timer is the part of *time.Timer a watch uses: what Options.AfterFunc
+// returns, so tests can fire a watch's checks by hand instead of waiting
+// for DisconnectCheck.
+type Timer interface {
+	Reset(d time.Duration) bool
+	Stop() bool
+}
+
+// newTimer arms a timer with the server's injected factory, or with
+// time.AfterFunc when Options.AfterFunc was nil.
+func (s *Server) newTimer(d time.Duration, f func()) Timer {
+	if s.afterFunc != nil {
+		return s.afterFunc(d, f)
+	}
+	return time.AfterFunc(d, f)
 }
 
 // startWatch arms a watch over conn that calls abort at most once.
@@ -40,7 +57,7 @@ func (s *Server) startWatch(x *exchange, conn net.Conn, abort func(error)) *clie
 	}
 	// tick reads w.timer: arm it only once the field is set (Reset orders
 	// the write before the tick, for the race detector as for the CPU).
-	w.timer = time.AfterFunc(time.Duration(math.MaxInt64), w.tick)
+	w.timer = s.newTimer(time.Duration(math.MaxInt64), w.tick)
 	w.timer.Reset(w.every)
 	return w
 }
