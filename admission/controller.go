@@ -13,6 +13,10 @@ type Deps struct {
 	// only Config.MaxInFlight and MaxOutstandingTokens limit admission (with
 	// neither set, every request is admitted at once).
 	Capacity Capacity
+	// Pool, when Capacity is nil, is the pool the controller judges with
+	// Config.Saturation (SaturationConfig.Admissible over Pool.Loads): the
+	// router's case. nil with no Capacity: no pool-side limit.
+	Pool LoadSource
 	// Clock is the source of time and timers. nil means the wall clock.
 	Clock Clock
 	// Metrics receives the pool's series. nil means none are exported.
@@ -92,6 +96,9 @@ func New(model string, cfg Config, d Deps) (*Controller, error) {
 	for i := range c.classes {
 		c.classes[i] = newClassQ()
 	}
+	if c.cap == nil && d.Pool != nil {
+		c.cap = &poolCapacity{pool: d.Pool, sat: cfg.Saturation, clock: d.Clock}
+	}
 	return c, nil
 }
 
@@ -125,7 +132,7 @@ func (c *Controller) Admit(ctx context.Context, cost Cost) (Ticket, error) {
 		c.mu.Unlock()
 		c.m.admittedNow.Inc()
 		c.m.wait.Observe(0)
-		return Ticket{c: c, cost: cost, tokens: tokens}, nil
+		return Ticket{c: c, cost: cost, tokens: tokens, longCap: c.cfg.Saturation.LongPrefillCap(cost)}, nil
 	}
 	return c.admitSlow(ctx, cost, tokens)
 }
@@ -339,7 +346,7 @@ func (c *Controller) grant(e *entry, now time.Time) {
 	c.outstanding += e.tokens
 	c.unplaced++
 	waited := now.Sub(e.arrived)
-	e.ticket = Ticket{c: c, cost: e.cost, tokens: e.tokens, waited: waited, unplaced: true}
+	e.ticket = Ticket{c: c, cost: e.cost, tokens: e.tokens, waited: waited, unplaced: true, longCap: c.cfg.Saturation.LongPrefillCap(e.cost)}
 	close(e.ready)
 	c.m.admittedWait.Inc()
 	c.m.wait.Observe(waited.Seconds())

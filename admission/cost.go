@@ -63,6 +63,9 @@ type Ticket struct {
 	cost   Cost
 	tokens int64 // charged tokens, as counted at admission
 	waited time.Duration
+	// longCap is the per-replica long-prefill cap the request must
+	// respect when placed (SaturationConfig.LongPrefillCap); 0 for none.
+	longCap int
 	// unplaced: admitted from the queue and not yet Placed, so the queue
 	// holds back the next admission until it is (see Config.MaxUnplaced).
 	unplaced bool
@@ -103,6 +106,11 @@ func (t *Ticket) ReleaseUsage(u Usage) {
 
 // Cost is the cost the ticket was admitted with.
 func (t *Ticket) Cost() Cost { return t.cost }
+
+// LongPrefillCap is the number of long prefills a replica may already be
+// running for this request to be placed there (balancer.Request's
+// LongPrefillCap): MaxLongPrefills for a long prompt, 0 (no cap) otherwise.
+func (t *Ticket) LongPrefillCap() int { return t.longCap }
 
 // Waited is how long the request waited in the queue (0 if admitted at once).
 func (t *Ticket) Waited() time.Duration { return t.waited }

@@ -141,12 +141,8 @@ func NewEstimator(cfg EstimateConfig) *Estimator {
 // output, capped by the model's length. Class, Tenant and Deadline are
 // left for the caller.
 func (e *Estimator) Cost(rawPromptTokens, maxTokens int) Cost {
-	raw := max(rawPromptTokens, 0)
-	prompt := int(math.Round(float64(raw) * e.Ratio()))
-	if raw > 0 {
-		prompt = max(prompt, 1)
-	}
-	c := Cost{PromptTokens: prompt, rawPrompt: raw}
+	c := e.PromptCost(rawPromptTokens)
+	prompt := c.PromptTokens
 	if maxTokens > 0 {
 		c.OutputTokens = maxTokens
 	} else {
@@ -157,6 +153,17 @@ func (e *Estimator) Cost(rawPromptTokens, maxTokens int) Cost {
 		c.OutputTokens = min(c.OutputTokens, max(l-prompt, 1))
 	}
 	return c
+}
+
+// PromptCost is the cost of a request that generates nothing (an
+// embedding): the corrected prompt and no output.
+func (e *Estimator) PromptCost(rawPromptTokens int) Cost {
+	raw := max(rawPromptTokens, 0)
+	prompt := int(math.Round(float64(raw) * e.Ratio()))
+	if raw > 0 {
+		prompt = max(prompt, 1)
+	}
+	return Cost{PromptTokens: prompt, rawPrompt: raw}
 }
 
 // Ratio is the learned correction: engine prompt tokens per raw token

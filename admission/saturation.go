@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+
+	"github.com/gpurouter/gpurouter/balancer"
 )
 
 // Defaults for SaturationConfig's zero fields.
@@ -15,10 +17,11 @@ const (
 	DefaultShortLanes        = 1
 )
 
-// Capacity is the one question the Controller asks its pool: could some
+// Capacity is the one question the Controller asks of its pool: could some
 // replica take a request of this cost now without it queueing inside an
-// engine? The balancer's pool answers it by applying SaturationConfig.Fits
-// (and LaneConfig.Serves) to each available replica.
+// engine? With Deps.Pool the controller answers it itself, applying
+// SaturationConfig.Admissible to the pool's load snapshot; a Capacity of
+// one's own replaces that rule (tests, other schedulers).
 //
 // Admissible is called with the controller's lock held, on every admission
 // attempt: it must be fast, must not block or allocate, and must not call
@@ -34,18 +37,8 @@ type CapacityFunc func(c Cost) bool
 func (f CapacityFunc) Admissible(c Cost) bool { return f(c) }
 
 // ReplicaLoad is what the saturation rule reads about one replica: the
-// engine's last report blended with the router's own counts.
-type ReplicaLoad struct {
-	Waiting           int     // requests in the engine's waiting queue (vllm:num_requests_waiting)
-	KVUsage           float64 // KV-cache usage, 0–1 (vllm:kv_cache_usage_perc)
-	KVCapacityTokens  int64   // KV capacity in tokens (num_gpu_blocks × block_size); 0 if unknown
-	OutstandingTokens int64   // router-side tokens admitted to the replica and not finished (as Cost.Tokens counts)
-	LongPrefills      int     // router-side requests with a long prompt not yet past prefill (no first token)
-	// Stale marks telemetry older than the balancer's staleness bound: the
-	// numbers above no longer describe the replica, and it counts as
-	// saturated, never as idle.
-	Stale bool
-}
+// balancer's snapshot (Pool.Loads), staleness already judged there.
+type ReplicaLoad = balancer.ReplicaLoad
 
 // SaturationConfig holds the thresholds of the saturation rule. The zero
 // value means every default; each field says what zero and negative mean.
@@ -73,7 +66,7 @@ type SaturationConfig struct {
 	// ShortLanes is how many of a pool's available replicas are kept free
 	// of long prefills (default 1): a long request waits at the router
 	// rather than take the last replica a short request could start on at
-	// once. Negative means none kept. Applied by the pool's Capacity.
+	// once. Negative means none kept. Applied by Admissible, over the pool.
 	ShortLanes int
 }
 

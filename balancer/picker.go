@@ -10,13 +10,10 @@ import (
 // Request is what a Picker may look at about the request being routed. It is
 // filled once by the proxy's parser; pickers must not retain it.
 type Request struct {
-	Model        string // requested model name as sent by the client
-	PromptTokens int    // estimated prompt size in tokens (0 if unknown)
-	MaxTokens    int    // max_tokens / max_completion_tokens (0 if unset)
-	AffinityKey  string // session key: a session header or the `user` field (may be empty)
-	PrefixHash   uint64 // hash of the prompt's prefix (system prompt / first tokens); 0 if none
-	ArmKey       string // what A/B assignment hashes: the request id, or `user` when set
-	Arm          string // A/B arm: set by the client's header to force one, else by Pool.Pick
+	AffinityKey string // session key: a session header or the `user` field (may be empty)
+	PrefixHash  uint64 // hash of the prompt's prefix (system prompt / first tokens); 0 if none
+	ArmKey      string // what A/B assignment hashes: the request id, or `user` when set
+	Arm         string // A/B arm: set by the client's header to force one, else by Pool.Pick
 	// LongPrefillCap, when > 0, marks the request as a long prefill and
 	// excludes replicas already running that many long prefills, so a long
 	// prompt never queues behind another on one replica while short

@@ -40,7 +40,7 @@ func TestPickAllocs(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				req := &balancer.Request{Model: "m", Now: t0, PrefixHash: 0x9e3779b97f4a7c15, AffinityKey: "session-42", ArmKey: "req-1"}
+				req := &balancer.Request{Now: t0, PrefixHash: 0x9e3779b97f4a7c15, AffinityKey: "session-42", ArmKey: "req-1"}
 				if st.zeroNow {
 					req.Now = time.Time{}
 				}

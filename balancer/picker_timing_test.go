@@ -32,7 +32,7 @@ func BenchmarkPick(b *testing.B) {
 		for _, n := range []int{4, 64, 1000} {
 			b.Run(fmt.Sprintf("%s/%d", policy, n), func(b *testing.B) {
 				pool := benchPool(b, policy, n)
-				req := &balancer.Request{Model: "m", Now: t0, PrefixHash: 0x9e3779b97f4a7c15, AffinityKey: "session-42", ArmKey: "req-1"}
+				req := &balancer.Request{Now: t0, PrefixHash: 0x9e3779b97f4a7c15, AffinityKey: "session-42", ArmKey: "req-1"}
 				b.ReportAllocs()
 				var picked *balancer.Replica
 				for b.Loop() {

@@ -31,7 +31,7 @@ func pickCounts(t *testing.T, pool *balancer.Pool, n int, req func(i int) *balan
 	return counts
 }
 
-func fixedReq(i int) *balancer.Request { return &balancer.Request{Model: "m", Now: t0} }
+func fixedReq(i int) *balancer.Request { return &balancer.Request{Now: t0} }
 
 func newPoolT(t *testing.T, cfg balancer.PoolConfig, rs ...*balancer.Replica) *balancer.Pool {
 	t.Helper()
@@ -198,7 +198,7 @@ func TestAffinityStickyWithBoundedLoad(t *testing.T) {
 			}
 			pool := newPoolT(t, balancer.PoolConfig{Policy: policy}, rs...)
 			key := func(k int) *balancer.Request {
-				return &balancer.Request{Model: "m", Now: t0, PrefixHash: uint64(k)*0x9e3779b97f4a7c15 | 1, AffinityKey: string(rune('A' + k))}
+				return &balancer.Request{Now: t0, PrefixHash: uint64(k)*0x9e3779b97f4a7c15 | 1, AffinityKey: string(rune('A' + k))}
 			}
 			// Sticky: with releases (no load), a key always lands on one replica.
 			for k := 0; k < 8; k++ {
@@ -256,10 +256,10 @@ func TestArmsSharesOverrideAndStability(t *testing.T) {
 	}}, a, b)
 	counts := map[string]int{}
 	for i := 0; i < 4000; i++ {
-		req := &balancer.Request{Model: "m", Now: t0, ArmKey: "req-" + string(rune(i))}
+		req := &balancer.Request{Now: t0, ArmKey: "req-" + string(rune(i))}
 		pool.Pick(req)
 		counts[req.Arm]++
-		again := &balancer.Request{Model: "m", Now: t0, ArmKey: req.ArmKey}
+		again := &balancer.Request{Now: t0, ArmKey: req.ArmKey}
 		pool.Pick(again)
 		if again.Arm != req.Arm {
 			t.Fatalf("same key assigned to %s then %s", req.Arm, again.Arm)
@@ -268,7 +268,7 @@ func TestArmsSharesOverrideAndStability(t *testing.T) {
 	if f := float64(counts["exp"]) / 4000; f < 0.22 || f > 0.28 {
 		t.Errorf("exp share %.3f, want ≈0.25 (%v)", f, counts)
 	}
-	forced := &balancer.Request{Model: "m", Now: t0, ArmKey: "x", Arm: "exp"}
+	forced := &balancer.Request{Now: t0, ArmKey: "x", Arm: "exp"}
 	pool.Pick(forced)
 	if forced.Arm != "exp" {
 		t.Errorf("header-forced arm became %s", forced.Arm)

@@ -36,6 +36,7 @@ type Arm struct {
 // requests in flight.
 type Pool struct {
 	cfg      PoolConfig
+	score    ScoreConfig // cfg.Picker.Score with defaults: the staleness bound Loads applies
 	arms     atomic.Pointer[armSet]
 	replicas atomic.Pointer[[]*Replica]
 	group    atomic.Int64 // requests in flight on the pool's replicas
@@ -55,7 +56,7 @@ type armPicker struct {
 
 // NewPool builds a pool with its policy (or arms) and replicas.
 func NewPool(cfg PoolConfig, replicas []*Replica) (*Pool, error) {
-	p := &Pool{cfg: cfg}
+	p := &Pool{cfg: cfg, score: cfg.Picker.Score.withDefaults()}
 	p.replicas.Store(&[]*Replica{})
 	var err error
 	if len(cfg.Arms) > 0 {

@@ -78,10 +78,16 @@ func (c *ScoreConfig) freshEngine(r *Replica, now time.Time) (e *EngineLoad, sta
 	if e == nil {
 		return nil, false
 	}
-	if now.Sub(e.At) > c.StaleAfter {
+	if c.stale(e, now) {
 		return nil, true
 	}
 	return e, false
+}
+
+// stale is the one staleness rule: the pickers' scores and the load
+// snapshot admission reads (Pool.Loads) both apply it.
+func (c *ScoreConfig) stale(e *EngineLoad, now time.Time) bool {
+	return now.Sub(e.At) > c.StaleAfter
 }
 
 // loadScore is least_loaded's score: requests running and waiting in the

@@ -61,7 +61,7 @@ func routerFor(t testing.TB, model string, urls []string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := proxy.New(proxy.Options{Pools: []*balancer.Pool{pool}})
+	srv, err := proxy.New(proxy.Options{Routes: []proxy.Route{{Pool: pool}}})
 	if err != nil {
 		t.Fatal(err)
 	}

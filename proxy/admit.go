@@ -10,14 +10,6 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// PoolAdmission is one pool's admission control: the controller that
-// queues requests while the pool is saturated, and the capacity answer it
-// asks (also used to keep long prompts off replicas at their cap).
-type PoolAdmission struct {
-	Controller *admission.Controller
-	Capacity   *PoolCapacity
-}
-
 // Request headers that steer admission.
 const (
 	headerPriority = "X-Gpurouter-Priority" // integer class, larger is more urgent; at most the API key's tier
@@ -25,40 +17,58 @@ const (
 	headerTimeout  = "X-Gpurouter-Timeout"  // "5s" or seconds: refuse at once if the wait would exceed it
 )
 
-// admit holds the request in the pool's queue until a replica can take it,
-// it is shed, or the client leaves (found by the same socket watch as a
-// stream). On success the exchange holds the ticket and its cost.
-func (s *Server) admit(ctx *fasthttp.RequestCtx, x *exchange, pa PoolAdmission) error {
-	cost := pa.Controller.Estimate(x.req.promptTokens(), x.req.maxTokens)
-	x.estPrompt = cost.PromptTokens
+// steer completes the request's cost for admission from its headers: its
+// priority class (at most its API key's tier), its tenant (its key, else
+// the header, else the body's user) and its deadline. Pools without
+// admission ignore them.
+func (s *Server) steer(ctx *fasthttp.RequestCtx, x *exchange) error {
+	if x.route.Admission == nil {
+		return nil
+	}
 	if v := ctx.Request.Header.Peek(headerPriority); len(v) > 0 {
 		class, err := strconv.Atoi(string(v))
 		if err != nil {
 			return badParam(headerPriority, "must be an integer priority class")
 		}
-		cost.Class = class
 		if x.keys != nil {
-			cost.Class = min(class, x.class) // a key's tier is its ceiling
+			class = min(class, x.cost.Class) // a key's tier is its ceiling
 		}
-	} else {
-		cost.Class = x.class
+		x.cost.Class = class
 	}
-	cost.Tenant = string(ctx.Request.Header.Peek(headerTenant))
-	if cost.Tenant == "" || x.keys != nil {
-		cost.Tenant = x.tenant // an authenticated client is its key's tenant
+	if x.keys == nil { // an authenticated client is its key's tenant
+		x.cost.Tenant = string(ctx.Request.Header.Peek(headerTenant))
+		if x.cost.Tenant == "" {
+			x.cost.Tenant = x.req.user
+		}
 	}
 	if v := ctx.Request.Header.Peek(headerTimeout); len(v) > 0 {
 		d, err := parseTimeout(string(v))
 		if err != nil {
 			return badParam(headerTimeout, err.Error())
 		}
-		cost.Deadline = x.received.Add(d)
+		x.cost.Deadline = x.received.Add(d)
 	}
+	return nil
+}
 
-	actx, cancel := context.WithCancelCause(context.Background())
+// admit holds the request in its pool's queue until a replica can take
+// it, it is shed, or the client leaves (found by the same socket watch as
+// a stream). On success the exchange holds the ticket. Pools without
+// admission let everything through.
+func (s *Server) admit(ctx *fasthttp.RequestCtx, x *exchange) error {
+	ctl := x.route.Admission
+	if ctl == nil {
+		return nil
+	}
+	// With no replica up the pool can't serve it however long it waits:
+	// 503 now, as without admission, not a queue until one comes back.
+	if x.route.Pool.Available(x.received) == 0 {
+		return fmt.Errorf("%w for model %q", ErrNoReplica, x.route.Pool.Model())
+	}
+	actx, cancel := context.WithCancelCause(s.base)
 	defer cancel(nil)
 	w := s.startWatch(x, ctx.Conn(), cancel)
-	t, err := pa.Controller.Admit(actx, cost)
+	t, err := ctl.Admit(actx, x.cost)
 	w.stop()
 	x.admitted = s.now()
 	if err != nil {
@@ -68,11 +78,6 @@ func (s *Server) admit(ctx *fasthttp.RequestCtx, x *exchange, pa PoolAdmission) 
 		return err
 	}
 	x.ticket = t
-	x.hasTicket = true
-	x.longCap = pa.Capacity.longPrefillCap(cost)
-	x.kvCost = cost.Tokens()
-	x.prefillCost = s.score.Cost(cost.PromptTokens, 0)
-	x.outputCost = int64(max(cost.OutputTokens, 0))
 	return nil
 }
 
@@ -88,12 +93,9 @@ func parseTimeout(v string) (time.Duration, error) {
 }
 
 // releaseTicket gives the admission slot back with the engine's usage, so
-// the estimator learns (once, when the request ends).
+// the estimator learns (once, when the request ends). Without a ticket it
+// does nothing.
 func (x *exchange) releaseTicket() {
-	if !x.hasTicket {
-		return
-	}
-	x.hasTicket = false
 	if x.gotUsage {
 		x.ticket.ReleaseUsage(admission.Usage{PromptTokens: x.promptTokens, CompletionTokens: x.completionTokens})
 		return

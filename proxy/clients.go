@@ -73,31 +73,17 @@ func (s *Server) authenticate(ctx *fasthttp.RequestCtx, x *exchange) error {
 }
 
 // permit checks the authenticated key against the request once its pool
-// is known: the key must allow the pool's model and be within its rate
-// limits. The key's tier and id become the request's priority class and
-// tenant.
+// and cost are known: the key must allow the pool's model and be within
+// its rate limits, charged the request's cost in tokens. The key's tier and
+// id become the request's priority class and tenant.
 func (s *Server) permit(x *exchange) error {
 	if x.keys == nil {
 		return nil
 	}
-	err := x.keys.Permit(x.principal, x.pool.Model(), estimatedTokens(x.ep, &x.req))
+	err := x.keys.Permit(x.principal, x.route.Pool.Model(), x.cost.Tokens())
 	s.authM.record(x.principal, err)
-	x.class, x.tenant = x.principal.Tier, x.principal.ID
+	x.cost.Class, x.cost.Tenant = x.principal.Tier, x.principal.ID
 	return err
-}
-
-// estimatedTokens is what a request charges its key's token bucket: the
-// prompt estimate plus max_tokens (else defaultExpectedOutput; embeddings
-// generate nothing).
-func estimatedTokens(ep endpoint, r *request) int64 {
-	out := r.maxTokens
-	switch {
-	case ep == epEmbeddings:
-		out = 0
-	case out <= 0:
-		out = defaultExpectedOutput
-	}
-	return int64(r.promptTokens() + out)
 }
 
 // serveModelsAuth is /v1/models: with authentication on it needs a valid

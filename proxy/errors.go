@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/gpurouter/gpurouter/admission"
+	"github.com/gpurouter/gpurouter/balancer"
 	"github.com/valyala/fasthttp"
 )
 
@@ -35,35 +36,48 @@ var (
 	ErrRateLimited  = errors.New("rate limit exceeded")
 )
 
-// errorKind is how one sentinel looks to a client.
+// errorKind is what one sentinel means: how it looks to a client, how
+// the request is recorded, and whether the replica is to blame.
 type errorKind struct {
-	err    error
-	status int
-	typ    string // OpenAI error "type"
-	code   string // OpenAI error "code"
+	err     error
+	status  int
+	typ     string  // OpenAI error "type"
+	code    string  // OpenAI error "code"
+	outcome outcome // the request's recorded outcome
+	blame   blame   // what the replica's breaker makes of it
 }
 
-// errorTable maps sentinels to statuses; the first match (errors.Is) wins.
-// Anything not listed is a 500.
+// blame is what an ending means for the replica's circuit breaker.
+type blame uint8
+
+const (
+	blameNone    blame = iota // the replica did its part: a success to the breaker
+	blameReplica              // the replica failed: counts against it
+	blameNeutral              // not the replica's doing (the client left, the router stopped): neither
+)
+
+// errorTable maps sentinels to their meaning; the first match (errors.Is)
+// wins. Anything not listed is a 500 and the replica's fault.
 var errorTable = [...]errorKind{
-	{ErrBadRequest, fasthttp.StatusBadRequest, "invalid_request_error", "invalid_request"},
-	{ErrUnknownModel, fasthttp.StatusNotFound, "invalid_request_error", "model_not_found"},
-	{ErrNotFound, fasthttp.StatusNotFound, "invalid_request_error", "not_found"},
-	{ErrUnauthorized, fasthttp.StatusUnauthorized, "invalid_request_error", "invalid_api_key"},
-	{ErrForbidden, fasthttp.StatusForbidden, "invalid_request_error", "model_not_allowed"},
-	{ErrRateLimited, fasthttp.StatusTooManyRequests, "rate_limit_error", "rate_limit_exceeded"},
-	{ErrMethodNotAllowed, fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed"},
-	{ErrBodyTooLarge, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large"},
-	{ErrHeaderTooLarge, fasthttp.StatusRequestHeaderFieldsTooLarge, "invalid_request_error", "request_header_too_large"},
-	{ErrRequestTimeout, fasthttp.StatusRequestTimeout, "invalid_request_error", "request_timeout"},
-	{ErrShed, fasthttp.StatusTooManyRequests, "rate_limit_error", "rate_limit_exceeded"},
-	{admission.ErrDeadline, fasthttp.StatusTooManyRequests, "rate_limit_error", "deadline_unreachable"},
-	{admission.ErrShed, fasthttp.StatusTooManyRequests, "rate_limit_error", "queue_full"},
-	{ErrNoReplica, fasthttp.StatusServiceUnavailable, "server_error", "no_healthy_replica"},
-	{ErrShuttingDown, fasthttp.StatusServiceUnavailable, "server_error", "shutting_down"},
-	{ErrTimeout, fasthttp.StatusGatewayTimeout, "server_error", "upstream_timeout"},
-	{ErrUpstream, fasthttp.StatusBadGateway, "server_error", "bad_upstream"},
-	{ErrClientGone, 499, "invalid_request_error", "client_closed_request"},
+	{ErrBadRequest, fasthttp.StatusBadRequest, "invalid_request_error", "invalid_request", outcomeClientError, blameNone},
+	{ErrUnknownModel, fasthttp.StatusNotFound, "invalid_request_error", "model_not_found", outcomeClientError, blameNone},
+	{ErrNotFound, fasthttp.StatusNotFound, "invalid_request_error", "not_found", outcomeClientError, blameNone},
+	{ErrUnauthorized, fasthttp.StatusUnauthorized, "invalid_request_error", "invalid_api_key", outcomeClientError, blameNone},
+	{ErrForbidden, fasthttp.StatusForbidden, "invalid_request_error", "model_not_allowed", outcomeClientError, blameNone},
+	{ErrRateLimited, fasthttp.StatusTooManyRequests, "rate_limit_error", "rate_limit_exceeded", outcomeRateLimited, blameNone},
+	{ErrMethodNotAllowed, fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", outcomeClientError, blameNone},
+	{ErrBodyTooLarge, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", outcomeClientError, blameNone},
+	{ErrHeaderTooLarge, fasthttp.StatusRequestHeaderFieldsTooLarge, "invalid_request_error", "request_header_too_large", outcomeClientError, blameNone},
+	{ErrRequestTimeout, fasthttp.StatusRequestTimeout, "invalid_request_error", "request_timeout", outcomeClientError, blameNone},
+	{ErrShed, fasthttp.StatusTooManyRequests, "rate_limit_error", "rate_limit_exceeded", outcomeShed, blameNone},
+	{admission.ErrDeadline, fasthttp.StatusTooManyRequests, "rate_limit_error", "deadline_unreachable", outcomeShed, blameNone},
+	{admission.ErrShed, fasthttp.StatusTooManyRequests, "rate_limit_error", "queue_full", outcomeShed, blameNone},
+	{ErrNoReplica, fasthttp.StatusServiceUnavailable, "server_error", "no_healthy_replica", outcomeNoReplica, blameNone},
+	{ErrShuttingDown, fasthttp.StatusServiceUnavailable, "server_error", "shutting_down", outcomeShutdown, blameNeutral},
+	{ErrTimeout, fasthttp.StatusGatewayTimeout, "server_error", "upstream_timeout", outcomeTimeout, blameReplica},
+	{errBrokenStream, fasthttp.StatusBadGateway, "server_error", "bad_upstream", outcomeBrokenStream, blameReplica},
+	{ErrUpstream, fasthttp.StatusBadGateway, "server_error", "bad_upstream", outcomeUpstreamError, blameReplica},
+	{ErrClientGone, 499, "invalid_request_error", "client_closed_request", outcomeCanceled, blameNeutral},
 }
 
 func classify(err error) errorKind {
@@ -72,7 +86,34 @@ func classify(err error) errorKind {
 			return k
 		}
 	}
-	return errorKind{err: err, status: fasthttp.StatusInternalServerError, typ: "server_error", code: "internal_error"}
+	return errorKind{err: err, status: fasthttp.StatusInternalServerError, typ: "server_error", code: "internal_error", outcome: outcomeUpstreamError, blame: blameReplica}
+}
+
+// outcomeOf is how a request that ended with err (nil for a response
+// relayed whole) and status is recorded, and the error its replica's
+// breaker is told: nil for a success, the error for a failure, the error
+// joined with balancer.ErrNotReplicaFault for neither.
+func outcomeOf(err error, status int) (outcome, error) {
+	if err == nil {
+		// The engine's own answer, passed on.
+		switch {
+		case status < 400:
+			return outcomeOK, nil
+		case status == fasthttp.StatusTooManyRequests:
+			return outcomeShed, balancer.ErrNotReplicaFault
+		case status < 500:
+			return outcomeClientError, nil
+		}
+		return outcomeUpstreamError, errors.New("upstream status " + strconv.Itoa(status))
+	}
+	k := classify(err)
+	switch k.blame {
+	case blameReplica:
+		return k.outcome, err
+	case blameNeutral:
+		return k.outcome, errors.Join(err, balancer.ErrNotReplicaFault)
+	}
+	return k.outcome, nil
 }
 
 // statusOf is the HTTP status an error maps to.

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"errors"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -34,58 +33,82 @@ func (o outcome) String() string { return outcomeNames[o] }
 
 // exchange is one request's journey through the router: what was asked,
 // where it went, and when each thing happened. It lives from the handler
-// until the response stream closes, and is finished exactly once.
+// until the response stream closes, and is finished exactly once. Each
+// group of fields is written by one step of the request path (handler.go)
+// and only read after it.
 type exchange struct {
 	s        *Server
 	id       string
-	seq      uint64 // the router's own number for the request (unique, unlike a client-chosen id)
+	seq      uint64 // the router's own number for the request (unique, unlike a client-chosen id); set by upstreamRequest
 	ep       endpoint
-	req      request
-	pool     *balancer.Pool
-	up       *upstream       // the replica that answered (nil if none did)
-	rm       *replicaMetrics // up's metric children for the request's arm
-	lease    balancer.Lease
-	attempts int
-	arm      string // A/B arm (the policy name outside experiments)
-	affinity string // session key: X-Session-Id, else the body's user
+	received time.Time // full request read by the router
 
-	// prefillCost and outputCost are the work the request was leased
-	// with, in decode-token equivalents; Progress hands them back as
-	// the prefill completes and tokens stream.
-	prefillCost int64
-	outputCost  int64
-	kvCost      int64 // KV footprint reserved on the replica (prompt + expected output), 0 without admission
-	longCap     int   // per-replica long-prefill cap this request must respect (0: not a long prefill)
-
-	class     int       // priority class (from the API key's tier, else 0)
-	tenant    string    // fairness group (the API key id, else the body's user)
+	// Steps 1–2 (handler.go, clients.go): the request, its client and
+	// pool, and its cost — computed once, read by admission, the lease
+	// and the record.
+	req       request
+	route     *poolRoute
+	cost      admission.Cost
+	arm       string    // A/B arm (the policy name outside experiments); the picker may set it in step 4
+	affinity  string    // session key: X-Session-Id, else the body's user
 	principal Principal // the client's API key; zero when auth is off or no valid key came
 	keys      *KeyStore // the store that authenticated principal; nil when auth is off
 
-	ticket    admission.Ticket
-	hasTicket bool
+	// Step 3 (admit.go): the admission ticket; zero without admission.
+	ticket   admission.Ticket
+	admitted time.Time // admission let it through (zero without admission)
 
-	received  time.Time // full request read by the router
-	admitted  time.Time // admission let it through (zero without admission)
+	// Steps 4–5 (handler.go, forward.go): the replica that answered.
+	up        *upstream       // nil if none did
+	rm        *replicaMetrics // up's metric children for the request's arm
+	lease     balancer.Lease
+	attempts  int
 	sent      time.Time // last attempt handed to the upstream client
 	firstByte time.Time // upstream response headers read
-	firstTok  time.Time // first token chunk relayed
-	lastTok   time.Time // last token chunk relayed
-	itlCount  int
-	itlSum    time.Duration
-	itlMax    time.Duration
 
-	estPrompt        int // the router's prompt estimate, before any usage
-	promptTokens     int // from the engine's usage (estimate if none came)
+	// Step 6 (relay.go, forward.go's respondWhole): tokens as they came.
+	firstTok         time.Time // first token chunk relayed
+	lastTok          time.Time // last token chunk relayed
+	itlCount         int
+	itlSum           time.Duration
+	itlMax           time.Duration
+	tokenChunks      int
+	promptTokens     int // from the engine's usage (0 if none came)
 	completionTokens int
 	gotUsage         bool
-	tokenChunks      int
 
+	// Step 7 (finish).
 	status  int
 	outcome outcome
 	err     error
 	done    atomic.Bool
 }
+
+// pool is the pool the request was routed to; nil before step 2.
+func (x *exchange) pool() *balancer.Pool {
+	if x.route == nil {
+		return nil
+	}
+	return x.route.Pool
+}
+
+// leaseCost is what the request holds on the replica it is placed on,
+// all from its one cost: the work in decode-token equivalents (the
+// prompt weighted as the balancer weighs prefill, plus the output), the
+// KV footprint and whether it is a long prefill — both reserved only
+// under admission, whose saturation rule reads them.
+func (x *exchange) leaseCost() (work, kv int64, long bool) {
+	work = x.prefillWork() + int64(max(x.cost.OutputTokens, 0))
+	if x.ticket.Admitted() {
+		kv = x.cost.Tokens()
+		long = x.ticket.LongPrefillCap() > 0
+	}
+	return work, kv, long
+}
+
+// prefillWork is the prompt's share of the lease, handed back when the
+// first token arrives.
+func (x *exchange) prefillWork() int64 { return x.s.score.Cost(x.cost.PromptTokens, 0) }
 
 // tokenChunk records the arrival of a chunk carrying output.
 func (x *exchange) tokenChunk(now time.Time) {
@@ -95,7 +118,7 @@ func (x *exchange) tokenChunk(now time.Time) {
 		if x.rm != nil {
 			x.rm.ttft.Observe(now.Sub(x.received).Seconds())
 		}
-		x.lease.Progress(x.prefillCost)
+		x.lease.Progress(x.prefillWork())
 		x.lease.PrefillDone()
 	} else {
 		gap := now.Sub(x.lastTok)
@@ -109,41 +132,6 @@ func (x *exchange) tokenChunk(now time.Time) {
 	x.lease.Progress(1)
 	x.lease.Alive()
 	x.lastTok = now
-}
-
-// outcomeOf maps a terminal error to an outcome and tells whether the
-// breaker should count it against the replica.
-func outcomeOf(err error, status int) (outcome, error) {
-	switch {
-	case err == nil && status < 400:
-		return outcomeOK, nil
-	case err == nil && status == 429:
-		return outcomeShed, balancer.ErrNotReplicaFault
-	case err == nil && status < 500:
-		return outcomeClientError, nil
-	case err == nil:
-		return outcomeUpstreamError, errors.New("upstream status " + strconv.Itoa(status))
-	case errors.Is(err, ErrClientGone):
-		return outcomeCanceled, errors.Join(err, balancer.ErrNotReplicaFault)
-	case errors.Is(err, ErrShuttingDown):
-		return outcomeShutdown, errors.Join(err, balancer.ErrNotReplicaFault)
-	case errors.Is(err, ErrTimeout):
-		return outcomeTimeout, err
-	case errors.Is(err, errBrokenStream):
-		return outcomeBrokenStream, err
-	case errors.Is(err, ErrNoReplica):
-		return outcomeNoReplica, nil
-	case errors.Is(err, ErrShed), errors.Is(err, admission.ErrShed):
-		return outcomeShed, nil
-	case errors.Is(err, ErrRateLimited):
-		return outcomeRateLimited, nil
-	case errors.Is(err, ErrUnauthorized), errors.Is(err, ErrForbidden):
-		return outcomeClientError, nil
-	case errors.Is(err, ErrBadRequest), errors.Is(err, ErrUnknownModel), errors.Is(err, ErrNotFound),
-		errors.Is(err, ErrMethodNotAllowed), errors.Is(err, ErrBodyTooLarge):
-		return outcomeClientError, nil
-	}
-	return outcomeUpstreamError, err
 }
 
 // finish ends the exchange once: releases the replica, records metrics, the
@@ -166,8 +154,8 @@ func (x *exchange) finish(err error, status int) {
 	s.active.Add(-1)
 
 	model, replica := "", ""
-	if x.pool != nil {
-		model = x.pool.Model()
+	if p := x.pool(); p != nil {
+		model = p.Model()
 	}
 	if x.up != nil {
 		replica = x.up.replica.Name()

@@ -83,112 +83,116 @@ func retryable(status int) bool {
 	return status == fasthttp.StatusBadGateway || status == fasthttp.StatusServiceUnavailable || status == fasthttp.StatusTooManyRequests
 }
 
-// forward picks a replica and sends the request, retrying on another
-// replica when the connection fails or the replica answers 502/503/429 —
-// only possible because nothing has reached the client yet. client is the
-// client's connection, watched until the engine answers. On success the
-// exchange holds the replica's lease and the response is ready to relay.
-func (s *Server) forward(rt *routeTable, x *exchange, ureq *fasthttp.Request, client net.Conn) (*fasthttp.Response, error) {
-	breq := balancer.Request{
-		Model:        x.req.model,
-		PromptTokens: x.req.promptTokens(),
-		MaxTokens:    x.req.maxTokens,
-		AffinityKey:  x.affinity,
-		PrefixHash:   x.req.prefixHash,
-		ArmKey:       x.id,
-		Arm:          x.arm,
-		Now:          x.received,
+// pickRequest is what the picker reads about the request.
+func (x *exchange) pickRequest() balancer.Request {
+	r := balancer.Request{
+		AffinityKey: x.affinity,
+		PrefixHash:  x.req.prefixHash,
+		ArmKey:      x.id,
+		Arm:         x.arm,
+		Now:         x.received,
 		// A long prompt must not queue behind another on one replica.
-		LongPrefillCap: x.longCap,
+		LongPrefillCap: x.ticket.LongPrefillCap(),
 	}
 	if x.req.user != "" {
-		breq.ArmKey = x.req.user // a user stays in one arm across requests
+		r.ArmKey = x.req.user // a user stays in one arm across requests
 	}
-	var triedArr [8]*balancer.Replica
-	tried := triedArr[:0]
-	var lastErr error
-	for attempt := 0; attempt < s.cfg.MaxAttempts; {
-		if attempt > 0 {
-			s.sleep(s.backoff(attempt))
-			if s.totalExceeded(x) {
-				return nil, fmt.Errorf("%w: total deadline passed while retrying (%v)", ErrTimeout, lastErr)
-			}
-			breq.Now = s.now()
-		}
-		rep := x.pool.PickExcept(&breq, tried)
-		x.arm = breq.Arm
-		if rep == nil {
-			if lastErr == nil {
-				return nil, fmt.Errorf("%w for model %q", ErrNoReplica, x.pool.Model())
-			}
-			return nil, lastErr
-		}
-		tried = append(tried, rep)
-		up := s.upstreamOf(rt, rep)
-		if up == nil {
-			// A reload put the replica in its pool and has not yet
-			// published the table that connects to it: not routable yet,
-			// and nothing was sent, so not an attempt.
-			continue
-		}
-		lease, err := rep.AcquireCostKV(x.prefillCost+x.outputCost, x.kvCost, x.longCap > 0)
-		if err != nil {
-			// An open breaker is not an attempt: nothing was sent.
-			lastErr = fmt.Errorf("%w for model %q (breakers open)", ErrNoReplica, x.pool.Model())
-			continue
-		}
-		attempt++
-		x.attempts++
-		if x.hasTicket {
-			x.ticket.Placed()
-		}
-		resp := fasthttp.AcquireResponse()
-		resp.StreamBody = true
-		ureq.Header.SetHost(rep.Addr())
-		x.sent = s.now()
-		// Until the engine answers — a whole non-streamed generation, a
-		// long prefill — only the watch notices a client that leaves (or
-		// the total deadline, or a drain's end) and aborts the request.
-		pr := up.pending.expect(x.seq)
-		w := s.startWatch(x, client, pr.abort)
-		err = up.client.Do(ureq, resp)
-		w.stop()
-		if cause := up.pending.settle(x.seq, pr); cause != nil {
-			if err == nil {
-				resp.CloseBodyStream() //nolint:errcheck
-			}
-			fasthttp.ReleaseResponse(resp)
-			if errors.Is(cause, ErrTimeout) {
-				lease.Done(cause)
-			} else {
-				lease.Done(errors.Join(cause, balancer.ErrNotReplicaFault))
-			}
-			return nil, cause
-		}
-		if err != nil {
-			fasthttp.ReleaseResponse(resp)
-			lastErr = upstreamError(rep, err)
-			lease.Done(lastErr)
-			s.m.retries.WithLabelValues(x.pool.Model(), retryReason(lastErr)).Inc()
-			continue
-		}
-		status := resp.StatusCode()
-		if retryable(status) && attempt < s.cfg.MaxAttempts {
-			if status == fasthttp.StatusTooManyRequests {
-				lease.Done(balancer.ErrNotReplicaFault)
-			} else {
-				lease.Done(fmt.Errorf("upstream status %d", status))
-			}
-			resp.CloseBodyStream()
-			fasthttp.ReleaseResponse(resp)
-			lastErr = fmt.Errorf("%w: %s answered %d", ErrUpstream, rep.Name(), status)
-			s.m.retries.WithLabelValues(x.pool.Model(), fmt.Sprint(status)).Inc()
-			continue
-		}
-		x.up, x.rm, x.lease, x.firstByte = up, up.metricsFor(x.arm), lease, s.now()
-		return resp, nil
+	return r
+}
+
+// noReplica is the error for a request that found no replica to try:
+// why the last one tried failed, else that none is available.
+func (x *exchange) noReplica(lastErr error) error {
+	if lastErr != nil {
+		return lastErr
 	}
-	return nil, lastErr
+	return fmt.Errorf("%w for model %q", ErrNoReplica, x.route.Pool.Model())
+}
+
+// retryWait is the pause before the next try: none while no attempt has
+// gone out, full-jitter backoff after one. It returns the error that ends
+// the request instead: attempts used up, or the total deadline passed.
+func (s *Server) retryWait(x *exchange, pick *balancer.Request, lastErr error) error {
+	if x.attempts >= s.cfg.MaxAttempts {
+		return x.noReplica(lastErr)
+	}
+	if x.attempts > 0 {
+		s.sleep(s.backoff(x.attempts))
+		if s.totalExceeded(x) {
+			return fmt.Errorf("%w: total deadline passed while retrying (%v)", ErrTimeout, lastErr)
+		}
+		pick.Now = s.now()
+	}
+	return nil
+}
+
+// forward sends the request to rep, watching the client until the engine
+// answers. It returns the response to relay (the exchange then holds the
+// replica's lease); or again with the reason rep can't take it — nil when
+// nothing was sent — when another replica may be tried, which is possible
+// only because nothing has reached the client yet: a connection failure,
+// a 502/503/429 before the last attempt, an open breaker; or the error
+// that ends the request (the client left, the deadline passed).
+func (s *Server) forward(rt *routeTable, x *exchange, rep *balancer.Replica, ureq *fasthttp.Request, client net.Conn) (resp *fasthttp.Response, again bool, err error) {
+	up := s.upstreamOf(rt, rep)
+	if up == nil {
+		// A reload put the replica in its pool and has not yet published
+		// the table that connects to it: not routable yet, and nothing
+		// was sent, so not an attempt.
+		return nil, true, nil
+	}
+	work, kv, long := x.leaseCost()
+	lease, err := rep.AcquireCostKV(work, kv, long)
+	if err != nil {
+		// An open breaker is not an attempt: nothing was sent.
+		return nil, true, fmt.Errorf("%w for model %q (breakers open)", ErrNoReplica, x.route.Pool.Model())
+	}
+	x.attempts++
+	x.ticket.Placed()
+	resp = fasthttp.AcquireResponse()
+	resp.StreamBody = true
+	ureq.Header.SetHost(rep.Addr())
+	x.sent = s.now()
+	// Until the engine answers — a whole non-streamed generation, a long
+	// prefill — only the watch notices a client that leaves (or the total
+	// deadline, or a drain's end) and aborts the request.
+	pr := up.pending.expect(x.seq)
+	w := s.startWatch(x, client, pr.abort)
+	err = up.client.Do(ureq, resp)
+	w.stop()
+	if cause := up.pending.settle(x.seq, pr); cause != nil {
+		if err == nil {
+			resp.CloseBodyStream() //nolint:errcheck
+		}
+		fasthttp.ReleaseResponse(resp)
+		if errors.Is(cause, ErrTimeout) {
+			lease.Done(cause)
+		} else {
+			lease.Done(errors.Join(cause, balancer.ErrNotReplicaFault))
+		}
+		return nil, false, cause
+	}
+	if err != nil {
+		fasthttp.ReleaseResponse(resp)
+		err = upstreamError(rep, err)
+		lease.Done(err)
+		s.m.retries.WithLabelValues(x.route.Pool.Model(), retryReason(err)).Inc()
+		return nil, true, err
+	}
+	status := resp.StatusCode()
+	if retryable(status) && x.attempts < s.cfg.MaxAttempts {
+		if status == fasthttp.StatusTooManyRequests {
+			lease.Done(balancer.ErrNotReplicaFault)
+		} else {
+			lease.Done(fmt.Errorf("upstream status %d", status))
+		}
+		resp.CloseBodyStream()
+		fasthttp.ReleaseResponse(resp)
+		s.m.retries.WithLabelValues(x.route.Pool.Model(), strconv.Itoa(status)).Inc()
+		return nil, true, fmt.Errorf("%w: %s answered %d", ErrUpstream, rep.Name(), status)
+	}
+	x.up, x.rm, x.lease, x.firstByte = up, up.metricsFor(x.arm), lease, s.now()
+	return resp, false, nil
 }
 
 // upstreamOf is rep's upstream: from rt, the table the request was routed

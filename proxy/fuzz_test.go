@@ -64,13 +64,17 @@ func FuzzParseRequest(f *testing.F) {
 // explicit 0 stays: the engine refuses it).
 func checkMaxTokensClamp(t *testing.T, body []byte, ep endpoint, r request) {
 	const limit = 16
-	out, err := withMaxTokens(append([]byte(nil), body...), limit)
+	clamped := r
+	out, _, err := clamped.clampOutput(append([]byte(nil), body...), limit)
 	if err != nil {
-		return // refused with 400 (a key given twice; sjson refusing an odd document)
+		return // refused with 400 (sjson refusing an odd document)
 	}
 	r2, err := parseRequest(out, ep)
 	if err != nil || r2.model != r.model || r2.stream != r.stream || r2.maxTokens > limit {
 		t.Fatalf("clamped body parses as %+v (%v), was %+v: %s", r2, err, r, out)
+	}
+	if r2.maxTokens != 0 && r2.maxTokens != clamped.maxTokens {
+		t.Fatalf("the router costs %d output tokens, the engine would read %d: %s", clamped.maxTokens, r2.maxTokens, out)
 	}
 	last := map[string]gjson.Result{}
 	gjson.ParseBytes(out).ForEach(func(k, v gjson.Result) bool { last[k.Str] = v; return true })

@@ -6,6 +6,7 @@ import (
 	"net"
 	"strconv"
 
+	"github.com/gpurouter/gpurouter/admission"
 	"github.com/gpurouter/gpurouter/balancer"
 	"github.com/valyala/fasthttp"
 )
@@ -39,7 +40,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	rt := s.routes.Load()
-	ep, prefixPool := rt.apiRoute(path)
+	ep, prefixRoute := rt.apiRoute(path)
 	switch {
 	case ep == 0:
 		writeError(ctx, fmt.Errorf("%w: no route for %s", ErrNotFound, path))
@@ -47,14 +48,15 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		ctx.Response.Header.Set("Allow", "POST")
 		writeError(ctx, fmt.Errorf("%w: %s %s (use POST)", ErrMethodNotAllowed, ctx.Method(), path))
 	default:
-		s.proxyAPI(ctx, rt, ep, prefixPool)
+		s.proxyAPI(ctx, rt, ep, prefixRoute)
 	}
 }
 
-// proxyAPI is one API request, top to bottom. Everything it acquires is
-// released in exchange.finish, called exactly once: here for requests that
-// end before a response stream starts, in relay.CloseWithError otherwise.
-func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint, prefixPool *balancer.Pool) {
+// proxyAPI is one API request, top to bottom; the steps are DESIGN.md's.
+// Everything it acquires is released in exchange.finish (step 7), called
+// exactly once: here for requests that end before a response stream
+// starts, in relay.CloseWithError otherwise.
+func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint, prefixRoute *poolRoute) {
 	x := &exchange{s: s, ep: ep, received: s.now()}
 	s.active.Add(1)
 	x.id = string(ctx.Request.Header.Peek("X-Request-Id"))
@@ -67,63 +69,59 @@ func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint,
 		return
 	}
 
-	// 0. Clients: with API keys configured, a valid one comes first
-	// (clients.go).
+	// 1. Read the request: the client's API key first, when keys are
+	// configured (a client without one learns nothing, not even which
+	// models exist), then the body, parsed once (request.go).
 	if err := s.authenticate(ctx, x); err != nil {
 		s.reject(ctx, x, err)
 		return
 	}
-
-	// 1. Parse the body once: model, stream, max_tokens, prompt size, user.
 	body := ctx.PostBody()
-	req, err := parseRequest(body, ep)
-	if err != nil {
+	var err error
+	if x.req, err = parseRequest(body, ep); err != nil {
 		s.reject(ctx, x, err)
 		return
 	}
-	x.req = req
 	x.arm = string(ctx.Request.Header.Peek("X-Gpurouter-Policy"))
 	x.affinity = string(ctx.Request.Header.Peek("X-Session-Id"))
 	if x.affinity == "" {
-		x.affinity = req.user
+		x.affinity = x.req.user
 	}
-	x.prefillCost, x.outputCost = s.costOf(&req)
-	x.estPrompt = req.promptTokens()
-	x.tenant = req.user
 
-	// 2. Find the pool: the path prefix's, else the body's model.
-	x.pool, err = s.poolFor(rt, req.model, prefixPool)
+	// 2. Find the pool — the path prefix's, else the body's model — and
+	// with it the request's one cost: the pool's output cap first (a
+	// request asking for more, or not saying, is clamped and told so),
+	// then the pool's estimate. The key's model and rate limits, and the
+	// admission headers, complete it (clients.go, admit.go).
+	x.route, err = s.routeFor(rt, x.req.model, prefixRoute)
 	if err != nil {
 		s.reject(ctx, x, err)
 		return
 	}
-
-	// The pool's output cap: a request asking for more (or not saying)
-	// is clamped to it, and told so in a response header.
-	if limit := s.maxTokensOf(x.pool); limit > 0 && ep != epEmbeddings {
-		if body, err = withMaxTokens(body, limit); err != nil {
+	if limit := x.route.MaxTokens; limit > 0 && ep != epEmbeddings {
+		var clamped bool
+		if body, clamped, err = x.req.clampOutput(body, limit); err != nil {
 			s.reject(ctx, x, fmt.Errorf("%w: %w", ErrBadRequest, err))
 			return
 		}
-		if req.maxTokens == 0 || req.maxTokens > limit {
-			req.maxTokens, x.req.maxTokens = limit, limit
-			x.prefillCost, x.outputCost = s.costOf(&req)
+		if clamped {
 			ctx.Response.Header.Set(headerMaxTokens, strconv.Itoa(limit))
 		}
 	}
-
-	// 2a. The client's API key must allow the pool's model and be within
-	// its rate limits.
+	x.cost = x.route.costOf(&x.req, ep)
 	if err := s.permit(x); err != nil {
 		s.reject(ctx, x, err)
 		return
 	}
-
+	if err := s.steer(ctx, x); err != nil {
+		s.reject(ctx, x, err)
+		return
+	}
 	// The router needs exact token counts: ask the engine for the usage
 	// chunk, and hide it again if the client did not ask for it.
 	strip := false
-	if req.stream && !req.clientUsage && ep != epEmbeddings {
-		if body, err = withIncludeUsage(body, req.hasOptions); err != nil {
+	if x.req.stream && !x.req.clientUsage && ep != epEmbeddings {
+		if body, err = withIncludeUsage(body, x.req.hasOptions); err != nil {
 			s.reject(ctx, x, fmt.Errorf("%w: %v", ErrBadRequest, err))
 			return
 		}
@@ -132,35 +130,52 @@ func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint,
 
 	// 3. Admission: while the pool is saturated the request waits here,
 	// shortest expected work first (with aging), instead of in an engine's
-	// queue; it is shed with 429 + Retry-After when it can't be served in time.
-	if pa, ok := rt.admit[x.pool]; ok {
-		// With no replica up the pool can't serve it however long it
-		// waits: 503 now, as without admission, not a queue until one
-		// comes back.
-		if x.pool.Available(x.received) == 0 {
-			s.reject(ctx, x, fmt.Errorf("%w for model %q", ErrNoReplica, x.pool.Model()))
-			return
-		}
-		if err := s.admit(ctx, x, pa); err != nil {
-			s.reject(ctx, x, err)
-			return
-		}
+	// queue; it is shed with 429 + Retry-After when it can't be served in
+	// time (admit.go).
+	if err := s.admit(ctx, x); err != nil {
+		s.reject(ctx, x, err)
+		return
 	}
 
-	// 4–5. Pick a replica and forward, retrying elsewhere before any byte
-	// has reached the client.
+	// 4–5. Pick a replica (the pool's policy) and forward to it; before
+	// any byte has reached the client, a connection failure or a
+	// 502/503/429 picks another, up to MaxAttempts (forward.go).
 	ureq := s.upstreamRequest(ctx, x, ep, body)
-	resp, err := s.forward(rt, x, ureq, ctx.Conn())
+	pick := x.pickRequest()
+	var triedArr [8]*balancer.Replica
+	tried := triedArr[:0]
+	var resp *fasthttp.Response
+	var lastErr error // why the last replica tried did not answer
+	for {
+		rep := x.route.Pool.PickExcept(&pick, tried) // 4.
+		x.arm = pick.Arm
+		if rep == nil {
+			err = x.noReplica(lastErr)
+			break
+		}
+		tried = append(tried, rep)
+		var again bool
+		if resp, again, err = s.forward(rt, x, rep, ureq, ctx.Conn()); !again { // 5.
+			break
+		}
+		if err != nil {
+			lastErr = err
+		}
+		if err = s.retryWait(x, &pick, lastErr); err != nil {
+			break
+		}
+	}
 	fasthttp.ReleaseRequest(ureq)
 	if a := x.admittedAt(); !a.IsZero() {
-		s.m.queue.WithLabelValues(x.pool.Model()).Observe(a.Sub(x.received).Seconds())
+		s.m.queue.WithLabelValues(x.route.Pool.Model()).Observe(a.Sub(x.received).Seconds())
 	}
 	if err != nil {
 		s.reject(ctx, x, err)
 		return
 	}
 
-	// 6. Relay: SSE event by event, or the whole body.
+	// 6. Relay: SSE event by event, or the whole body. Step 7 follows
+	// when the response is done: exchange.finish.
 	if resp.StatusCode() == fasthttp.StatusOK && isEventStream(resp) {
 		s.startStream(ctx, x, resp, strip)
 		return
@@ -168,36 +183,33 @@ func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint,
 	s.respondWhole(ctx, x, resp)
 }
 
-// defaultExpectedOutput is the output length assumed for a request that
-// sets no max_tokens, for load accounting only.
-const defaultExpectedOutput = 256
-
-// costOf is the work a request brings to a replica, in decode-token
-// equivalents: the weighted prompt, and the expected output.
-func (s *Server) costOf(r *request) (prefill, output int64) {
-	out := r.maxTokens
-	if out <= 0 {
-		out = defaultExpectedOutput
-	}
-	total := s.score.Cost(r.promptTokens(), out)
-	return total - int64(out), int64(out)
-}
-
-// poolFor resolves the pool for a request.
-func (s *Server) poolFor(rt *routeTable, model string, prefixPool *balancer.Pool) (*balancer.Pool, error) {
-	if prefixPool != nil {
-		return prefixPool, nil
+// routeFor resolves the pool for a request: its path prefix's, else the
+// one its model names (or the only one, when it names none, as vLLM serves
+// its one model).
+func (s *Server) routeFor(rt *routeTable, model string, prefix *poolRoute) (*poolRoute, error) {
+	if prefix != nil {
+		return prefix, nil
 	}
 	if model == "" {
-		if len(rt.pools) == 1 {
-			return rt.pools[0], nil // vLLM serves its one model when none is named
+		if len(rt.routes) == 1 {
+			return rt.routes[0], nil
 		}
 		return nil, badParam("model", fmt.Sprintf("required; available models: %s", availableModels(rt)))
 	}
-	if p, ok := rt.byModel[model]; ok {
-		return p, nil
+	if r, ok := rt.byModel[model]; ok {
+		return r, nil
 	}
 	return nil, fmt.Errorf("%w: the model %q does not exist; available models: %s", ErrUnknownModel, model, availableModels(rt))
+}
+
+// costOf is a request's cost on this route, worked out once: the pool's
+// estimator corrects the prompt's raw size and fills in the expected
+// output when max_tokens is not given; embeddings generate nothing.
+func (r *poolRoute) costOf(req *request, ep endpoint) admission.Cost {
+	if ep == epEmbeddings {
+		return r.est.PromptCost(req.promptTokens())
+	}
+	return r.est.Cost(req.promptTokens(), req.maxTokens)
 }
 
 func availableModels(rt *routeTable) string {

@@ -326,7 +326,7 @@ func TestReplicaAddedBeforeRoutesPublished(t *testing.T) {
 	if n := r1.InFlight(); n != 0 {
 		t.Fatalf("r1 holds %d leases after being skipped", n)
 	}
-	if err := tr.srv.SetPools([]*balancer.Pool{tr.pool}, nil); err != nil {
+	if err := tr.srv.SetRoutes([]Route{{Pool: tr.pool}}); err != nil {
 		t.Fatal(err)
 	}
 	if got := served(); got["r0"] != 3 || got["r1"] != 3 {

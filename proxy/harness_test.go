@@ -70,7 +70,7 @@ func startRouterWith(t testing.TB, urls []string, edit func(*Options), opts ...r
 	}
 	tr.pool = p
 	o := Options{
-		Config: cfg, Pools: []*balancer.Pool{p}, Registerer: tr.reg, Gatherer: tr.reg,
+		Config: cfg, Routes: []Route{{Pool: p}}, Registerer: tr.reg, Gatherer: tr.reg,
 		Sleep: func(d time.Duration) { tr.sleep = append(tr.sleep, d) },
 	}
 	if edit != nil {

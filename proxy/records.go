@@ -32,8 +32,9 @@ type Record struct {
 	PromptTokens     int     `json:"prompt_tokens"`
 	CompletionTokens int     `json:"completion_tokens"`
 	// EstPromptTokens is the router's own prompt estimate, made before the
-	// engine answered (admission's learned estimate, else bytes/4), so the
-	// estimator's error can be read against PromptTokens.
+	// engine answered (the request's cost: bytes/4 corrected by the pool's
+	// learned ratio under admission), so the estimator's error can be read
+	// against PromptTokens.
 	EstPromptTokens int `json:"est_prompt_tokens"`
 }
 
@@ -60,10 +61,10 @@ func (x *exchange) record(end time.Time) Record {
 		ITLCount:         x.itlCount,
 		PromptTokens:     x.promptTokens,
 		CompletionTokens: x.completionTokens,
-		EstPromptTokens:  x.estPrompt,
+		EstPromptTokens:  x.cost.PromptTokens,
 	}
-	if x.pool != nil {
-		r.Model = x.pool.Model()
+	if p := x.pool(); p != nil {
+		r.Model = p.Model()
 	}
 	if x.up != nil {
 		r.Replica = x.up.replica.Name()

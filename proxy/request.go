@@ -49,13 +49,34 @@ func (e endpoint) String() string {
 type request struct {
 	model       string // "" when the body has none
 	stream      bool
-	clientUsage bool // the client asked for stream_options.include_usage itself
-	hasOptions  bool // stream_options is present and an object
-	maxTokens   int  // max_completion_tokens, else max_tokens; 0 when unset
-	promptBytes int  // bytes of prompt text (messages' content, prompt, input)
-	messages    int  // chat messages
+	clientUsage bool         // the client asked for stream_options.include_usage itself
+	hasOptions  bool         // stream_options is present and an object
+	maxTokens   int          // the output limit the engine applies: max_completion_tokens, else max_tokens; 0 when unset
+	limits      [2]outputKey // max_tokens, max_completion_tokens as given (see outputKeys)
+	promptBytes int          // bytes of prompt text (messages' content, prompt, input)
+	messages    int          // chat messages
 	user        string
 	prefixHash  uint64 // hash of the system prompt, else of the prompt's first prefixBytes; 0 if no text
+}
+
+// outputKeys are the two names a client may limit its output by, in the
+// order request.limits holds them.
+var outputKeys = [2]string{"max_tokens", "max_completion_tokens"}
+
+// outputKey is one output-limit key as the body gives it.
+type outputKey struct {
+	given bool // present, possibly null
+	null  bool
+	n     int // its value; 0 when null or absent
+}
+
+// effectiveMax is the output limit the engine applies, as vLLM reads it:
+// max_completion_tokens when non-zero, else max_tokens; 0 when neither.
+func effectiveMax(k [2]outputKey) int {
+	if k[1].n > 0 {
+		return k[1].n
+	}
+	return k[0].n
 }
 
 // prefixBytes is how much of a prompt without a system message identifies
@@ -139,7 +160,19 @@ func parseRequest(body []byte, ep endpoint) (request, error) {
 			}
 			r.clientUsage = iu.Type == gjson.True
 		case "max_tokens", "max_completion_tokens":
+			i := 0
+			if k.Str == outputKeys[1] {
+				i = 1
+			}
+			// The engine reads the last of a repeated key, a rewrite (and
+			// the router's cost) the first: refuse the ambiguity.
+			if r.limits[i].given {
+				err = badParam(k.Str, "given more than once")
+				return false
+			}
+			r.limits[i].given = true
 			if v.Type == gjson.Null {
+				r.limits[i].null = true
 				return true
 			}
 			n, ok := nonNegInt(v)
@@ -147,9 +180,7 @@ func parseRequest(body []byte, ep endpoint) (request, error) {
 				err = badParam(k.Str, "must be a non-negative integer")
 				return false
 			}
-			if k.Str == "max_completion_tokens" || r.maxTokens == 0 {
-				r.maxTokens = n
-			}
+			r.limits[i].n = n
 		case "user":
 			if v.Type != gjson.String && v.Type != gjson.Null {
 				err = badParam("user", "must be a string")
@@ -181,6 +212,7 @@ func parseRequest(body []byte, ep endpoint) (request, error) {
 	if err != nil {
 		return r, err
 	}
+	r.maxTokens = effectiveMax(r.limits)
 	if !sawInput {
 		switch ep {
 		case epChat:
@@ -321,37 +353,30 @@ func withIncludeUsage(body []byte, hasOptions bool) ([]byte, error) {
 	return sjson.SetRawBytes(body, "stream_options", []byte(`{"include_usage":true}`))
 }
 
-// withMaxTokens caps the output a request asks for at limit: max_tokens
-// and max_completion_tokens above it (or null) are rewritten to it, and a
-// body that names neither gets max_tokens: limit. Either key given twice
-// is refused: the engine would read the last, the rewrite the first.
-func withMaxTokens(body []byte, limit int) ([]byte, error) {
-	keys := [...]string{"max_tokens", "max_completion_tokens"}
-	var seen [len(keys)]int
-	var over [len(keys)]bool
-	gjson.ParseBytes(body).ForEach(func(k, v gjson.Result) bool {
-		for i, name := range keys {
-			if k.Str == name {
-				seen[i]++
-				over[i] = v.Type == gjson.Null || v.Int() > int64(limit)
+// clampOutput applies a pool's output cap (limit > 0) to the request and
+// its body: each output-limit key above the cap, or null, is rewritten to
+// it, and a body naming neither gets max_tokens: limit. It updates
+// r.maxTokens and reports whether the cap lowered it (or set one where
+// the client gave none) — then the client is told, in a header. An
+// explicit 0 stays in the body (the engine refuses it) but counts as the
+// cap for the router's estimate.
+func (r *request) clampOutput(body []byte, limit int) ([]byte, bool, error) {
+	var err error
+	for i, k := range r.limits {
+		if k.given && (k.null || k.n > limit) {
+			if body, err = sjson.SetBytes(body, outputKeys[i], limit); err != nil {
+				return body, false, err
 			}
 		}
-		return true
-	})
-	var err error
-	for i, name := range keys {
-		switch {
-		case seen[i] > 1:
-			return body, badParam(name, "given more than once")
-		case over[i]:
-			body, err = sjson.SetBytes(body, name, limit)
-		}
-		if err != nil {
-			return body, err
+	}
+	if !r.limits[0].given && !r.limits[1].given {
+		if body, err = sjson.SetBytes(body, outputKeys[0], limit); err != nil {
+			return body, false, err
 		}
 	}
-	if seen[0]+seen[1] == 0 {
-		body, err = sjson.SetBytes(body, "max_tokens", limit)
+	if r.maxTokens == 0 || r.maxTokens > limit {
+		r.maxTokens = limit
+		return body, true, nil
 	}
-	return body, err
+	return body, false, nil
 }

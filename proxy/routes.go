@@ -12,10 +12,10 @@ import (
 )
 
 // apiRoute resolves a path to an OpenAI endpoint and, for a pool's
-// dedicated path prefix, that pool. A POST to exactly a prefix is a chat
+// dedicated path prefix, that pool's route. A POST to exactly a prefix is a chat
 // completion unless the prefix names another endpoint; under a prefix the
 // usual paths work too (/v1/chat/tinyllama/v1/completions).
-func (rt *routeTable) apiRoute(path string) (endpoint, *balancer.Pool) {
+func (rt *routeTable) apiRoute(path string) (endpoint, *poolRoute) {
 	if ep := endpointOf(path); ep != 0 {
 		return ep, nil
 	}
@@ -28,14 +28,14 @@ func (rt *routeTable) apiRoute(path string) (endpoint, *balancer.Pool) {
 		case rest == "" || rest == "/":
 			switch {
 			case strings.HasPrefix(pr.prefix, "/v1/completions"):
-				return epCompletions, pr.pool
+				return epCompletions, pr.route
 			case strings.HasPrefix(pr.prefix, "/v1/embeddings"):
-				return epEmbeddings, pr.pool
+				return epEmbeddings, pr.route
 			}
-			return epChat, pr.pool
+			return epChat, pr.route
 		case rest[0] == '/':
 			if ep := endpointOf(rest); ep != 0 {
-				return ep, pr.pool
+				return ep, pr.route
 			}
 		}
 	}

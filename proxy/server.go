@@ -13,12 +13,11 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
-	"sort"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/gpurouter/gpurouter/admission"
 	"github.com/gpurouter/gpurouter/balancer"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
@@ -28,20 +27,16 @@ import (
 // Options are a Server's dependencies. Zero fields take the defaults noted.
 type Options struct {
 	Config Config
-	Pools  []*balancer.Pool // at least one; model names and aliases must be unique
-	// Admission, per pool, queues requests while the pool is saturated;
-	// pools without an entry admit everything.
-	Admission map[*balancer.Pool]PoolAdmission
+	// Routes are the pools served, each with its admission and output cap:
+	// at least one; model names and aliases must be unique. SetRoutes
+	// replaces them while serving.
+	Routes []Route
 	// Score is how the pools' load policies weigh work; the proxy uses it
 	// to lease requests with their cost (prompt weighted by PrefillWeight).
 	Score balancer.ScoreConfig
 	// Keys turns client authentication on: every API request needs one of
 	// its API keys (see clients.go). nil means no authentication.
 	Keys *KeyStore
-	// MaxTokens caps, per pool model, the output a request may ask for:
-	// max_tokens / max_completion_tokens above the cap (or absent) are
-	// rewritten to it. Models not listed, or 0, have no cap.
-	MaxTokens map[string]int
 
 	// Registerer receives the router's metrics; Gatherer serves /metrics.
 	// Both nil means a fresh private registry.
@@ -62,17 +57,19 @@ type Options struct {
 // Server is the router's HTTP front end. Build with New, run with Serve,
 // stop with Shutdown.
 type Server struct {
-	cfg     Config
-	score   balancer.ScoreConfig
-	log     *zap.Logger
-	m       *metrics
-	gather  prometheus.Gatherer
-	routes  atomic.Pointer[routeTable]
-	keys    atomic.Pointer[KeyStore] // nil: no client authentication
-	maxToks atomic.Pointer[map[string]int]
-	authM   *authMetrics
-	records *recordRing
-	srv     *fasthttp.Server
+	cfg    Config
+	score  balancer.ScoreConfig
+	log    *zap.Logger
+	m      *metrics
+	gather prometheus.Gatherer
+	routes atomic.Pointer[routeTable]
+	keys   atomic.Pointer[KeyStore] // nil: no client authentication
+	// plainEst costs the requests of pools without admission: it never
+	// learns, so its estimates keep their defaults.
+	plainEst *admission.Estimator
+	authM    *authMetrics
+	records  *recordRing
+	srv      *fasthttp.Server
 
 	now    func() time.Time
 	jitter func(int64) int64
@@ -80,6 +77,11 @@ type Server struct {
 	sleep  func(time.Duration)
 
 	afterFunc func(time.Duration, func()) Timer // nil means time.AfterFunc
+
+	// base is the context every request's waits derive from; Shutdown
+	// cancels it (cause ErrShuttingDown) when the drain deadline passes.
+	base     context.Context
+	stopBase context.CancelCauseFunc
 
 	seq          atomic.Uint64 // numbers every request sent upstream (X-Gpurouter-Seq)
 	active       atomic.Int64  // exchanges not yet finished
@@ -89,7 +91,7 @@ type Server struct {
 
 // New builds a Server. It starts nothing.
 func New(o Options) (*Server, error) {
-	if len(o.Pools) == 0 {
+	if len(o.Routes) == 0 {
 		return nil, errors.New("proxy: no pools")
 	}
 	s := &Server{
@@ -102,6 +104,7 @@ func New(o Options) (*Server, error) {
 		sleep:  o.Sleep,
 	}
 	s.afterFunc = o.AfterFunc
+	s.base, s.stopBase = context.WithCancelCause(context.Background())
 	if s.log == nil {
 		s.log = zap.NewNop()
 	}
@@ -137,13 +140,11 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("proxy: metrics: %w", err)
 	}
 	s.keys.Store(o.Keys)
-	s.SetMaxTokens(o.MaxTokens)
 	s.records = newRecordRing(s.cfg.RecordRing)
-	rt, err := buildRoutes(o.Pools, o.Admission, s.cfg, m, s.now, nil)
-	if err != nil {
+	s.plainEst = admission.NewEstimator(admission.EstimateConfig{})
+	if err := s.SetRoutes(o.Routes); err != nil {
 		return nil, err
 	}
-	s.routes.Store(rt)
 	s.srv = &fasthttp.Server{
 		Handler:            s.handle,
 		ErrorHandler:       s.handleParseError,
@@ -168,9 +169,6 @@ func New(o Options) (*Server, error) {
 	return s, nil
 }
 
-// Pools returns the pools currently served.
-func (s *Server) Pools() []*balancer.Pool { return s.routes.Load().pools }
-
 // Handler is the router's request handler, for callers that run their own
 // fasthttp.Server (tests, embedding).
 func (s *Server) Handler() fasthttp.RequestHandler { return s.handle }
@@ -188,6 +186,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	s.abortStreams.Store(true)
+	s.stopBase(fmt.Errorf("%w: drain deadline passed", ErrShuttingDown))
 	grace, cancel := context.WithTimeout(context.Background(), 2*time.Second+2*s.cfg.DisconnectCheck)
 	defer cancel()
 	if err2 := s.srv.ShutdownWithContext(grace); err2 != nil {
@@ -195,37 +194,6 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	return nil
 }
-
-// SetPools replaces the pools the router serves, atomically: requests
-// already routed keep their replica and upstream connection until they
-// end; new requests see only the new pools. Replicas carried over (the same
-// *balancer.Replica) keep their upstream client and connections.
-func (s *Server) SetPools(pools []*balancer.Pool, adm map[*balancer.Pool]PoolAdmission) error {
-	if len(pools) == 0 {
-		return errors.New("proxy: no pools")
-	}
-	rt, err := buildRoutes(pools, adm, s.cfg, s.m, s.now, s.routes.Load())
-	if err != nil {
-		return err
-	}
-	s.routes.Store(rt)
-	return nil
-}
-
-// SetMaxTokens replaces the per-model output caps (see Options.MaxTokens);
-// requests already forwarded keep theirs.
-func (s *Server) SetMaxTokens(caps map[string]int) {
-	m := make(map[string]int, len(caps))
-	for model, n := range caps {
-		if n > 0 {
-			m[model] = n
-		}
-	}
-	s.maxToks.Store(&m)
-}
-
-// maxTokensOf is the output cap of pool p's requests, 0 for none.
-func (s *Server) maxTokensOf(p *balancer.Pool) int { return (*s.maxToks.Load())[p.Model()] }
 
 // Active is the number of requests in progress.
 func (s *Server) Active() int64 { return s.active.Load() }
@@ -249,61 +217,4 @@ func (l fasthttpLogger) Printf(format string, args ...any) {
 	if ce := l.log.Check(zap.DebugLevel, "fasthttp"); ce != nil {
 		ce.Write(zap.String("message", fmt.Sprintf(format, args...)))
 	}
-}
-
-// routeTable is the immutable map from requests to pools and replicas to
-// upstream clients, swapped whole when the configuration changes.
-type routeTable struct {
-	pools     []*balancer.Pool
-	byModel   map[string]*balancer.Pool // model names and aliases
-	prefixes  []prefixRoute             // longest first
-	upstreams map[*balancer.Replica]*upstream
-	admit     map[*balancer.Pool]PoolAdmission // pools with admission control
-	models    []byte                           // the /v1/models document
-}
-
-// upstream looks up a replica's upstream; a nil table has none.
-func (rt *routeTable) upstream(r *balancer.Replica) (*upstream, bool) {
-	if rt == nil {
-		return nil, false
-	}
-	u, ok := rt.upstreams[r]
-	return u, ok
-}
-
-type prefixRoute struct {
-	prefix string
-	pool   *balancer.Pool
-}
-
-func buildRoutes(pools []*balancer.Pool, adm map[*balancer.Pool]PoolAdmission, cfg Config, m *metrics, now func() time.Time, prev *routeTable) (*routeTable, error) {
-	rt := &routeTable{
-		admit:     adm,
-		pools:     pools,
-		byModel:   make(map[string]*balancer.Pool),
-		upstreams: make(map[*balancer.Replica]*upstream),
-	}
-	var names []string
-	for _, p := range pools {
-		for _, name := range append([]string{p.Model()}, p.Aliases()...) {
-			if _, dup := rt.byModel[name]; dup {
-				return nil, fmt.Errorf("proxy: model name %q used by two pools", name)
-			}
-			rt.byModel[name] = p
-			names = append(names, name)
-		}
-		if pp := strings.TrimRight(p.PathPrefix(), "/"); pp != "" {
-			rt.prefixes = append(rt.prefixes, prefixRoute{prefix: pp, pool: p})
-		}
-		for _, r := range p.Replicas() {
-			if u, ok := prev.upstream(r); ok && u.pool == p {
-				rt.upstreams[r] = u
-				continue
-			}
-			rt.upstreams[r] = newUpstream(p, r, cfg, m)
-		}
-	}
-	sort.Slice(rt.prefixes, func(i, j int) bool { return len(rt.prefixes[i].prefix) > len(rt.prefixes[j].prefix) })
-	rt.models = modelsJSON(names, now())
-	return rt, nil
 }

@@ -237,8 +237,8 @@ func (tr *testRouter) idle() (bool, string) {
 			}
 		}
 	}
-	for _, pa := range st.adm {
-		if s := pa.Controller.Stats(); s.Queued != 0 || s.InFlight != 0 {
+	for _, ctl := range st.adm {
+		if s := ctl.Stats(); s.Queued != 0 || s.InFlight != 0 {
 			return false, fmt.Sprintf("admission %s: %d queued, %d admitted", s.Model, s.Queued, s.InFlight)
 		}
 	}

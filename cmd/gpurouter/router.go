@@ -45,7 +45,7 @@ type fleetState struct {
 	cfg      fileConfig
 	pools    []*balancer.Pool
 	replicas []*balancer.Replica
-	adm      map[*balancer.Pool]proxy.PoolAdmission
+	adm      map[*balancer.Pool]*admission.Controller
 	poller   *gpu.Poller // nil when telemetry is disabled
 }
 
@@ -82,10 +82,8 @@ func newRouter(cfg fileConfig, log *zap.Logger) (*router, error) {
 			MaxConnsPerReplica: cfg.Upstream.MaxConnsPerReplica,
 			MaxIdleConnTime:    cfg.Upstream.MaxIdleConnTime,
 		},
-		Pools:      st.pools,
+		Routes:     st.routes(),
 		Score:      scoreConfig(cfg),
-		Admission:  st.adm,
-		MaxTokens:  maxTokens(cfg),
 		Keys:       keys, // nil: no client auth
 		Registerer: r.reg,
 		Gatherer:   r.reg,
@@ -164,18 +162,17 @@ func (r *router) buildFleet(cfg fileConfig, prev *fleetState) (*fleetState, erro
 	}
 	if !cfg.Admission.Disabled {
 		ac := admissionFrom(cfg.Admission)
-		st.adm = make(map[*balancer.Pool]proxy.PoolAdmission, len(st.pools))
+		st.adm = make(map[*balancer.Pool]*admission.Controller, len(st.pools))
 		for _, p := range st.pools {
-			if pa, ok := prev.admissionOf(p); ok && reflect.DeepEqual(prev.cfg.Admission, cfg.Admission) {
-				st.adm[p] = pa
+			if ctl, ok := prev.admissionOf(p); ok && reflect.DeepEqual(prev.cfg.Admission, cfg.Admission) {
+				st.adm[p] = ctl
 				continue
 			}
-			capacity := proxy.NewPoolCapacity(p, ac.Saturation, cfg.Telemetry.StaleAfter, nil)
-			ctl, err := admission.New(p.Model(), ac, admission.Deps{Capacity: capacity, Metrics: r.am})
+			ctl, err := admission.New(p.Model(), ac, admission.Deps{Pool: p, Metrics: r.am})
 			if err != nil {
 				return nil, err
 			}
-			st.adm[p] = proxy.PoolAdmission{Controller: ctl, Capacity: capacity}
+			st.adm[p] = ctl
 		}
 	}
 	var err error
@@ -214,12 +211,22 @@ func (st *fleetState) pool(pc poolConfig) (*balancer.Pool, map[replicaConfig]*ba
 	return nil, nil
 }
 
-func (st *fleetState) admissionOf(p *balancer.Pool) (proxy.PoolAdmission, bool) {
+func (st *fleetState) admissionOf(p *balancer.Pool) (*admission.Controller, bool) {
 	if st == nil {
-		return proxy.PoolAdmission{}, false
+		return nil, false
 	}
-	pa, ok := st.adm[p]
-	return pa, ok
+	ctl, ok := st.adm[p]
+	return ctl, ok
+}
+
+// routes are the state's pools as the proxy serves them: each with its
+// admission controller (nil when admission is off) and output cap.
+func (st *fleetState) routes() []proxy.Route {
+	out := make([]proxy.Route, len(st.pools))
+	for i, p := range st.pools {
+		out[i] = proxy.Route{Pool: p, Admission: st.adm[p], MaxTokens: st.cfg.Pools[i].MaxTokensLimit}
+	}
+	return out
 }
 
 // reload applies a new, already validated configuration without dropping
@@ -238,9 +245,7 @@ func (r *router) reload(cfg fileConfig) error {
 	if err != nil {
 		return err
 	}
-	r.srv.SetMaxTokens(maxTokens(cfg)) // by model: harmless a moment before the pools
-	if err := r.srv.SetPools(st.pools, st.adm); err != nil {
-		r.srv.SetMaxTokens(maxTokens(old.cfg))
+	if err := r.srv.SetRoutes(st.routes()); err != nil {
 		return err
 	}
 	r.state.Store(st)
@@ -252,17 +257,6 @@ func (r *router) reload(cfg fileConfig) error {
 		r.log.Info("configuration reloaded", zap.Int("pools", len(st.pools)), zap.Int("replicas", len(st.replicas)))
 	}
 	return nil
-}
-
-// maxTokens is each pool's output cap, by model.
-func maxTokens(cfg fileConfig) map[string]int {
-	m := map[string]int{}
-	for _, p := range cfg.Pools {
-		if p.MaxTokensLimit > 0 {
-			m[p.Model] = p.MaxTokensLimit
-		}
-	}
-	return m
 }
 
 // restartOnly lists the top-level options that differ and need a restart.
@@ -291,17 +285,17 @@ func (r *router) startLoopsLocked(st, prev *fleetState) {
 		return
 	}
 	keep := map[*admission.Controller]bool{}
-	for _, pa := range st.adm {
-		keep[pa.Controller] = true
-		if _, running := r.ctlCancel[pa.Controller]; running {
+	for _, ctl := range st.adm {
+		keep[ctl] = true
+		if _, running := r.ctlCancel[ctl]; running {
 			continue
 		}
 		ctx, cancel := context.WithCancel(r.bg)
-		r.ctlCancel[pa.Controller] = cancel
+		r.ctlCancel[ctl] = cancel
 		r.wg.Add(1)
 		go func() {
 			defer r.wg.Done()
-			pa.Controller.Run(ctx) //nolint:errcheck
+			ctl.Run(ctx) //nolint:errcheck
 		}()
 	}
 	for ctl, cancel := range r.ctlCancel {

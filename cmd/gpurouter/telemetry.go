@@ -5,9 +5,9 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/gpurouter/gpurouter/admission"
 	"github.com/gpurouter/gpurouter/balancer"
 	"github.com/gpurouter/gpurouter/gpu"
-	"github.com/gpurouter/gpurouter/proxy"
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
 )
@@ -18,7 +18,7 @@ import (
 // disabled. Local NVML is opened lazily by the first read; on a host
 // without the driver it logs once that GPU telemetry is off, and every
 // replica keeps its engine telemetry.
-func newPoller(cfg fileConfig, pools []*balancer.Pool, replicas [][]*balancer.Replica, adm map[*balancer.Pool]proxy.PoolAdmission, log *zap.Logger) (*gpu.Poller, error) {
+func newPoller(cfg fileConfig, pools []*balancer.Pool, replicas [][]*balancer.Replica, adm map[*balancer.Pool]*admission.Controller, log *zap.Logger) (*gpu.Poller, error) {
 	if cfg.Telemetry.Disabled {
 		return nil, nil
 	}
@@ -39,8 +39,8 @@ func newPoller(cfg fileConfig, pools []*balancer.Pool, replicas [][]*balancer.Re
 				return nil, fmt.Errorf("pools[%d].replicas[%d]: %w", i, j, err)
 			}
 			t := gpu.Target{Name: pc.Model + "/" + r.Name(), Engine: eng, Sink: r}
-			if pa, ok := adm[pools[i]]; ok {
-				t.Sink = pokeSink{Replica: r, ctl: pa.Controller}
+			if ctl, ok := adm[pools[i]]; ok {
+				t.Sink = pokeSink{Replica: r, ctl: ctl}
 			}
 			if g := rc.GPU; g != nil {
 				sel := gpu.Selector{}

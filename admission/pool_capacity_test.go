@@ -1,10 +1,9 @@
-package proxy
+package admission
 
 import (
 	"testing"
 	"time"
 
-	"github.com/gpurouter/gpurouter/admission"
 	"github.com/gpurouter/gpurouter/balancer"
 )
 
@@ -24,9 +23,9 @@ func TestPoolCapacityKeepsAShortLane(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := NewPoolCapacity(pool, admission.SaturationConfig{}, time.Second, clock)
-	long := admission.Cost{PromptTokens: 9000, OutputTokens: 100}
-	short := admission.Cost{PromptTokens: 200, OutputTokens: 100}
+	c := &poolCapacity{pool: pool, sat: SaturationConfig{}, clock: fixedClock{now}}
+	long := Cost{PromptTokens: 9000, OutputTokens: 100}
+	short := Cost{PromptTokens: 200, OutputTokens: 100}
 
 	if !c.Admissible(long) {
 		t.Fatal("idle pool refused a long request")
@@ -46,10 +45,10 @@ func TestPoolCapacityKeepsAShortLane(t *testing.T) {
 	if !c.Admissible(long) {
 		t.Fatal("long refused after a prefill finished")
 	}
-	if got := c.longPrefillCap(long); got != 1 {
+	if got := (SaturationConfig{}).LongPrefillCap(long); got != 1 {
 		t.Fatalf("long-prefill cap %d, want 1", got)
 	}
-	if got := c.longPrefillCap(short); got != 0 {
+	if got := (SaturationConfig{}).LongPrefillCap(short); got != 0 {
 		t.Fatalf("short request got cap %d", got)
 	}
 	l1.Done(nil)
@@ -88,8 +87,8 @@ func TestPoolCapacityAllStaleFallsBackToRouterCounts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := NewPoolCapacity(pool, admission.SaturationConfig{}, time.Second, clock)
-	short := admission.Cost{PromptTokens: 200, OutputTokens: 100}
+	c := &poolCapacity{pool: pool, sat: SaturationConfig{}, clock: fixedClock{now}}
+	short := Cost{PromptTokens: 200, OutputTokens: 100}
 	stale := balancer.EngineLoad{Waiting: 5, KVUsage: 0.99, KVCapacityTokens: 1000, At: now.Add(-time.Minute)}
 
 	reps[0].SetEngineLoad(stale)
@@ -117,12 +116,33 @@ func TestPoolCapacityAllStaleFallsBackToRouterCounts(t *testing.T) {
 	}
 }
 
-func TestAdmissionShedIsOutcomeShed(t *testing.T) {
-	err := &admission.ShedError{Reason: admission.ReasonQueueFull, RetryAfter: 3 * time.Second}
-	if o, _ := outcomeOf(err, 429); o != outcomeShed {
-		t.Fatalf("outcome %s, want shed", o)
+// fixedClock is a Clock stopped at one instant; these tests set no timers.
+type fixedClock struct{ t time.Time }
+
+func (c fixedClock) Now() time.Time                        { return c.t }
+func (c fixedClock) AfterFunc(time.Duration, func()) Timer { panic("no timers here") }
+
+// The capacity answer runs under the controller's lock on every admission
+// attempt: after the first call sizes its buffer it allocates nothing.
+func TestPoolCapacityAllocatesNothing(t *testing.T) {
+	now := time.Unix(1000, 0)
+	var reps []*balancer.Replica
+	for _, u := range []string{"http://a:1", "http://b:1", "http://c:1", "http://d:1"} {
+		r, err := balancer.NewReplica(balancer.ReplicaConfig{URL: u}, balancer.BreakerConfig{}, func() time.Time { return now })
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.SetEngineLoad(balancer.EngineLoad{Running: 3, Waiting: 1, KVCapacityTokens: 1 << 20, At: now})
+		reps = append(reps, r)
 	}
-	if statusOf(err) != 429 || retryAfterSeconds(err) != 3 {
-		t.Fatalf("status %d retry-after %d", statusOf(err), retryAfterSeconds(err))
+	pool, err := balancer.NewPool(balancer.PoolConfig{Model: "m"}, reps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &poolCapacity{pool: pool, sat: SaturationConfig{MaxWaiting: 4}, clock: fixedClock{now}}
+	cost := Cost{PromptTokens: 9000, OutputTokens: 100}
+	c.Admissible(cost)
+	if n := testing.AllocsPerRun(100, func() { c.Admissible(cost) }); n != 0 {
+		t.Fatalf("Admissible allocates %.1f times per call", n)
 	}
 }

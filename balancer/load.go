@@ -1,0 +1,74 @@
+package balancer
+
+import "time"
+
+// ReplicaLoad is one available replica's load as admission's saturation
+// rule reads it: the engine's last report blended with the router's own
+// counts, with the balancer's staleness rule already applied, so that
+// admission and the pickers never judge freshness two ways.
+type ReplicaLoad struct {
+	Waiting           int     // requests in the engine's waiting queue (vllm:num_requests_waiting); 0 if stale or unknown
+	KVUsage           float64 // KV-cache usage, 0–1 (vllm:kv_cache_usage_perc); 0 if stale or unknown
+	KVCapacityTokens  int64   // KV capacity in tokens (num_gpu_blocks × block_size); 0 if unknown
+	OutstandingTokens int64   // KV footprint the router has placed there and not seen finish (prompt + expected output each)
+	LongPrefills      int     // router-side long-prompt requests not yet past prefill (no first token)
+	// Stale marks telemetry older than ScoreConfig.StaleAfter: the numbers
+	// no longer describe the replica, and it counts as saturated, never as
+	// idle. A replica never scraped is not stale: it has no numbers at all.
+	Stale bool
+}
+
+// Loads appends to dst the load of every replica a picker could choose at
+// now, and returns it. It allocates nothing when dst has room, so the
+// admission controller can call it under its lock with a reused buffer.
+//
+// Stale telemetry saturates a replica — unless every available replica is
+// stale: then failing closed would stop the pool, so each is reported with
+// only what doesn't go stale (its KV capacity, a configuration fact) and
+// the router's own counts, as the pickers order stale replicas by router
+// counts.
+func (p *Pool) Loads(now time.Time, dst []ReplicaLoad) []ReplicaLoad {
+	rs := *p.replicas.Load()
+	allStale := p.allStale(rs, now)
+	for _, r := range rs {
+		if !r.Available(now) {
+			continue
+		}
+		l := ReplicaLoad{
+			OutstandingTokens: r.kvReserved.Load(),
+			LongPrefills:      int(r.longPrefills.Load()),
+		}
+		if e := r.tel.engine.Load(); e != nil {
+			switch {
+			case !p.stale(e, now):
+				l.Waiting, l.KVUsage, l.KVCapacityTokens = e.Waiting, e.KVUsage, int64(e.KVCapacityTokens)
+			case allStale:
+				l.KVCapacityTokens = int64(e.KVCapacityTokens)
+			default:
+				l.Stale = true
+			}
+		}
+		dst = append(dst, l)
+	}
+	return dst
+}
+
+// stale applies the pool's staleness bound (ScoreConfig.stale).
+func (p *Pool) stale(e *EngineLoad, now time.Time) bool { return p.score.stale(e, now) }
+
+// allStale reports whether every available replica has only stale
+// telemetry (one never scraped isn't stale: it has no numbers at all).
+func (p *Pool) allStale(rs []*Replica, now time.Time) bool {
+	n := 0
+	for _, r := range rs {
+		if !r.Available(now) {
+			continue
+		}
+		e := r.tel.engine.Load()
+		if e == nil || !p.stale(e, now) {
+			return false
+		}
+		n++
+	}
+	return n > 0
+}

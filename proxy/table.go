@@ -1,0 +1,120 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/gpurouter/gpurouter/admission"
+	"github.com/gpurouter/gpurouter/balancer"
+)
+
+// Route is one pool as the router serves it: the pool, the admission
+// control in front of it and its output cap. The zero Admission and
+// MaxTokens mean none.
+type Route struct {
+	Pool *balancer.Pool
+	// Admission queues the pool's requests while it is saturated; nil
+	// admits everything at once.
+	Admission *admission.Controller
+	// MaxTokens caps the output a request may ask for: max_tokens /
+	// max_completion_tokens above it (or absent) are rewritten to it.
+	// 0 means no cap.
+	MaxTokens int
+}
+
+// poolRoute is a Route as the request path uses it, with the estimator
+// that turns a request into its cost: the admission controller's (which
+// learns from the engine's usage), else the server's plain one, which
+// never learns and so keeps its defaults.
+type poolRoute struct {
+	Route
+	est *admission.Estimator
+}
+
+// SetRoutes replaces what the router serves, atomically and whole: pools,
+// their admission and caps are one table, so a request sees one
+// generation of all three. Requests already routed keep their replica and
+// upstream connection until they end. Replicas carried over (the same
+// *balancer.Replica) keep their upstream client and connections.
+func (s *Server) SetRoutes(routes []Route) error {
+	if len(routes) == 0 {
+		return errors.New("proxy: no pools")
+	}
+	rt, err := buildRoutes(routes, s.plainEst, s.cfg, s.m, s.now(), s.routes.Load())
+	if err != nil {
+		return err
+	}
+	s.routes.Store(rt)
+	return nil
+}
+
+// Pools returns the pools currently served.
+func (s *Server) Pools() []*balancer.Pool { return s.routes.Load().pools }
+
+// routeTable is the immutable map from requests to pools and replicas to
+// upstream clients, swapped whole when the configuration changes.
+type routeTable struct {
+	pools     []*balancer.Pool
+	routes    []*poolRoute
+	byModel   map[string]*poolRoute // model names and aliases
+	prefixes  []prefixRoute         // longest first
+	upstreams map[*balancer.Replica]*upstream
+	models    []byte // the /v1/models document
+}
+
+// upstream looks up a replica's upstream; a nil table has none.
+func (rt *routeTable) upstream(r *balancer.Replica) (*upstream, bool) {
+	if rt == nil {
+		return nil, false
+	}
+	u, ok := rt.upstreams[r]
+	return u, ok
+}
+
+type prefixRoute struct {
+	prefix string
+	route  *poolRoute
+}
+
+func buildRoutes(routes []Route, plain *admission.Estimator, cfg Config, m *metrics, now time.Time, prev *routeTable) (*routeTable, error) {
+	rt := &routeTable{
+		byModel:   make(map[string]*poolRoute),
+		upstreams: make(map[*balancer.Replica]*upstream),
+	}
+	var names []string
+	for _, r := range routes {
+		p := r.Pool
+		if p == nil {
+			return nil, errors.New("proxy: a route without a pool")
+		}
+		pr := &poolRoute{Route: r, est: plain}
+		if r.Admission != nil {
+			pr.est = r.Admission.Estimator()
+		}
+		rt.pools = append(rt.pools, p)
+		rt.routes = append(rt.routes, pr)
+		for _, name := range append([]string{p.Model()}, p.Aliases()...) {
+			if _, dup := rt.byModel[name]; dup {
+				return nil, fmt.Errorf("proxy: model name %q used by two pools", name)
+			}
+			rt.byModel[name] = pr
+			names = append(names, name)
+		}
+		if pp := strings.TrimRight(p.PathPrefix(), "/"); pp != "" {
+			rt.prefixes = append(rt.prefixes, prefixRoute{prefix: pp, route: pr})
+		}
+		for _, rep := range p.Replicas() {
+			if u, ok := prev.upstream(rep); ok && u.pool == p {
+				rt.upstreams[rep] = u
+				continue
+			}
+			rt.upstreams[rep] = newUpstream(p, rep, cfg, m)
+		}
+	}
+	sort.Slice(rt.prefixes, func(i, j int) bool { return len(rt.prefixes[i].prefix) > len(rt.prefixes[j].prefix) })
+	rt.models = modelsJSON(names, now)
+	return rt, nil
+}
