@@ -24,14 +24,14 @@ type Prober interface {
 // vLLM's /health reports a live engine (503 when the engine is dead).
 type HTTPProber struct {
 	Client *http.Client // nil means a client with no timeout of its own (the context bounds it)
-	Path   string       // default /health
+	Path   string       // default DefaultHealthPath
 }
 
 // Probe implements Prober.
 func (p HTTPProber) Probe(ctx context.Context, r *Replica) error {
 	path := p.Path
 	if path == "" {
-		path = "/health"
+		path = DefaultHealthPath
 	}
 	c := p.Client
 	if c == nil {
@@ -62,6 +62,15 @@ func (p HTTPProber) Probe(ctx context.Context, r *Replica) error {
 	return nil
 }
 
+// Defaults for HealthConfig's zero fields and HTTPProber's empty Path.
+const (
+	DefaultHealthPath         = "/health"
+	DefaultHealthInterval     = 2 * time.Second
+	DefaultHealthTimeout      = time.Second
+	DefaultUnhealthyThreshold = 2
+	DefaultHealthyThreshold   = 1
+)
+
 // HealthConfig tunes active health checking. Zero fields take the defaults
 // given in brackets.
 type HealthConfig struct {
@@ -85,16 +94,16 @@ type HealthConfig struct {
 
 func (c HealthConfig) withDefaults() HealthConfig {
 	if c.Interval <= 0 {
-		c.Interval = 2 * time.Second
+		c.Interval = DefaultHealthInterval
 	}
 	if c.Timeout <= 0 {
-		c.Timeout = time.Second
+		c.Timeout = DefaultHealthTimeout
 	}
 	if c.UnhealthyThreshold <= 0 {
-		c.UnhealthyThreshold = 2
+		c.UnhealthyThreshold = DefaultUnhealthyThreshold
 	}
 	if c.HealthyThreshold <= 0 {
-		c.HealthyThreshold = 1
+		c.HealthyThreshold = DefaultHealthyThreshold
 	}
 	if c.BusyGrace == 0 {
 		c.BusyGrace = c.Interval*time.Duration(c.UnhealthyThreshold) + c.Timeout

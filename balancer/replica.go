@@ -25,8 +25,15 @@ var ErrNotReplicaFault = errors.New("balancer: outcome is not the replica's faul
 // breaker refuses traffic (open, or half-open with its probes in flight).
 var ErrBreakerOpen = errors.New("balancer: circuit breaker open")
 
-// BreakerConfig tunes every replica's circuit breaker. The zero value is
-// filled by Defaults: 5 consecutive failures open it for 10 s, then one probe.
+// Defaults for BreakerConfig's zero fields.
+const (
+	DefaultBreakerFailures    = 5
+	DefaultBreakerOpenTimeout = 10 * time.Second
+	DefaultHalfOpenRequests   = 1
+)
+
+// BreakerConfig tunes every replica's circuit breaker. Zero fields take the
+// Default* values: 5 consecutive failures open it for 10 s, then one probe.
 type BreakerConfig struct {
 	ConsecutiveFailures int           // failures in a row that open the breaker
 	OpenTimeout         time.Duration // how long it stays open before a probe
@@ -35,13 +42,13 @@ type BreakerConfig struct {
 
 func (c BreakerConfig) withDefaults() BreakerConfig {
 	if c.ConsecutiveFailures <= 0 {
-		c.ConsecutiveFailures = 5
+		c.ConsecutiveFailures = DefaultBreakerFailures
 	}
 	if c.OpenTimeout <= 0 {
-		c.OpenTimeout = 10 * time.Second
+		c.OpenTimeout = DefaultBreakerOpenTimeout
 	}
 	if c.HalfOpenRequests <= 0 {
-		c.HalfOpenRequests = 1
+		c.HalfOpenRequests = DefaultHalfOpenRequests
 	}
 	return c
 }

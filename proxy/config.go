@@ -2,6 +2,26 @@ package proxy
 
 import "time"
 
+// Defaults for Config's zero fields; cmd/gpurouter's file schema documents
+// and fills the same values.
+const (
+	DefaultConnectTimeout     = 2 * time.Second
+	DefaultFirstByteTimeout   = 120 * time.Second
+	DefaultIdleTimeout        = 60 * time.Second
+	DefaultMaxBodyBytes       = 8 << 20
+	DefaultMaxHeaderBytes     = 16 << 10
+	DefaultReadTimeout        = 60 * time.Second
+	DefaultMaxConnections     = 10000
+	DefaultMaxResponseBytes   = 64 << 20
+	DefaultMaxAttempts        = 3
+	DefaultBackoffBase        = 10 * time.Millisecond
+	DefaultBackoffMax         = 200 * time.Millisecond
+	DefaultMaxConnsPerReplica = 1024
+	DefaultMaxIdleConnTime    = 4 * time.Second // below uvicorn's 5 s keep-alive
+	DefaultDisconnectCheck    = 200 * time.Millisecond
+	DefaultRecordRing         = 8192
+)
+
 // Config is the proxy's plain configuration. Zero fields take the defaults
 // in brackets (see withDefaults); cmd/gpurouter fills it from the YAML file.
 type Config struct {
@@ -43,21 +63,21 @@ func (c Config) withDefaults() Config {
 			*d = v
 		}
 	}
-	def(&c.ConnectTimeout, 2*time.Second)
-	def(&c.FirstByteTimeout, 120*time.Second)
-	def(&c.IdleTimeout, 60*time.Second)
-	def(&c.BackoffBase, 10*time.Millisecond)
-	def(&c.BackoffMax, 200*time.Millisecond)
-	def(&c.MaxIdleConnTime, 4*time.Second)
-	def(&c.DisconnectCheck, 200*time.Millisecond)
-	def(&c.ReadTimeout, 60*time.Second)
-	defInt(&c.MaxBodyBytes, 8<<20)
-	defInt(&c.MaxHeaderBytes, 16<<10)
-	defInt(&c.MaxConnections, 10000)
-	defInt(&c.MaxResponseBytes, 64<<20)
-	defInt(&c.MaxAttempts, 3)
-	defInt(&c.MaxConnsPerReplica, 1024)
-	defInt(&c.RecordRing, 8192)
+	def(&c.ConnectTimeout, DefaultConnectTimeout)
+	def(&c.FirstByteTimeout, DefaultFirstByteTimeout)
+	def(&c.IdleTimeout, DefaultIdleTimeout)
+	def(&c.BackoffBase, DefaultBackoffBase)
+	def(&c.BackoffMax, DefaultBackoffMax)
+	def(&c.MaxIdleConnTime, DefaultMaxIdleConnTime)
+	def(&c.DisconnectCheck, DefaultDisconnectCheck)
+	def(&c.ReadTimeout, DefaultReadTimeout)
+	defInt(&c.MaxBodyBytes, DefaultMaxBodyBytes)
+	defInt(&c.MaxHeaderBytes, DefaultMaxHeaderBytes)
+	defInt(&c.MaxConnections, DefaultMaxConnections)
+	defInt(&c.MaxResponseBytes, DefaultMaxResponseBytes)
+	defInt(&c.MaxAttempts, DefaultMaxAttempts)
+	defInt(&c.MaxConnsPerReplica, DefaultMaxConnsPerReplica)
+	defInt(&c.RecordRing, DefaultRecordRing)
 	if c.TotalTimeout < 0 {
 		c.TotalTimeout = 0
 	}

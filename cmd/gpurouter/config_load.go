@@ -18,6 +18,7 @@ import (
 	"github.com/gpurouter/gpurouter/admission"
 	"github.com/gpurouter/gpurouter/balancer"
 	"github.com/gpurouter/gpurouter/gpu"
+	"github.com/gpurouter/gpurouter/proxy"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -32,37 +33,18 @@ var (
 	knownLogFormats = []string{"json", "console"}
 )
 
-// The defaults applyDefaults fills in; configs/gpurouter.example.yaml and
-// the comments in config.go document the same values.
+// The defaults of the options only the command has; every other default
+// is the owning package's exported Default* constant, so the two cannot
+// drift. configs/gpurouter.example.yaml and the comments in config.go
+// document the same values.
 const (
-	defaultListen             = "0.0.0.0:8080"
-	defaultLogLevel           = "info"
-	defaultLogFormat          = "json"
-	defaultConnectTimeout     = 2 * time.Second
-	defaultFirstByteTimeout   = 120 * time.Second
-	defaultIdleTimeout        = 60 * time.Second
-	defaultMaxBodyBytes       = 8 << 20
-	defaultMaxHeaderBytes     = 16 << 10
-	defaultReadTimeout        = 60 * time.Second
-	defaultMaxConnections     = 10000
-	defaultMaxAttempts        = 3
-	defaultBackoffBase        = 10 * time.Millisecond
-	defaultBackoffMax         = 200 * time.Millisecond
-	defaultMaxConnsPerReplica = 1024
-	defaultMaxIdleConnTime    = 4 * time.Second
-	defaultHealthPath         = "/health"
-	defaultHealthInterval     = 2 * time.Second
-	defaultHealthTimeout      = time.Second
-	defaultUnhealthyThreshold = 2
-	defaultHealthyThreshold   = 1
-	defaultBreakerFailures    = 5
-	defaultBreakerOpenTimeout = 10 * time.Second
-	defaultHalfOpenRequests   = 1
-	defaultDrainTimeout       = 30 * time.Second
-	defaultPolicy             = balancer.DefaultPolicy
-	defaultWeight             = 1.0
-	minMaxBodyBytes           = 1024
-	minMaxHeaderBytes         = 1024
+	defaultListen       = "0.0.0.0:8080"
+	defaultLogLevel     = "info"
+	defaultLogFormat    = "json"
+	defaultDrainTimeout = 30 * time.Second
+	defaultWeight       = 1.0 // what balancer.NewReplica takes a weight of 0 for
+	minMaxBodyBytes     = 1024
+	minMaxHeaderBytes   = 1024
 )
 
 // loadConfigFile reads, strictly decodes, completes and validates the
@@ -217,26 +199,26 @@ func applyDefaults(cfg *fileConfig) {
 	setString(&cfg.Listen, defaultListen)
 	setString(&cfg.Log.Level, defaultLogLevel)
 	setString(&cfg.Log.Format, defaultLogFormat)
-	setDuration(&cfg.Timeouts.Connect, defaultConnectTimeout)
-	setDuration(&cfg.Timeouts.FirstByte, defaultFirstByteTimeout)
-	setDuration(&cfg.Timeouts.Idle, defaultIdleTimeout)
-	setInt(&cfg.Limits.MaxBodyBytes, defaultMaxBodyBytes)
-	setInt(&cfg.Limits.MaxHeaderBytes, defaultMaxHeaderBytes)
-	setDuration(&cfg.Limits.ReadTimeout, defaultReadTimeout)
-	setInt(&cfg.Limits.MaxConnections, defaultMaxConnections)
-	setInt(&cfg.Retry.MaxAttempts, defaultMaxAttempts)
-	setDuration(&cfg.Retry.BackoffBase, defaultBackoffBase)
-	setDuration(&cfg.Retry.BackoffMax, defaultBackoffMax)
-	setInt(&cfg.Upstream.MaxConnsPerReplica, defaultMaxConnsPerReplica)
-	setDuration(&cfg.Upstream.MaxIdleConnTime, defaultMaxIdleConnTime)
-	setString(&cfg.Health.Path, defaultHealthPath)
-	setDuration(&cfg.Health.Interval, defaultHealthInterval)
-	setDuration(&cfg.Health.Timeout, defaultHealthTimeout)
-	setInt(&cfg.Health.UnhealthyThreshold, defaultUnhealthyThreshold)
-	setInt(&cfg.Health.HealthyThreshold, defaultHealthyThreshold)
-	setInt(&cfg.Breaker.ConsecutiveFailures, defaultBreakerFailures)
-	setDuration(&cfg.Breaker.OpenTimeout, defaultBreakerOpenTimeout)
-	setInt(&cfg.Breaker.HalfOpenRequests, defaultHalfOpenRequests)
+	setDuration(&cfg.Timeouts.Connect, proxy.DefaultConnectTimeout)
+	setDuration(&cfg.Timeouts.FirstByte, proxy.DefaultFirstByteTimeout)
+	setDuration(&cfg.Timeouts.Idle, proxy.DefaultIdleTimeout)
+	setInt(&cfg.Limits.MaxBodyBytes, proxy.DefaultMaxBodyBytes)
+	setInt(&cfg.Limits.MaxHeaderBytes, proxy.DefaultMaxHeaderBytes)
+	setDuration(&cfg.Limits.ReadTimeout, proxy.DefaultReadTimeout)
+	setInt(&cfg.Limits.MaxConnections, proxy.DefaultMaxConnections)
+	setInt(&cfg.Retry.MaxAttempts, proxy.DefaultMaxAttempts)
+	setDuration(&cfg.Retry.BackoffBase, proxy.DefaultBackoffBase)
+	setDuration(&cfg.Retry.BackoffMax, proxy.DefaultBackoffMax)
+	setInt(&cfg.Upstream.MaxConnsPerReplica, proxy.DefaultMaxConnsPerReplica)
+	setDuration(&cfg.Upstream.MaxIdleConnTime, proxy.DefaultMaxIdleConnTime)
+	setString(&cfg.Health.Path, balancer.DefaultHealthPath)
+	setDuration(&cfg.Health.Interval, balancer.DefaultHealthInterval)
+	setDuration(&cfg.Health.Timeout, balancer.DefaultHealthTimeout)
+	setInt(&cfg.Health.UnhealthyThreshold, balancer.DefaultUnhealthyThreshold)
+	setInt(&cfg.Health.HealthyThreshold, balancer.DefaultHealthyThreshold)
+	setInt(&cfg.Breaker.ConsecutiveFailures, balancer.DefaultBreakerFailures)
+	setDuration(&cfg.Breaker.OpenTimeout, balancer.DefaultBreakerOpenTimeout)
+	setInt(&cfg.Breaker.HalfOpenRequests, balancer.DefaultHalfOpenRequests)
 	setDuration(&cfg.Shutdown.DrainTimeout, defaultDrainTimeout)
 	setDuration(&cfg.Telemetry.Interval, gpu.DefaultInterval)
 	setDuration(&cfg.Telemetry.Timeout, gpu.DefaultTimeout)
@@ -263,7 +245,7 @@ func applyDefaults(cfg *fileConfig) {
 	}
 	for i := range cfg.Pools {
 		p := &cfg.Pools[i]
-		setString(&p.Policy, defaultPolicy)
+		setString(&p.Policy, balancer.DefaultPolicy)
 		if len(p.Arms) == 0 {
 			p.Arms = nil
 		}

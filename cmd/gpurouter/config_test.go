@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gpurouter/gpurouter/balancer"
 )
 
 // configsDir holds the shipped example configurations.
@@ -243,7 +245,7 @@ func TestConfigFromFlags(t *testing.T) {
 			name:  "defaults",
 			pools: []string{"m=http://h:1"},
 			check: func(t *testing.T, cfg fileConfig) {
-				if cfg.Listen != defaultListen || cfg.Pools[0].Policy != defaultPolicy {
+				if cfg.Listen != defaultListen || cfg.Pools[0].Policy != balancer.DefaultPolicy {
 					t.Errorf("listen %q policy %q", cfg.Listen, cfg.Pools[0].Policy)
 				}
 			},
