@@ -30,6 +30,11 @@ var ErrNotRouter = errors.New("bench: not a gpurouter (GET /debug/pools answered
 // of a /debug/requests record. Times are Unix nanoseconds (0 = did not
 // happen); durations are seconds. "Received" is when the router had read
 // the whole request, the router's equivalent of the client's Sent.
+//
+// It restates proxy.Record's JSON schema on purpose, so bench reads a
+// remote router without importing router internals; router_schema_test.go
+// fails when the two disagree (field names, kinds, values through a round
+// trip), and the router's schema is the contract.
 type RouterRecord struct {
 	RequestID        string  `json:"request_id"`
 	Model            string  `json:"model"`

@@ -10,6 +10,11 @@ import (
 // bounded ring for `gpurouter bench`, which matches records to its own
 // requests by request id to compare client and router latency per request.
 // Times are Unix nanoseconds (0 = did not happen); durations are seconds.
+//
+// Its JSON is a contract with bench.RouterRecord, which restates it so that
+// bench can read remote routers without importing the router; bench's
+// router_schema_test.go fails when the two disagree. Change a field here,
+// then there.
 type Record struct {
 	RequestID        string  `json:"request_id"`
 	Model            string  `json:"model"`
