@@ -65,18 +65,18 @@ var outputKeys = [2]string{"max_tokens", "max_completion_tokens"}
 
 // outputKey is one output-limit key as the body gives it.
 type outputKey struct {
-	given bool // present, possibly null
+	n     uint32 // its value (at most 2^31, see nonNegInt); 0 when null or absent
+	given bool   // present, possibly null
 	null  bool
-	n     int // its value; 0 when null or absent
 }
 
 // effectiveMax is the output limit the engine applies, as vLLM reads it:
 // max_completion_tokens when non-zero, else max_tokens; 0 when neither.
 func effectiveMax(k [2]outputKey) int {
 	if k[1].n > 0 {
-		return k[1].n
+		return int(k[1].n)
 	}
-	return k[0].n
+	return int(k[0].n)
 }
 
 // prefixBytes is how much of a prompt without a system message identifies
@@ -180,7 +180,7 @@ func parseRequest(body []byte, ep endpoint) (request, error) {
 				err = badParam(k.Str, "must be a non-negative integer")
 				return false
 			}
-			r.limits[i].n = n
+			r.limits[i].n = uint32(n)
 		case "user":
 			if v.Type != gjson.String && v.Type != gjson.Null {
 				err = badParam("user", "must be a string")
@@ -363,7 +363,7 @@ func withIncludeUsage(body []byte, hasOptions bool) ([]byte, error) {
 func (r *request) clampOutput(body []byte, limit int) ([]byte, bool, error) {
 	var err error
 	for i, k := range r.limits {
-		if k.given && (k.null || k.n > limit) {
+		if k.given && (k.null || int(k.n) > limit) {
 			if body, err = sjson.SetBytes(body, outputKeys[i], limit); err != nil {
 				return body, false, err
 			}
