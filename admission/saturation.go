@@ -113,12 +113,13 @@ func (s SaturationConfig) TokenBudget(kvCapacityTokens int64) int64 {
 }
 
 // Saturated reports whether the replica can take no request at all without
-// queueing inside the engine: telemetry stale, requests waiting beyond
+// queueing inside the engine: telemetry stale, resting after a refusal,
+// requests waiting beyond
 // MaxWaiting, KV usage at the threshold, or the token budget used up.
 func (s SaturationConfig) Saturated(r ReplicaLoad) bool {
 	s = s.WithDefaults()
 	switch {
-	case r.Stale:
+	case r.Stale, r.Resting:
 		return true
 	case s.MaxWaiting >= 0 && r.Waiting > s.MaxWaiting:
 		return true
@@ -157,7 +158,7 @@ func (s SaturationConfig) LongPrefill(c Cost) bool {
 // saturated; stale telemetry is 1.
 func (s SaturationConfig) Level(r ReplicaLoad) float64 {
 	s = s.WithDefaults()
-	if r.Stale {
+	if r.Stale || r.Resting {
 		return 1
 	}
 	var l float64

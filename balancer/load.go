@@ -12,6 +12,9 @@ type ReplicaLoad struct {
 	KVCapacityTokens  int64   // KV capacity in tokens (num_gpu_blocks × block_size); 0 if unknown
 	OutstandingTokens int64   // KV footprint the router has placed there and not seen finish (prompt + expected output each)
 	LongPrefills      int     // router-side long-prompt requests not yet past prefill (no first token)
+	// Resting marks a replica that refused a request (429/503) and asked
+	// for a pause (Replica.Rest): saturated until the pause ends.
+	Resting bool
 	// Stale marks telemetry older than ScoreConfig.StaleAfter: the numbers
 	// no longer describe the replica, and it counts as saturated, never as
 	// idle. A replica never scraped is not stale: it has no numbers at all.
@@ -37,6 +40,7 @@ func (p *Pool) Loads(now time.Time, dst []ReplicaLoad) []ReplicaLoad {
 		l := ReplicaLoad{
 			OutstandingTokens: r.kvReserved.Load(),
 			LongPrefills:      int(r.longPrefills.Load()),
+			Resting:           r.Resting(now),
 		}
 		if e := r.tel.engine.Load(); e != nil {
 			switch {

@@ -24,7 +24,7 @@ type Request struct {
 
 // eligible reports whether a picker may choose c for r.
 func eligible(c *Replica, r *Request) bool {
-	return c.Available(r.Now) && (r.LongPrefillCap <= 0 || c.longPrefills.Load() < int64(r.LongPrefillCap))
+	return c.Available(r.Now) && !c.Resting(r.Now) && (r.LongPrefillCap <= 0 || c.longPrefills.Load() < int64(r.LongPrefillCap))
 }
 
 // Picker chooses a replica for a request among candidates. It returns nil

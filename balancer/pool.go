@@ -21,6 +21,11 @@ type PoolConfig struct {
 	Arms []Arm
 	// Picker tunes the load-based policies and injects their randomness.
 	Picker PickerOptions
+	// MaxEjectionPercent caps the share of the pool's replicas whose
+	// circuit breakers may be open at once (Envoy's max_ejection_percent);
+	// one replica may always be ejected. 0 means DefaultMaxEjectionPercent
+	// (50); 100 or more, or negative, means no cap.
+	MaxEjectionPercent float64
 }
 
 // Arm is one side of an A/B experiment.
@@ -165,6 +170,7 @@ func (p *Pool) SetReplicas(rs []*Replica) {
 	var inFlight int64
 	for _, r := range cp {
 		r.group.Store(&p.group)
+		r.pool.Store(p)
 		inFlight += r.inFlight.Load()
 	}
 	p.group.Store(inFlight)

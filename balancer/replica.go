@@ -82,6 +82,14 @@ type Replica struct {
 	// breaker itself decides whether a probe may go through.
 	openUntil atomic.Int64
 
+	// restUntil is unix nanos until which the replica rests after refusing
+	// a request (429/503): pickers skip it (0 = not resting; see Rest).
+	restUntil atomic.Int64
+	restFrom  atomic.Int64 // unix nanos when the current rest began
+	// pool is the pool the replica serves in, whose ejection cap its
+	// breaker consults (nil outside a pool).
+	pool atomic.Pointer[Pool]
+
 	// draining is set by an operator: no new requests, in-flight finish.
 	draining atomic.Bool
 	// group is the in-flight total of the pool the replica belongs to, so
@@ -160,7 +168,11 @@ func NewReplica(cfg ReplicaConfig, bc BreakerConfig, now func() time.Time) (*Rep
 		MaxRequests: uint32(bc.HalfOpenRequests),
 		Timeout:     bc.OpenTimeout,
 		ReadyToTrip: func(c gobreaker.Counts) bool {
-			return c.ConsecutiveFailures >= uint32(bc.ConsecutiveFailures)
+			if c.ConsecutiveFailures < uint32(bc.ConsecutiveFailures) {
+				return false
+			}
+			p := r.pool.Load()
+			return p == nil || p.mayEject(r, r.now())
 		},
 		IsExcluded:    func(err error) bool { return errors.Is(err, ErrNotReplicaFault) },
 		OnStateChange: func(_ string, _, to gobreaker.State) { r.breakerChanged(to) },

@@ -53,6 +53,7 @@ func (r *Replica) SetEngineLoad(l EngineLoad) {
 	r.tel.inFlightAtScrape.Store(r.inFlight.Load())
 	r.tel.outstandingAtScrape.Store(r.tel.outstanding.Load())
 	r.tel.engine.Store(&l)
+	r.endRestIfRoom(&l)
 }
 
 // EngineLoad returns the last engine snapshot, nil if none yet.
