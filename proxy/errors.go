@@ -72,6 +72,8 @@ var errorTable = [...]errorKind{
 	{ErrShed, fasthttp.StatusTooManyRequests, "rate_limit_error", "rate_limit_exceeded", outcomeShed, blameNone},
 	{admission.ErrDeadline, fasthttp.StatusTooManyRequests, "rate_limit_error", "deadline_unreachable", outcomeShed, blameNone},
 	{admission.ErrShed, fasthttp.StatusTooManyRequests, "rate_limit_error", "queue_full", outcomeShed, blameNone},
+	{ErrOverloaded, fasthttp.StatusTooManyRequests, "rate_limit_error", "engine_overloaded", outcomeShed, blameNeutral},
+	{ErrUnavailable, fasthttp.StatusServiceUnavailable, "server_error", "engine_unavailable", outcomeShed, blameNeutral},
 	{ErrNoReplica, fasthttp.StatusServiceUnavailable, "server_error", "no_healthy_replica", outcomeNoReplica, blameNone},
 	{ErrShuttingDown, fasthttp.StatusServiceUnavailable, "server_error", "shutting_down", outcomeShutdown, blameNeutral},
 	{ErrTimeout, fasthttp.StatusGatewayTimeout, "server_error", "upstream_timeout", outcomeTimeout, blameReplica},

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -59,8 +60,9 @@ type exchange struct {
 	admitted time.Time // admission let it through (zero without admission)
 
 	// Steps 4–5 (handler.go, forward.go): the replica that answered.
-	up        *upstream       // nil if none did
-	rm        *replicaMetrics // up's metric children for the request's arm
+	up        *upstream         // nil if none did
+	last      *balancer.Replica // the replica the request was last sent to (nil if none)
+	rm        *replicaMetrics   // up's metric children for the request's arm
 	lease     balancer.Lease
 	attempts  int
 	sent      time.Time // last attempt handed to the upstream client
@@ -157,8 +159,8 @@ func (x *exchange) finish(err error, status int) {
 	if p := x.pool(); p != nil {
 		model = p.Model()
 	}
-	if x.up != nil {
-		replica = x.up.replica.Name()
+	if x.last != nil {
+		replica = x.last.Name()
 	}
 	s.m.requests.WithLabelValues(model, replica, x.arm, statusText(status), x.outcome.String()).Inc()
 
@@ -200,8 +202,19 @@ func (x *exchange) finish(err error, status int) {
 			zap.Int("prompt_tokens", x.promptTokens),
 			zap.Int("completion_tokens", x.completionTokens),
 			zap.NamedError("error", errOrNil(err, x.outcome)),
+			causeOf(err),
 		)
 	}
+}
+
+// causeOf is the library error behind a failure whose client-facing
+// words leave it out: the log keeps what the client is not shown.
+func causeOf(err error) zap.Field {
+	var f *upstreamFailure
+	if errors.As(err, &f) && f.cause != nil {
+		return zap.NamedError("cause", f.cause)
+	}
+	return zap.Skip()
 }
 
 func sinceOr(t, from time.Time) time.Duration {

@@ -23,7 +23,12 @@ type fakeVLLM struct {
 	srv *http.Server
 
 	// Behaviour.
-	status     int           // non-zero: answer every request with this status and an error body
+	status     int    // non-zero: answer every request with this status and an error body
+	retryAfter string // with status: the Retry-After header to send
+	// closeAfter closes every connection right after its response while
+	// advertising keep-alive (Keep-Alive: timeout=5, max=100, no
+	// Connection: close), as llama.cpp's llama-server does.
+	closeAfter atomic.Bool
 	tokens     int           // tokens per response [5]
 	prefill    time.Duration // wait before the first token (honours cancellation)
 	gap        time.Duration // wait between tokens
@@ -50,7 +55,13 @@ func newFakeVLLM(t *testing.T) *fakeVLLM {
 		t.Fatal(err)
 	}
 	f.url = "http://" + ln.Addr().String()
-	f.srv = &http.Server{Handler: http.HandlerFunc(f.serve)}
+	f.srv = &http.Server{Handler: http.HandlerFunc(f.serve), ConnState: func(c net.Conn, st http.ConnState) {
+		// StateIdle: the response is complete and the server would wait
+		// for the next request on this connection.
+		if st == http.StateIdle && f.closeAfter.Load() {
+			c.Close()
+		}
+	}}
 	go f.srv.Serve(ln) //nolint:errcheck
 	t.Cleanup(func() { f.srv.Close() })
 	return f
@@ -79,7 +90,13 @@ func (f *fakeVLLM) serve(w http.ResponseWriter, r *http.Request) {
 	case f.received <- r:
 	default:
 	}
+	if f.closeAfter.Load() {
+		w.Header().Set("Keep-Alive", "timeout=5, max=100")
+	}
 	if f.status != 0 {
+		if f.retryAfter != "" {
+			w.Header().Set("Retry-After", f.retryAfter)
+		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(f.status)
 		fmt.Fprintf(w, `{"error":{"message":"fake status %d","type":"ServiceUnavailableError","param":null,"code":%d}}`, f.status, f.status)

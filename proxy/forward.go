@@ -13,6 +13,7 @@ import (
 	"github.com/tidwall/gjson"
 	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
+	"go.uber.org/zap"
 )
 
 // hopByHop are the headers that describe one connection, not the message
@@ -78,10 +79,9 @@ func listsToken(list, tok []byte) bool {
 }
 
 // retryable reports an upstream status that says "not now, try elsewhere"
-// before the engine started on the request.
-func retryable(status int) bool {
-	return status == fasthttp.StatusBadGateway || status == fasthttp.StatusServiceUnavailable || status == fasthttp.StatusTooManyRequests
-}
+// before the engine started on the request: a 502 from a proxy in front of
+// the engine. (429 and 503 are refusals: see forward.)
+func retryable(status int) bool { return status == fasthttp.StatusBadGateway }
 
 // pickRequest is what the picker reads about the request.
 func (x *exchange) pickRequest() balancer.Request {
@@ -101,12 +101,22 @@ func (x *exchange) pickRequest() balancer.Request {
 }
 
 // noReplica is the error for a request that found no replica to try:
-// why the last one tried failed, else that none is available.
+// why the last one tried failed — said of the whole pool when every
+// replica is unreachable — else that every replica is resting after
+// refusals, else that none is available.
 func (x *exchange) noReplica(lastErr error) error {
-	if lastErr != nil {
+	p := x.route.Pool
+	now := x.s.now()
+	switch {
+	case errors.Is(lastErr, errUnreachable) && p.Available(now) == 0:
+		return fmt.Errorf("%w: every replica of model %q is unreachable (last: %s)", ErrNoReplica, p.Model(), lastErr.(*upstreamFailure).words)
+	case lastErr != nil:
 		return lastErr
 	}
-	return fmt.Errorf("%w for model %q", ErrNoReplica, x.route.Pool.Model())
+	if until, ok := p.RestEnds(now); ok {
+		return &refusal{model: p.Model(), status: fasthttp.StatusTooManyRequests, retryAfter: until.Sub(now)}
+	}
+	return fmt.Errorf("%w for model %q", ErrNoReplica, p.Model())
 }
 
 // retryWait is the pause before the next try: none while no attempt has
@@ -148,6 +158,7 @@ func (s *Server) forward(rt *routeTable, x *exchange, rep *balancer.Replica, ure
 		return nil, true, fmt.Errorf("%w for model %q (breakers open)", ErrNoReplica, x.route.Pool.Model())
 	}
 	x.attempts++
+	x.last = rep
 	x.ticket.Placed()
 	resp = fasthttp.AcquireResponse()
 	resp.StreamBody = true
@@ -175,21 +186,43 @@ func (s *Server) forward(rt *routeTable, x *exchange, rep *balancer.Replica, ure
 	if err != nil {
 		fasthttp.ReleaseResponse(resp)
 		err = upstreamError(rep, err)
-		lease.Done(err)
+		if errors.Is(err, errUnreachable) {
+			// Nothing listens there: the request was never processed, so
+			// it is no attempt, and the replica is down until the health
+			// checker sees it again — not a breaker failure, a fact.
+			x.attempts--
+			lease.Done(balancer.ErrNotReplicaFault)
+			if rep.MarkDown() {
+				s.log.Warn("replica unreachable: out of rotation until its health check passes",
+					zap.String("replica", rep.Name()), zap.Error(err.(*upstreamFailure).cause))
+			}
+		} else {
+			lease.Done(err)
+		}
 		s.m.retries.WithLabelValues(x.route.Pool.Model(), retryReason(err)).Inc()
 		return nil, true, err
 	}
 	status := resp.StatusCode()
-	if retryable(status) && x.attempts < s.cfg.MaxAttempts {
-		if status == fasthttp.StatusTooManyRequests {
-			lease.Done(balancer.ErrNotReplicaFault)
-		} else {
-			lease.Done(fmt.Errorf("upstream status %d", status))
-		}
-		resp.CloseBodyStream()
+	if status == fasthttp.StatusTooManyRequests || status == fasthttp.StatusServiceUnavailable {
+		// The engine has no room (its queue is full): it rests for its
+		// Retry-After and the request goes to a replica that has room, or
+		// back to the client as the same refusal. Not the breaker's
+		// business: the replica is working, just full.
+		now := s.now()
+		ra := retryAfterOf(resp, now)
+		rep.Rest(now, now.Add(ra))
+		lease.Done(balancer.ErrNotReplicaFault)
+		resp.CloseBodyStream() //nolint:errcheck
 		fasthttp.ReleaseResponse(resp)
 		s.m.retries.WithLabelValues(x.route.Pool.Model(), strconv.Itoa(status)).Inc()
-		return nil, true, fmt.Errorf("%w: %s answered %d", ErrUpstream, rep.Name(), status)
+		return nil, true, &refusal{replica: rep.Name(), model: x.route.Pool.Model(), status: status, retryAfter: ra}
+	}
+	if retryable(status) && x.attempts < s.cfg.MaxAttempts {
+		lease.Done(fmt.Errorf("upstream status %d", status))
+		resp.CloseBodyStream() //nolint:errcheck
+		fasthttp.ReleaseResponse(resp)
+		s.m.retries.WithLabelValues(x.route.Pool.Model(), strconv.Itoa(status)).Inc()
+		return nil, true, fmt.Errorf("%w: replica %s answered %d", ErrUpstream, rep.Name(), status)
 	}
 	x.up, x.rm, x.lease, x.firstByte = up, up.metricsFor(x.arm), lease, s.now()
 	return resp, false, nil
@@ -205,13 +238,6 @@ func (s *Server) upstreamOf(rt *routeTable, rep *balancer.Replica) *upstream {
 	}
 	u, _ := s.routes.Load().upstream(rep)
 	return u
-}
-
-func upstreamError(rep *balancer.Replica, err error) error {
-	if isTimeout(err) {
-		return fmt.Errorf("%w: %s sent no response in time: %v", ErrTimeout, rep.Name(), err)
-	}
-	return fmt.Errorf("%w: %s: %v", ErrUpstream, rep.Name(), err)
 }
 
 func retryReason(err error) string {
@@ -286,9 +312,9 @@ func (s *Server) respondWhole(ctx *fasthttp.RequestCtx, x *exchange, resp *fasth
 		fasthttp.ReleaseResponse(resp)
 		switch {
 		case isTimeout(err):
-			err = fmt.Errorf("%w: %v", ErrTimeout, err)
+			err = &upstreamFailure{kind: ErrTimeout, words: "replica " + x.up.replica.Name() + " stopped sending its response", cause: err}
 		case !errors.Is(err, ErrUpstream) && !errors.Is(err, ErrClientGone):
-			err = fmt.Errorf("%w: %v", ErrUpstream, err)
+			err = &upstreamFailure{kind: ErrUpstream, words: "replica " + x.up.replica.Name() + ": " + streamWords(err) + " during the response", cause: err}
 		}
 		s.reject(ctx, x, err)
 		return

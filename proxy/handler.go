@@ -230,8 +230,8 @@ func availableModels(rt *routeTable) string {
 func (s *Server) reject(ctx *fasthttp.RequestCtx, x *exchange, err error) {
 	writeError(ctx, err)
 	ctx.Response.Header.Set("X-Request-Id", x.id)
-	if x.up != nil {
-		ctx.Response.Header.Set("X-Gpurouter-Replica", x.up.replica.Name())
+	if x.last != nil {
+		ctx.Response.Header.Set("X-Gpurouter-Replica", x.last.Name())
 	}
 	x.finish(err, statusOf(err))
 }

@@ -168,8 +168,20 @@ func TestRetryBeforeFirstByteLandsOnAnotherReplica(t *testing.T) {
 			if badHits() != 1 || good.requests.Load() != 1 {
 				t.Errorf("hits bad=%d good=%d, want 1 and 1", badHits(), good.requests.Load())
 			}
+			if tt.name == "connect refused" {
+				// Nothing listens there: nothing was sent, so the next
+				// replica is tried at once, and the dead one is out of
+				// rotation until its health check passes.
+				if len(tr.sleep) != 0 || tr.reps[0].Healthy() {
+					t.Errorf("backoff sleeps %v, refused replica healthy=%v; want no sleep, marked down", tr.sleep, tr.reps[0].Healthy())
+				}
+				return
+			}
 			if len(tr.sleep) != 1 || tr.sleep[0] <= 0 || tr.sleep[0] > 200*time.Millisecond {
 				t.Errorf("backoff sleeps %v, want one jittered sleep", tr.sleep)
+			}
+			if !tr.reps[0].Resting(time.Now()) || tr.reps[0].BreakerState() != "closed" {
+				t.Errorf("refusing replica resting=%v breaker=%s; want resting, breaker untouched", tr.reps[0].Resting(time.Now()), tr.reps[0].BreakerState())
 			}
 		})
 	}

@@ -71,8 +71,8 @@ func (x *exchange) record(end time.Time) Record {
 	if p := x.pool(); p != nil {
 		r.Model = p.Model()
 	}
-	if x.up != nil {
-		r.Replica = x.up.replica.Name()
+	if x.last != nil {
+		r.Replica = x.last.Name()
 	}
 	if a := x.admittedAt(); !a.IsZero() {
 		r.QueueS = a.Sub(x.received).Seconds()

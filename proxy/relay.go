@@ -136,7 +136,7 @@ func (r *relay) fill() error {
 	case isTimeout(err):
 		r.fail(fmt.Errorf("%w: no stream event for %s", ErrTimeout, r.x.s.cfg.IdleTimeout))
 	default:
-		r.fail(fmt.Errorf("%w: %v", errBrokenStream, err))
+		r.fail(&upstreamFailure{kind: errBrokenStream, words: streamWords(err), cause: err})
 	}
 	return nil
 }

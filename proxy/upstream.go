@@ -2,9 +2,12 @@ package proxy
 
 import (
 	"bytes"
+	"errors"
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/gpurouter/gpurouter/balancer"
@@ -46,6 +49,11 @@ func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, m *metrics) 
 		DisableHeaderNamesNormalizing: true,
 		NoDefaultUserAgentHeader:      true,
 		MaxResponseBodySize:           cfg.MaxResponseBytes,
+		// A request that finds its pooled connection closed by the engine
+		// (see staleRetry) is resent on another one, as many times as the
+		// pool may hold dead connections, plus the fresh one.
+		RetryIfErr:                staleRetry(&u.pending),
+		MaxIdemponentCallAttempts: cfg.MaxConnsPerReplica + 1,
 		Dial: func(addr string) (net.Conn, error) {
 			start := time.Now()
 			c, err := dialer.Dial("tcp", addr)
@@ -53,10 +61,29 @@ func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, m *metrics) 
 				return nil, err
 			}
 			connect.Observe(time.Since(start).Seconds())
-			return &deadlineConn{Conn: c, firstByte: cfg.FirstByteTimeout, idle: cfg.IdleTimeout, pending: &u.pending}, nil
+			dc := &deadlineConn{Conn: c, firstByte: cfg.FirstByteTimeout, idle: cfg.IdleTimeout, pending: &u.pending}
+			if sc, ok := c.(syscall.Conn); ok {
+				dc.raw, _ = sc.SyscallConn()
+			}
+			return dc, nil
 		},
 	}
 	return u
+}
+
+// staleRetry is the upstream client's retry rule: a request is resent only
+// when it failed on a reused keep-alive connection before any response
+// byte because the engine had closed it — llama.cpp closes after every
+// response while advertising keep-alive, uvicorn closes idle connections
+// after 5 s, and sidecars do the same. The engine never saw that request,
+// so resending it is safe, costs no attempt and blames no one: the client
+// must not pay for the router's stale connection. Any other failure is the
+// replica's (and the router's retry across replicas decides what next).
+func staleRetry(ps *pendingSet) fasthttp.RetryIfErrFunc {
+	return func(req *fasthttp.Request, _ int, _ error) (bool, bool) {
+		pr := ps.byHeader(req.Header.Peek(seqHeader))
+		return false, pr != nil && pr.stale.Swap(false)
+	}
 }
 
 // metricsFor returns the children for arm; an arm added at run time (an
@@ -79,11 +106,14 @@ func (u *upstream) metricsFor(arm string) *replicaMetrics {
 // goroutine at a time, so the fields need no lock.
 type deadlineConn struct {
 	net.Conn
+	raw       syscall.RawConn // for a look at the socket before reuse; nil if not a plain socket
 	firstByte time.Duration
 	idle      time.Duration
 	sent      bool        // a request was written and no response byte read yet
 	awaiting  bool        // no byte of the response body read yet
 	headEnd   int         // bytes of the head's closing CRLF CRLF seen so far
+	uses      int         // requests written on the connection, this one included
+	cur       *pendingReq // the request being written or awaited; nil if not the router's
 	pending   *pendingSet // where the request being written is expected
 }
 
@@ -91,12 +121,36 @@ func (c *deadlineConn) Write(p []byte) (int, error) {
 	if !c.sent {
 		// A request starts (its head is in this first write): tell its
 		// exchange which connection to close should its client leave.
-		if pr := c.pending.of(p); pr != nil && !pr.attach(c.Conn) {
+		c.cur = c.pending.of(p)
+		if c.cur != nil && !c.cur.attach(c.Conn) {
 			return 0, net.ErrClosed // the client has already left
 		}
 		c.sent, c.awaiting, c.headEnd = true, true, 0
+		c.uses++
+		// A pooled connection the engine has closed since its last
+		// response: found before writing, the request goes on another.
+		if c.uses > 1 && c.raw != nil && peerClosed(c.raw) {
+			c.markStale()
+			return 0, errStaleConn
+		}
 	}
-	return c.Conn.Write(p)
+	n, err := c.Conn.Write(p)
+	if err != nil && c.awaiting && peerClosedErr(err) {
+		c.markStale()
+	}
+	return n, err
+}
+
+// errStaleConn is a pooled connection found closed by the engine.
+var errStaleConn = errors.New("proxy: pooled connection closed by the replica")
+
+// markStale flags the request being written for a resend on another
+// connection (staleRetry) when this connection was reused: a fresh one
+// failing is the replica's fault, not the pool's.
+func (c *deadlineConn) markStale() {
+	if c.uses > 1 && c.cur != nil {
+		c.cur.stale.Store(true)
+	}
 }
 
 func (c *deadlineConn) Read(p []byte) (int, error) {
@@ -115,6 +169,9 @@ func (c *deadlineConn) Read(p []byte) (int, error) {
 		if c.awaiting {
 			c.awaiting = !c.bodyIn(p[:n])
 		}
+	}
+	if err != nil && n == 0 && c.sent && peerClosedErr(err) {
+		c.markStale() // closed after the request, before any response byte
 	}
 	return n, err
 }
@@ -193,7 +250,12 @@ func (s *pendingSet) of(head []byte) *pendingReq {
 	if j < 0 {
 		return nil
 	}
-	seq, err := strconv.ParseUint(string(num[:j]), 10, 64)
+	return s.byHeader(num[:j])
+}
+
+// byHeader finds the pending request numbered by a seqHeader value.
+func (s *pendingSet) byHeader(v []byte) *pendingReq {
+	seq, err := strconv.ParseUint(string(v), 10, 64)
 	if err != nil {
 		return nil
 	}
@@ -206,9 +268,12 @@ func (s *pendingSet) of(head []byte) *pendingReq {
 // pendingReq is one request awaiting its response.
 type pendingReq struct {
 	mu    sync.Mutex
-	conn  net.Conn // the connection it went out on
+	conn  net.Conn // the connection it went out on (the last, after a resend)
 	cause error    // why it was aborted; nil while it wasn't
 	done  bool     // settled: abort no longer applies
+	// stale is set when the request failed on a reused connection the
+	// engine had closed, and taken by staleRetry.
+	stale atomic.Bool
 }
 
 // attach records the connection the request is written on; false when
@@ -216,7 +281,7 @@ type pendingReq struct {
 func (pr *pendingReq) attach(c net.Conn) bool {
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
-	if pr.conn == nil && !pr.done {
+	if !pr.done {
 		pr.conn = c
 	}
 	return pr.cause == nil
