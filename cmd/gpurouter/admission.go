@@ -1,10 +1,6 @@
 package main
 
-import (
-	"github.com/gpurouter/gpurouter/admission"
-	"github.com/gpurouter/gpurouter/balancer"
-	"github.com/gpurouter/gpurouter/gpu"
-)
+import "github.com/gpurouter/gpurouter/admission"
 
 // admissionFrom translates the file's admission section.
 func admissionFrom(a admissionConfig) admission.Config {
@@ -27,17 +23,4 @@ func admissionFrom(a admissionConfig) admission.Config {
 			ShortLanes:        a.Saturation.ShortLanes,
 		},
 	}
-}
-
-// pokeSink forwards telemetry to the replica and tells the pool's
-// admission controller that capacity may have changed, so a queued request
-// goes as soon as a scrape shows room rather than at the next recheck.
-type pokeSink struct {
-	*balancer.Replica
-	ctl *admission.Controller
-}
-
-func (s pokeSink) StoreEngine(e *gpu.EngineStats) {
-	s.Replica.StoreEngine(e)
-	s.ctl.Poke()
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpurouter/gpurouter/admission"
 	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/gpurouter/gpurouter/fleet"
 	"github.com/gpurouter/gpurouter/gpu"
 	"github.com/gpurouter/gpurouter/proxy"
 	"go.yaml.in/yaml/v3"
@@ -330,7 +331,7 @@ func configFromFlags(listen string, pools []string, policy string) (fileConfig, 
 		pool := poolConfig{Model: model, Policy: policy}
 		for i, raw := range strings.Split(list, ",") {
 			raw = strings.TrimSpace(raw)
-			if err := checkHTTPURL(raw); err != nil {
+			if err := fleet.CheckURL(raw); err != nil {
 				errs = append(errs, fmt.Errorf("--pool %q: URL %d %q: %w", spec, i+1, raw, err))
 				continue
 			}
@@ -362,21 +363,6 @@ func writeConfigYAML(w io.Writer, cfg fileConfig) error {
 		return err
 	}
 	return enc.Close()
-}
-
-// checkHTTPURL reports why s cannot be the base URL of an HTTP server.
-func checkHTTPURL(s string) error {
-	if s == "" {
-		return errors.New("required")
-	}
-	u, err := url.Parse(s)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" {
-		return errors.New("must be an absolute http:// or https:// URL with a host")
-	}
-	if u.RawQuery != "" || u.Fragment != "" || u.ForceQuery {
-		return errors.New("must not have a query or fragment")
-	}
-	return nil
 }
 
 // checkListen reports why addr cannot be a listen address.

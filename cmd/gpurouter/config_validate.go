@@ -4,10 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net/url"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/gpurouter/gpurouter/fleet"
 )
 
 // validate checks a configuration whose defaults are already filled. It
@@ -90,7 +91,12 @@ func validate(cfg fileConfig) error {
 	v.rangeF("routing.bounded_load_epsilon", cfg.Routing.BoundedLoadEpsilon, 0, 100, false)
 
 	v.auth(cfg.Auth, cfg.Admission.Classes)
-	v.pools(cfg.Pools)
+	// The pools' rules are the fleet's, so that an admin edit is refused
+	// for what the file would be.
+	if err := (fleet.Spec{Pools: specPools(cfg.Pools)}).Validate(); err != nil {
+		v.errs = append(v.errs, err)
+	}
+	v.gpus(cfg.Pools)
 	return errors.Join(v.errs...)
 }
 
@@ -98,30 +104,6 @@ func validate(cfg fileConfig) error {
 func (v *validator) rangeF(path string, f, lo, hi float64, open bool) {
 	if math.IsNaN(f) || f <= lo || f > hi || (open && f >= hi) {
 		v.add(path, "must be in (%g, %g%s, got %g", lo, hi, map[bool]string{true: ")", false: "]"}[open], f)
-	}
-}
-
-// arms checks a pool's A/B experiment.
-func (v *validator) arms(at string, arms []armConfig) {
-	seen := map[string]bool{}
-	for i, a := range arms {
-		ap := fmt.Sprintf("%s.arms[%d]", at, i)
-		switch {
-		case a.Name == "":
-			v.add(ap+".name", "required")
-		case seen[a.Name]:
-			v.add(ap+".name", "%q already names another arm", a.Name)
-		}
-		seen[a.Name] = true
-		if !slices.Contains(knownPolicies, a.Policy) {
-			v.add(ap+".policy", "unknown policy %q (known: %s)", a.Policy, strings.Join(knownPolicies, ", "))
-		}
-		if !(a.Share > 0) || math.IsInf(a.Share, 0) {
-			v.add(ap+".share", "must be > 0, got %g", a.Share)
-		}
-	}
-	if len(arms) == 1 {
-		v.add(at+".arms", "an experiment needs at least two arms (use policy for one)")
 	}
 }
 
@@ -158,98 +140,14 @@ func (v *validator) oneOf(path, got string, known []string) {
 	}
 }
 
-// pools checks each pool and what must be unique across pools: model
-// names and aliases share one namespace, and path prefixes one another.
-func (v *validator) pools(pools []poolConfig) {
-	if len(pools) == 0 {
-		v.add("pools", "at least one pool is required")
-		return
-	}
-	names := make(map[string]int)    // model or alias → index of the pool it names
-	prefixes := make(map[string]int) // path prefix, without trailing /, → pool index
-	claim := func(path, name string, pool int) {
-		if prev, dup := names[name]; dup {
-			v.add(path, "%q already names pools[%d]", name, prev)
-			return
-		}
-		names[name] = pool
-	}
+// gpus checks the replicas' GPU bindings: the part of a pool that is the
+// file schema's own (fleet.Spec.Validate checks the rest).
+func (v *validator) gpus(pools []poolConfig) {
 	for i, p := range pools {
-		at := fmt.Sprintf("pools[%d]", i)
-		switch {
-		case strings.TrimSpace(p.Model) == "":
-			v.add(at+".model", "required")
-		case strings.TrimSpace(p.Model) != p.Model:
-			v.add(at+".model", "%q has leading or trailing spaces", p.Model)
-		default:
-			claim(at+".model", p.Model, i)
-		}
-		for j, a := range p.Aliases {
-			if strings.TrimSpace(a) == "" {
-				v.add(fmt.Sprintf("%s.aliases[%d]", at, j), "must not be empty")
-				continue
+		for j, r := range p.Replicas {
+			if r.GPU != nil {
+				v.gpu(fmt.Sprintf("pools[%d].replicas[%d].gpu", i, j), *r.GPU)
 			}
-			claim(fmt.Sprintf("%s.aliases[%d]", at, j), a, i)
-		}
-		if p.PathPrefix != "" {
-			key := strings.TrimSuffix(p.PathPrefix, "/")
-			switch {
-			case !strings.HasPrefix(p.PathPrefix, "/v1/") || key == "/v1":
-				v.add(at+".path_prefix", "must start with /v1/ and name a route below it, got %q", p.PathPrefix)
-			case strings.ContainsAny(p.PathPrefix, "?# \t\r\n"):
-				v.add(at+".path_prefix", "must be a plain path without query, fragment or spaces, got %q", p.PathPrefix)
-			default:
-				if prev, dup := prefixes[key]; dup {
-					v.add(at+".path_prefix", "%q already used by pools[%d]", p.PathPrefix, prev)
-				} else {
-					prefixes[key] = i
-				}
-			}
-		}
-		if !slices.Contains(knownPolicies, p.Policy) {
-			v.add(at+".policy", "unknown policy %q (known: %s)", p.Policy, strings.Join(knownPolicies, ", "))
-		}
-		if p.MaxTokensLimit < 0 {
-			v.add(at+".max_tokens_limit", "must be >= 0 (0 = no cap), got %d", p.MaxTokensLimit)
-		}
-		v.arms(at, p.Arms)
-		v.replicas(at, p.Replicas)
-	}
-}
-
-// replicas checks one pool's replicas; URLs and names must be unique in the
-// pool since both identify a replica in metrics, logs and the admin API.
-func (v *validator) replicas(pool string, rs []replicaConfig) {
-	if len(rs) == 0 {
-		v.add(pool+".replicas", "at least one replica is required")
-		return
-	}
-	urls := make(map[string]int)
-	names := make(map[string]int)
-	for j, r := range rs {
-		at := fmt.Sprintf("%s.replicas[%d]", pool, j)
-		if err := checkHTTPURL(r.URL); err != nil {
-			v.add(at+".url", "%v", err)
-		} else {
-			key := canonicalURL(r.URL)
-			if prev, dup := urls[key]; dup {
-				v.add(at+".url", "%q duplicates replicas[%d]", r.URL, prev)
-			} else {
-				urls[key] = j
-			}
-		}
-		if r.Name == "" {
-			v.add(at+".name", "required (defaults to the URL's host:port)")
-		} else if prev, dup := names[r.Name]; dup {
-			v.add(at+".name", "%q already used by replicas[%d]", r.Name, prev)
-		} else {
-			names[r.Name] = j
-		}
-		if math.IsNaN(r.Weight) || math.IsInf(r.Weight, 0) || r.Weight <= 0 {
-			v.add(at+".weight", "must be a finite number > 0, got %v", r.Weight)
-		}
-		if r.GPU != nil {
-			v.gpu(at+".gpu", *r.GPU)
 		}
 	}
 }
@@ -272,7 +170,7 @@ func (v *validator) gpu(at string, g gpuConfig) {
 		v.add(at+".index", "must be >= 0, got %d", *g.Index)
 	}
 	if g.AgentURL != "" {
-		if err := checkHTTPURL(g.AgentURL); err != nil {
+		if err := fleet.CheckURL(g.AgentURL); err != nil {
 			v.add(at+".agent_url", "%v", err)
 		}
 		if g.UUID == "" {
@@ -280,7 +178,7 @@ func (v *validator) gpu(at string, g gpuConfig) {
 		}
 	}
 	if g.DCGMURL != "" {
-		if err := checkHTTPURL(g.DCGMURL); err != nil {
+		if err := fleet.CheckURL(g.DCGMURL); err != nil {
 			v.add(at+".dcgm_url", "%v", err)
 		}
 		if (g.Label == "") == (g.UUID == "") {
@@ -289,15 +187,4 @@ func (v *validator) gpu(at string, g gpuConfig) {
 	} else if g.Label != "" {
 		v.add(at+".label", "only used with dcgm_url")
 	}
-}
-
-// canonicalURL is the form in which two replica URLs are compared: scheme
-// and host case-insensitive, trailing slash ignored. checkHTTPURL has
-// already accepted u.
-func canonicalURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return raw
-	}
-	return strings.ToLower(u.Scheme+"://"+u.Host) + strings.TrimSuffix(u.Path, "/")
 }

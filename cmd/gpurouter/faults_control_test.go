@@ -166,17 +166,13 @@ func TestFaultFlappingHealthDamped(t *testing.T) {
 				UnhealthyThreshold: tt.unhealthy, HealthyThreshold: tt.healthy}
 			applyDefaults(&cfg)
 			core, logs := observer.New(zapcore.InfoLevel)
-			r, err := newRouter(cfg, zap.New(core))
-			if err != nil {
-				t.Fatal(err)
-			}
 			lie := &lyingProber{inner: balancer.HTTPProber{Path: cfg.Health.Path}, rep: fleet.Replicas()[0], pattern: tt.pattern}
 			// The router's checker with the configured thresholds, its
 			// prober wrapped to drive the lies.
-			r.health = balancer.NewHealthChecker(balancer.HealthConfig{
-				Interval: cfg.Health.Interval, Timeout: cfg.Health.Timeout,
-				UnhealthyThreshold: cfg.Health.UnhealthyThreshold, HealthyThreshold: cfg.Health.HealthyThreshold,
-			}, lie, func() []*balancer.Replica { return r.state.Load().replicas }, r.log)
+			r, err := newRouterProbing(cfg, zap.New(core), lie)
+			if err != nil {
+				t.Fatal(err)
+			}
 			tr := &testRouter{t: t, r: r, base: runRouter(t, r)}
 			eventually(t, 10*time.Second, "the health checker stopped probing", func() bool { return lie.probes.Load() >= probes })
 			transitions := 0
@@ -229,11 +225,7 @@ func TestFaultBadConfigReloadRejected(t *testing.T) {
 	tr := &testRouter{t: t, r: r, base: runRouter(t, r)}
 	// What serve's SIGHUP and POST /admin/reload run.
 	reload := func() error {
-		next, err := loadConfigFile(path)
-		if err != nil {
-			return err
-		}
-		return r.reload(next)
+		return r.reloadFrom(func() (fileConfig, error) { return loadConfigFile(path) })
 	}
 	tests := []struct {
 		name, file string
@@ -260,7 +252,7 @@ func TestFaultBadConfigReloadRejected(t *testing.T) {
 					t.Errorf("error does not mention %q:\n%v", w, err)
 				}
 			}
-			if got := r.state.Load().cfg; !reflect.DeepEqual(got, cfg) {
+			if got := r.config(); !reflect.DeepEqual(got, cfg) {
 				t.Fatal("the running configuration changed after a rejected reload")
 			}
 			if p := r.srv.Pools()[0]; p.Policy() != "round_robin" || len(p.Replicas()) != 2 {

@@ -223,11 +223,12 @@ func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 // exchange active, nothing in flight on any replica, no admission queue
 // or admitted ticket left.
 func (tr *testRouter) idle() (bool, string) {
-	st := tr.r.state.Load()
+	routes := tr.r.fleet.Routes()
 	if n := tr.r.srv.Active(); n != 0 {
 		return false, fmt.Sprintf("%d requests active", n)
 	}
-	for _, p := range st.pools {
+	for _, rt := range routes {
+		p := rt.Pool
 		if n := p.InFlight(); n != 0 {
 			return false, fmt.Sprintf("pool %s: %d in flight", p.Model(), n)
 		}
@@ -237,8 +238,11 @@ func (tr *testRouter) idle() (bool, string) {
 			}
 		}
 	}
-	for _, ctl := range st.adm {
-		if s := ctl.Stats(); s.Queued != 0 || s.InFlight != 0 {
+	for _, rt := range routes {
+		if rt.Admission == nil {
+			continue
+		}
+		if s := rt.Admission.Stats(); s.Queued != 0 || s.InFlight != 0 {
 			return false, fmt.Sprintf("admission %s: %d queued, %d admitted", s.Model, s.Queued, s.InFlight)
 		}
 	}

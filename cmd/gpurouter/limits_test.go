@@ -268,7 +268,7 @@ func TestLimitMaxTokensClamp(t *testing.T) {
 		}
 	})
 	t.Run("reload changes the cap", func(t *testing.T) {
-		next := tr.r.state.Load().cfg
+		next := tr.r.config()
 		next.Pools = append([]poolConfig(nil), next.Pools...)
 		next.Pools[0].MaxTokensLimit = 4
 		if err := tr.r.reload(next); err != nil {

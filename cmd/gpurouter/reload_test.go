@@ -30,6 +30,20 @@ func runRouter(t *testing.T, r *router) string {
 	return "http://" + ln.Addr().String()
 }
 
+// runAdmin serves r's admin API on a loopback port until the test ends.
+func runAdmin(t *testing.T, r *router, token string, reload func() error) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.admin(ln, token, reload).Run(ctx); close(done) }() //nolint:errcheck
+	t.Cleanup(func() { cancel(); <-done })
+	return "http://" + ln.Addr().String()
+}
+
 func simPoolConfig(urls []string, names ...int) poolConfig {
 	pc := poolConfig{Model: "m", Policy: "round_robin"}
 	for _, i := range names {
@@ -142,14 +156,7 @@ func TestAdminAPI(t *testing.T) {
 	}
 	base := runRouter(t, r)
 	const token = "admin-token-0123456789"
-	admin := newAdminServer(r, token, func() error { return fmt.Errorf("reload: no file in this test") }, zap.NewNop())
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go admin.Serve(ln) //nolint:errcheck
-	t.Cleanup(func() { admin.Shutdown() })
-	adminURL := "http://" + ln.Addr().String()
+	adminURL := runAdmin(t, r, token, func() error { return fmt.Errorf("reload: no file in this test") })
 
 	call := func(method, path, tok, body string) (int, string) {
 		req, _ := http.NewRequest(method, adminURL+path, strings.NewReader(body))

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"reflect"
 	"sync"
@@ -12,56 +11,65 @@ import (
 
 	"github.com/gpurouter/gpurouter/admission"
 	"github.com/gpurouter/gpurouter/balancer"
-	"github.com/gpurouter/gpurouter/gpu"
+	"github.com/gpurouter/gpurouter/fleet"
 	"github.com/gpurouter/gpurouter/proxy"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.uber.org/zap"
 )
 
-// router is a configured proxy and its background loops (health checks,
-// telemetry poller, admission controllers). Its pools can be replaced while
-// it serves (reload): requests in flight keep what they hold.
+// router is the wiring of `serve`: the proxy, and the fleet that owns its
+// live configuration and background loops, built from the file schema.
 type router struct {
-	srv    *proxy.Server
-	health *balancer.HealthChecker
-	log    *zap.Logger
-	am     *admission.Metrics
-	reg    *prometheus.Registry
+	srv   *proxy.Server
+	fleet *fleet.Fleet
+	log   *zap.Logger
+	reg   *prometheus.Registry
+	gpus  *gpuSources
 
-	mu    sync.Mutex // serialises reloads and loop start/stop
-	state atomic.Pointer[fleetState]
-
-	// Background loops: bg is set by run; loops started before run are
-	// started by run itself.
-	bg        context.Context
-	wg        sync.WaitGroup
-	ctlCancel map[*admission.Controller]context.CancelFunc
-	pollStop  context.CancelFunc
+	// file is the configuration last applied from the file (or the
+	// flags), admin edits aside: the rest of what --print-config and the
+	// admin state show. Written under the fleet's lock, in change order.
+	file atomic.Pointer[fileConfig]
 }
 
-// fleetState is one configuration's pools and what serves them.
-type fleetState struct {
-	cfg      fileConfig
-	pools    []*balancer.Pool
-	replicas []*balancer.Replica
-	adm      map[*balancer.Pool]*admission.Controller
-	poller   *gpu.Poller // nil when telemetry is disabled
-}
-
-// newRouter translates the file schema into the packages' configs.
+// newRouter builds the router of cfg (defaults filled, validated). It
+// starts nothing: run serves.
 func newRouter(cfg fileConfig, log *zap.Logger) (*router, error) {
-	r := &router{log: log, reg: prometheus.NewRegistry(), ctlCancel: map[*admission.Controller]context.CancelFunc{}}
-	r.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), pollerCollector{r})
+	return newRouterProbing(cfg, log, nil)
+}
+
+// newRouterProbing is newRouter with the health checks' prober; nil means
+// an HTTP GET of health.path.
+func newRouterProbing(cfg fileConfig, log *zap.Logger, prober balancer.Prober) (*router, error) {
+	r := &router{log: log, reg: prometheus.NewRegistry(), gpus: newGPUSources(log)}
 	am, err := admission.NewMetrics(r.reg)
 	if err != nil {
 		return nil, err
 	}
-	r.am = am
-	st, err := r.buildFleet(cfg, nil)
+	spec, err := r.spec(cfg)
 	if err != nil {
 		return nil, err
 	}
+	if prober == nil {
+		prober = balancer.HTTPProber{Path: cfg.Health.Path}
+	}
+	r.fleet, err = fleet.New(spec, fleet.Options{
+		Health: balancer.HealthConfig{
+			Interval:           cfg.Health.Interval,
+			Timeout:            cfg.Health.Timeout,
+			UnhealthyThreshold: cfg.Health.UnhealthyThreshold,
+			HealthyThreshold:   cfg.Health.HealthyThreshold,
+			BusyGrace:          cfg.Health.BusyGrace,
+		},
+		Prober:           prober,
+		AdmissionMetrics: am,
+		Log:              log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	r.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), r.fleet.Collector())
 	keys, err := newKeyStore(cfg)
 	if err != nil {
 		return nil, err
@@ -82,7 +90,7 @@ func newRouter(cfg fileConfig, log *zap.Logger) (*router, error) {
 			MaxConnsPerReplica: cfg.Upstream.MaxConnsPerReplica,
 			MaxIdleConnTime:    cfg.Upstream.MaxIdleConnTime,
 		},
-		Routes:     st.routes(),
+		Routes:     r.fleet.Routes(),
 		Score:      scoreConfig(cfg),
 		Keys:       keys, // nil: no client auth
 		Registerer: r.reg,
@@ -92,172 +100,53 @@ func newRouter(cfg fileConfig, log *zap.Logger) (*router, error) {
 	if err != nil {
 		return nil, err
 	}
-	r.state.Store(st)
-	r.health = balancer.NewHealthChecker(balancer.HealthConfig{
-		Interval:           cfg.Health.Interval,
-		Timeout:            cfg.Health.Timeout,
-		UnhealthyThreshold: cfg.Health.UnhealthyThreshold,
-		HealthyThreshold:   cfg.Health.HealthyThreshold,
-		BusyGrace:          cfg.Health.BusyGrace,
-	}, balancer.HTTPProber{Path: cfg.Health.Path}, func() []*balancer.Replica { return r.state.Load().replicas }, log)
+	if err := r.fleet.Attach(r.srv); err != nil {
+		return nil, err
+	}
+	r.file.Store(&cfg)
 	return r, nil
 }
 
-// buildFleet builds the pools, admission controllers and poller for cfg.
-// With prev, it carries over every replica whose name, URL and weight are
-// unchanged (its in-flight counts, breaker and telemetry stay) and every
-// pool whose model, aliases and path prefix are unchanged (its admission
-// queue stays; policy and replicas are updated in place).
-func (r *router) buildFleet(cfg fileConfig, prev *fleetState) (*fleetState, error) {
-	bc := balancer.BreakerConfig{
-		ConsecutiveFailures: cfg.Breaker.ConsecutiveFailures,
-		OpenTimeout:         cfg.Breaker.OpenTimeout,
-		HalfOpenRequests:    cfg.Breaker.HalfOpenRequests,
-	}
-	score := scoreConfig(cfg)
-	st := &fleetState{cfg: cfg}
-	byPool := make([][]*balancer.Replica, len(cfg.Pools))
-	for i, pc := range cfg.Pools {
-		oldPool, oldReps := prev.pool(pc)
-		var reps []*balancer.Replica
-		for j, rc := range pc.Replicas {
-			if old := oldReps[rc]; old != nil {
-				reps = append(reps, old)
-				continue
-			}
-			rep, err := balancer.NewReplica(balancer.ReplicaConfig{Name: rc.Name, URL: rc.URL, Weight: rc.Weight}, bc, nil)
-			if err != nil {
-				return nil, fmt.Errorf("pools[%d].replicas[%d]: %w", i, j, err)
-			}
-			reps = append(reps, rep)
-		}
-		var p *balancer.Pool
-		// A pool's pickers were built with the routing weights: reuse it only
-		// if they are unchanged.
-		if oldPool != nil && reflect.DeepEqual(prev.cfg.Routing, cfg.Routing) {
-			p = oldPool
-			var err error
-			if len(pc.Arms) > 0 {
-				err = p.SetArms(arms(pc))
-			} else {
-				err = p.SetPolicy(pc.Policy)
-			}
-			if err != nil {
-				return nil, fmt.Errorf("pools[%d]: %w", i, err)
-			}
-			p.SetReplicas(reps)
-		} else {
-			var err error
-			p, err = balancer.NewPool(balancer.PoolConfig{
-				Model: pc.Model, Aliases: pc.Aliases, PathPrefix: pc.PathPrefix, Policy: pc.Policy,
-				Arms: arms(pc), Picker: balancer.PickerOptions{Score: score},
-			}, reps)
-			if err != nil {
-				return nil, fmt.Errorf("pools[%d]: %w", i, err)
-			}
-		}
-		st.pools = append(st.pools, p)
-		st.replicas = append(st.replicas, reps...)
-		byPool[i] = reps
-	}
-	if !cfg.Admission.Disabled {
-		ac := admissionFrom(cfg.Admission)
-		st.adm = make(map[*balancer.Pool]*admission.Controller, len(st.pools))
-		for _, p := range st.pools {
-			if ctl, ok := prev.admissionOf(p); ok && reflect.DeepEqual(prev.cfg.Admission, cfg.Admission) {
-				st.adm[p] = ctl
-				continue
-			}
-			ctl, err := admission.New(p.Model(), ac, admission.Deps{Pool: p, Metrics: r.am})
-			if err != nil {
-				return nil, err
-			}
-			st.adm[p] = ctl
-		}
-	}
-	var err error
-	st.poller, err = newPoller(cfg, st.pools, byPool, st.adm, r.log)
-	if err != nil {
-		return nil, err
-	}
-	return st, nil
-}
-
-// pool finds the previous pool serving the same routes as pc, and its
-// replicas by configuration.
-func (st *fleetState) pool(pc poolConfig) (*balancer.Pool, map[replicaConfig]*balancer.Replica) {
-	if st == nil {
-		return nil, nil
-	}
-	for i, old := range st.cfg.Pools {
-		if old.Model != pc.Model || old.PathPrefix != pc.PathPrefix || !reflect.DeepEqual(old.Aliases, pc.Aliases) {
-			continue
-		}
-		reps := map[replicaConfig]*balancer.Replica{}
-		for j, rc := range old.Replicas {
-			rc.GPU = nil // a changed GPU binding keeps the replica; the poller is rebuilt anyway
-			reps[rc] = st.pools[i].Replicas()[j]
-		}
-		keyed := map[replicaConfig]*balancer.Replica{}
-		for _, rc := range pc.Replicas {
-			k := rc
-			k.GPU = nil
-			if rep := reps[k]; rep != nil {
-				keyed[rc] = rep
-			}
-		}
-		return st.pools[i], keyed
-	}
-	return nil, nil
-}
-
-func (st *fleetState) admissionOf(p *balancer.Pool) (*admission.Controller, bool) {
-	if st == nil {
-		return nil, false
-	}
-	ctl, ok := st.adm[p]
-	return ctl, ok
-}
-
-// routes are the state's pools as the proxy serves them: each with its
-// admission controller (nil when admission is off) and output cap.
-func (st *fleetState) routes() []proxy.Route {
-	out := make([]proxy.Route, len(st.pools))
-	for i, p := range st.pools {
-		out[i] = proxy.Route{Pool: p, Admission: st.adm[p], MaxTokens: st.cfg.Pools[i].MaxTokensLimit}
-	}
-	return out
-}
-
 // reload applies a new, already validated configuration without dropping
-// requests in flight. Options that only take effect at start (listen
-// address, timeouts, limits, retries, upstream, breaker, health, log) are
-// reported, not applied.
+// requests in flight.
 func (r *router) reload(cfg fileConfig) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	old := r.state.Load()
-	applyKeys, err := prepareKeys(r.srv, cfg)
-	if err != nil {
-		return err
-	}
-	st, err := r.buildFleet(cfg, old)
-	if err != nil {
-		return err
-	}
-	if err := r.srv.SetRoutes(st.routes()); err != nil {
-		return err
-	}
-	r.state.Store(st)
-	applyKeys()
-	r.startLoopsLocked(st, old)
-	if fixed := restartOnly(old.cfg, cfg); len(fixed) > 0 {
-		r.log.Warn("configuration reloaded; these options take effect only at restart", zap.Strings("options", fixed))
-	} else {
-		r.log.Info("configuration reloaded", zap.Int("pools", len(st.pools)), zap.Int("replicas", len(st.replicas)))
-	}
-	return nil
+	return r.reloadFrom(func() (fileConfig, error) { return cfg, nil })
 }
+
+// reloadFrom applies the configuration load returns: the path of SIGHUP
+// and POST /admin/reload, where load re-reads the file. It runs as one
+// fleet change, so the file is read when the reload takes effect: an admin
+// edit is never undone by a file read before it. Options that only take
+// effect at start (listen address, timeouts, limits, retries, upstream,
+// breaker, health, log) are reported, not applied.
+func (r *router) reloadFrom(load func() (fileConfig, error)) error {
+	var cfg fileConfig
+	var applyKeys func()
+	return r.fleet.Update(fleet.Change{
+		Next: func(fleet.Spec) (fleet.Spec, error) {
+			var err error
+			if cfg, err = load(); err != nil {
+				return fleet.Spec{}, err
+			}
+			if applyKeys, err = prepareKeys(r.srv, cfg); err != nil {
+				return fleet.Spec{}, err
+			}
+			return r.spec(cfg)
+		},
+		Applied: func() {
+			old := r.file.Swap(&cfg)
+			applyKeys()
+			if fixed := restartOnly(*old, cfg); len(fixed) > 0 {
+				r.log.Warn("configuration reloaded; these options take effect only at restart", zap.Strings("options", fixed))
+			} else {
+				r.log.Info("configuration reloaded", zap.Int("pools", len(cfg.Pools)))
+			}
+		},
+	})
+}
+
+// config is the configuration last applied from the file (or the flags).
+func (r *router) config() fileConfig { return *r.file.Load() }
 
 // restartOnly lists the top-level options that differ and need a restart.
 func restartOnly(a, b fileConfig) []string {
@@ -277,62 +166,28 @@ func restartOnly(a, b fileConfig) []string {
 	return out
 }
 
-// startLoopsLocked starts the controllers and poller of st that aren't
-// running, and stops those of prev that st dropped. Before run, it does
-// nothing: run starts the current state's loops.
-func (r *router) startLoopsLocked(st, prev *fleetState) {
-	if r.bg == nil {
-		return
-	}
-	keep := map[*admission.Controller]bool{}
-	for _, ctl := range st.adm {
-		keep[ctl] = true
-		if _, running := r.ctlCancel[ctl]; running {
-			continue
-		}
-		ctx, cancel := context.WithCancel(r.bg)
-		r.ctlCancel[ctl] = cancel
-		r.wg.Add(1)
-		go func() {
-			defer r.wg.Done()
-			ctl.Run(ctx) //nolint:errcheck
-		}()
-	}
-	for ctl, cancel := range r.ctlCancel {
-		if !keep[ctl] {
-			cancel()
-			delete(r.ctlCancel, ctl)
-		}
-	}
-	if prev == nil || st.poller != prev.poller {
-		if r.pollStop != nil {
-			r.pollStop()
-			r.pollStop = nil
-		}
-		if st.poller != nil {
-			ctx, cancel := context.WithCancel(r.bg)
-			r.pollStop = cancel
-			r.wg.Add(1)
-			go func() {
-				defer r.wg.Done()
-				st.poller.Run(ctx) //nolint:errcheck
-			}()
-		}
-	}
+// runner is a background loop: the fleet, the admin API, the SIGHUP
+// reloader.
+type runner interface {
+	Run(ctx context.Context) error
 }
 
-// run serves until ctx ends, then drains for up to drain.
-func (r *router) run(ctx context.Context, ln net.Listener, drain time.Duration) error {
-	bg, cancelBG := context.WithCancel(context.Background())
-	r.mu.Lock()
-	r.bg = bg
-	r.startLoopsLocked(r.state.Load(), nil)
-	r.mu.Unlock()
-	r.wg.Add(1)
-	go func() {
-		defer r.wg.Done()
-		r.health.Run(bg) //nolint:errcheck
-	}()
+// run serves until ctx ends, then drains for up to drain. The fleet's
+// loops and the side loops given run meanwhile (through the drain: queued
+// requests still need their admission controller); run returns once every
+// one has returned.
+func (r *router) run(ctx context.Context, ln net.Listener, drain time.Duration, side ...runner) error {
+	bg, stopBG := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, l := range append([]runner{r.fleet}, side...) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := l.Run(bg); err != nil {
+				r.log.Error("background loop", zap.Error(err))
+			}
+		}()
+	}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- r.srv.Serve(ln) }()
 
@@ -346,22 +201,22 @@ func (r *router) run(ctx context.Context, ln net.Listener, drain time.Duration) 
 		cancel()
 		<-serveErr
 	}
-	cancelBG()
-	r.wg.Wait()
+	stopBG()
+	wg.Wait()
 	if errors.Is(err, net.ErrClosed) {
 		err = nil
 	}
 	return err
 }
 
-// pollerCollector exposes the current poller's metrics; the poller is
-// replaced on reload while the registry keeps this one collector.
-type pollerCollector struct{ r *router }
-
-func (c pollerCollector) Describe(chan<- *prometheus.Desc) {} // unchecked: the set follows the poller
-
-func (c pollerCollector) Collect(ch chan<- prometheus.Metric) {
-	if st := c.r.state.Load(); st != nil && st.poller != nil {
-		st.poller.Collector().Collect(ch)
-	}
+// admin is the operators' API over r's fleet, serving on ln; reload is
+// POST /admin/reload.
+func (r *router) admin(ln net.Listener, token string, reload func() error) *fleet.Admin {
+	return fleet.NewAdmin(r.fleet, ln, fleet.AdminOptions{
+		Token:  token,
+		Reload: reload,
+		Render: r.renderConfig,
+		Active: r.srv.Active,
+		Log:    r.log,
+	})
 }

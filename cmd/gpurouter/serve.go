@@ -136,13 +136,11 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		log.Error("configuration", zap.Error(err))
 		return 1
 	}
-	reload := func() error {
-		next, err := load()
-		if err != nil {
-			return err
-		}
-		return r.reload(next)
-	}
+	// What SIGHUP and POST /admin/reload run: the file is read as part of
+	// the fleet change, so it is applied as it is when the reload takes
+	// effect.
+	reload := func() error { return r.reloadFrom(load) }
+	var side []runner
 	if cfg.Admin.Listen != "" {
 		adminLn, err := net.Listen("tcp", cfg.Admin.Listen)
 		if err != nil {
@@ -150,24 +148,15 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 			log.Error("admin listen", zap.Error(err))
 			return 1
 		}
-		admin := newAdminServer(r, cfg.Admin.Token, reload, log)
-		go admin.Serve(adminLn) //nolint:errcheck
-		defer admin.Shutdown()  //nolint:errcheck
+		side = append(side, r.admin(adminLn, cfg.Admin.Token, reload))
 		log.Info("admin API", zap.String("listen", adminLn.Addr().String()))
 	}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	go func() {
-		for range hup {
-			if err := reload(); err != nil {
-				// The old configuration stays; every problem is listed.
-				log.Error("reload rejected, configuration unchanged", zap.Error(err))
-			}
-		}
-	}()
+	side = append(side, hupReloader{hup: hup, reload: reload, log: log})
 	log.Info("gpurouter serving", zap.String("listen", ln.Addr().String()), zap.Int("pools", len(cfg.Pools)))
-	if err := r.run(ctx, ln, cfg.Shutdown.DrainTimeout); err != nil {
+	if err := r.run(ctx, ln, cfg.Shutdown.DrainTimeout, side...); err != nil {
 		log.Error("serve", zap.Error(err))
 		return 1
 	}

@@ -1,85 +1,64 @@
 package main
 
 import (
-	"fmt"
+	"sync"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/gpurouter/gpurouter/admission"
 	"github.com/gpurouter/gpurouter/balancer"
 	"github.com/gpurouter/gpurouter/gpu"
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
 )
 
-// newPoller binds every replica to its telemetry: its vLLM /metrics, and
-// the GPU source its config names (local NVML by index or UUID, a
-// `gpurouter agent`, or a DCGM exporter). It returns nil when telemetry is
-// disabled. Local NVML is opened lazily by the first read; on a host
-// without the driver it logs once that GPU telemetry is off, and every
-// replica keeps its engine telemetry.
-func newPoller(cfg fileConfig, pools []*balancer.Pool, replicas [][]*balancer.Replica, adm map[*balancer.Pool]*admission.Controller, log *zap.Logger) (*gpu.Poller, error) {
-	if cfg.Telemetry.Disabled {
-		return nil, nil
-	}
-	client := &fasthttp.Client{
+// gpuSources turns the file's GPU bindings into telemetry sources: local
+// NVML by index or UUID, a `gpurouter agent`, or a DCGM exporter. One
+// client and one local NVML handle serve every source it builds, across
+// reloads. NVML is opened lazily by the first read; on a host without the
+// driver it logs once that GPU telemetry is off, and every replica keeps
+// its engine telemetry.
+type gpuSources struct {
+	client *fasthttp.Client
+	log    *zap.Logger
+
+	once  sync.Once
+	local *gpu.NVML // set by once
+}
+
+func newGPUSources(log *zap.Logger) *gpuSources {
+	return &gpuSources{log: log, client: &fasthttp.Client{
 		Name:                          "gpurouter-telemetry",
 		MaxIdleConnDuration:           4 * time.Second, // below uvicorn's 5 s keep-alive
 		NoDefaultUserAgentHeader:      true,
 		DisableHeaderNamesNormalizing: true,
 		MaxConnsPerHost:               4,
+	}}
+}
+
+// source builds the source g names (validated).
+func (s *gpuSources) source(g gpuConfig) (gpu.Source, error) {
+	sel := gpu.Selector{}
+	if g.Index != nil {
+		sel.Indexes = []int{*g.Index}
 	}
-	var local *gpu.NVML
-	var targets []gpu.Target
-	for i, pc := range cfg.Pools {
-		for j, rc := range pc.Replicas {
-			r := replicas[i][j]
-			eng, err := gpu.NewEngineScraper(rc.URL, client)
-			if err != nil {
-				return nil, fmt.Errorf("pools[%d].replicas[%d]: %w", i, j, err)
+	if g.UUID != "" {
+		sel.UUIDs = []string{g.UUID}
+	}
+	switch {
+	case g.AgentURL != "":
+		return gpu.NewAgentSource(g.AgentURL, sel, s.client)
+	case g.DCGMURL != "":
+		if g.Label != "" {
+			var err error
+			if sel, err = gpu.ParseSelector(g.Label); err != nil {
+				return nil, err
 			}
-			t := gpu.Target{Name: pc.Model + "/" + r.Name(), Engine: eng, Sink: r}
-			if ctl, ok := adm[pools[i]]; ok {
-				t.Sink = pokeSink{Replica: r, ctl: ctl}
-			}
-			if g := rc.GPU; g != nil {
-				sel := gpu.Selector{}
-				if g.Index != nil {
-					sel.Indexes = []int{*g.Index}
-				}
-				if g.UUID != "" {
-					sel.UUIDs = []string{g.UUID}
-				}
-				switch {
-				case g.AgentURL != "":
-					t.GPU, err = gpu.NewAgentSource(g.AgentURL, sel, client)
-				case g.DCGMURL != "":
-					if g.Label != "" {
-						sel, err = gpu.ParseSelector(g.Label)
-						if err != nil {
-							break
-						}
-					}
-					t.GPU, err = gpu.NewDCGMSource(g.DCGMURL, sel, client)
-				default:
-					if local == nil {
-						local = gpu.NewNVML(nvml.New(), log)
-					}
-					t.GPU = gpu.NewNVMLSource(local, sel)
-				}
-				if err != nil {
-					return nil, fmt.Errorf("pools[%d].replicas[%d].gpu: %w", i, j, err)
-				}
-			}
-			targets = append(targets, t)
 		}
+		return gpu.NewDCGMSource(g.DCGMURL, sel, s.client)
+	default:
+		s.once.Do(func() { s.local = gpu.NewNVML(nvml.New(), s.log) })
+		return gpu.NewNVMLSource(s.local, sel), nil
 	}
-	return gpu.NewPoller(gpu.PollerConfig{
-		Interval:    cfg.Telemetry.Interval,
-		Timeout:     cfg.Telemetry.Timeout,
-		GPUInterval: cfg.Telemetry.GPUInterval,
-		Log:         log,
-	}, targets)
 }
 
 // scoreConfig translates the routing and staleness options.
@@ -93,13 +72,4 @@ func scoreConfig(cfg fileConfig) balancer.ScoreConfig {
 		PrefillWeight: cfg.Routing.PrefillWeight,
 		Epsilon:       cfg.Routing.BoundedLoadEpsilon,
 	}
-}
-
-// arms translates a pool's experiment.
-func arms(pc poolConfig) []balancer.Arm {
-	var out []balancer.Arm
-	for _, a := range pc.Arms {
-		out = append(out, balancer.Arm{Name: a.Name, Policy: a.Policy, Share: a.Share})
-	}
-	return out
 }

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"slices"
+
+	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/gpurouter/gpurouter/fleet"
+	"github.com/gpurouter/gpurouter/gpu"
+)
+
+// spec translates the file schema into the fleet's desired state; each
+// replica's GPU binding becomes a source built by r.gpus.
+func (r *router) spec(cfg fileConfig) (fleet.Spec, error) {
+	s := fleet.Spec{
+		Pools: specPools(cfg.Pools),
+		Breaker: balancer.BreakerConfig{
+			ConsecutiveFailures: cfg.Breaker.ConsecutiveFailures,
+			OpenTimeout:         cfg.Breaker.OpenTimeout,
+			HalfOpenRequests:    cfg.Breaker.HalfOpenRequests,
+		},
+		Score: scoreConfig(cfg),
+	}
+	if !cfg.Admission.Disabled {
+		a := admissionFrom(cfg.Admission)
+		s.Admission = &a
+	}
+	if cfg.Telemetry.Disabled {
+		return s, nil
+	}
+	s.Telemetry = &gpu.PollerConfig{
+		Interval:    cfg.Telemetry.Interval,
+		Timeout:     cfg.Telemetry.Timeout,
+		GPUInterval: cfg.Telemetry.GPUInterval,
+	}
+	for i, pc := range cfg.Pools {
+		for j, rc := range pc.Replicas {
+			if rc.GPU == nil {
+				continue
+			}
+			src, err := r.gpus.source(*rc.GPU)
+			if err != nil {
+				return fleet.Spec{}, fmt.Errorf("pools[%d].replicas[%d].gpu: %w", i, j, err)
+			}
+			s.Pools[i].Replicas[j].GPU = src
+		}
+	}
+	return s, nil
+}
+
+// specPools translates the file's pools, without their GPU bindings: what
+// validate hands to fleet's rules, and what spec completes.
+func specPools(pcs []poolConfig) []fleet.Pool {
+	out := make([]fleet.Pool, 0, len(pcs))
+	for _, pc := range pcs {
+		p := fleet.Pool{
+			Model:      pc.Model,
+			Aliases:    slices.Clone(pc.Aliases),
+			PathPrefix: pc.PathPrefix,
+			Policy:     pc.Policy,
+			MaxTokens:  pc.MaxTokensLimit,
+		}
+		for _, a := range pc.Arms {
+			p.Arms = append(p.Arms, balancer.Arm{Name: a.Name, Policy: a.Policy, Share: a.Share})
+		}
+		for _, rc := range pc.Replicas {
+			p.Replicas = append(p.Replicas, fleet.Replica{Name: rc.Name, URL: rc.URL, Weight: rc.Weight})
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// filePools is spec's pools in the file schema, for display: each replica
+// keeps the GPU binding a replica of its name had in the file's pool.
+func filePools(spec fleet.Spec, file []poolConfig) []poolConfig {
+	out := make([]poolConfig, 0, len(spec.Pools))
+	for _, p := range spec.Pools {
+		var bindings map[string]*gpuConfig
+		if i := slices.IndexFunc(file, func(pc poolConfig) bool { return pc.Model == p.Model }); i >= 0 {
+			bindings = map[string]*gpuConfig{}
+			for _, rc := range file[i].Replicas {
+				bindings[rc.Name] = rc.GPU
+			}
+		}
+		pc := poolConfig{
+			Model:          p.Model,
+			Aliases:        slices.Clone(p.Aliases),
+			PathPrefix:     p.PathPrefix,
+			Policy:         p.Policy,
+			MaxTokensLimit: p.MaxTokens,
+		}
+		for _, a := range p.Arms {
+			pc.Arms = append(pc.Arms, armConfig{Name: a.Name, Policy: a.Policy, Share: a.Share})
+		}
+		for _, r := range p.Replicas {
+			pc.Replicas = append(pc.Replicas, replicaConfig{URL: r.URL, Name: r.Name, Weight: r.Weight, GPU: bindings[r.Name]})
+		}
+		out = append(out, pc)
+	}
+	return out
+}
+
+// renderConfig is the "config_yaml" of GET /admin/state: the last file
+// configuration with the pools as spec (admin edits included) has them,
+// secrets redacted.
+func (r *router) renderConfig(spec fleet.Spec) (string, error) {
+	cfg := r.config()
+	cfg.Pools = filePools(spec, cfg.Pools)
+	var b bytes.Buffer
+	if err := writeConfigYAML(&b, redacted(cfg)); err != nil {
+		return "", err
+	}
+	return b.String(), nil
+}
+
+// redacted hides secrets in a configuration that will be shown.
+func redacted(cfg fileConfig) fileConfig {
+	if cfg.Admin.Token != "" {
+		cfg.Admin.Token = "REDACTED"
+	}
+	return cfg
+}
