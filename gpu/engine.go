@@ -6,33 +6,52 @@ import "time"
 // did not report is left zero and must be read as "unknown", not as zero.
 type Fields uint8
 
-// The parts of an EngineStats, one bit each.
+// The parts of an EngineStats, one bit each, with the families they come
+// from. llama.cpp (since May 2025) and TGI have no KV usage gauge, and only
+// vLLM and SGLang report KV capacity: their snapshots leave those bits unset.
 const (
-	FieldRunning     Fields = 1 << iota // vllm:num_requests_running
-	FieldWaiting                        // vllm:num_requests_waiting
-	FieldKVUsage                        // vllm:kv_cache_usage_perc (or vllm:gpu_cache_usage_perc)
-	FieldKVCapacity                     // vllm:cache_config_info num_gpu_blocks × block_size
-	FieldPrefixCache                    // vllm:prefix_cache_{queries,hits}_total (or the gpu_ names)
-	FieldPreemptions                    // vllm:num_preemptions_total
+	// FieldRunning: vllm:num_requests_running, sglang:num_running_reqs,
+	// llamacpp:requests_processing, tgi_batch_current_size.
+	FieldRunning Fields = 1 << iota
+	// FieldWaiting: vllm:num_requests_waiting, sglang:num_queue_reqs,
+	// llamacpp:requests_deferred, tgi_queue_size.
+	FieldWaiting
+	// FieldKVUsage: vllm:kv_cache_usage_perc (or vllm:gpu_cache_usage_perc),
+	// sglang:token_usage, llamacpp:kv_cache_usage_ratio (old builds).
+	FieldKVUsage
+	// FieldKVCapacity: vllm:cache_config_info num_gpu_blocks × block_size,
+	// sglang:max_total_num_tokens.
+	FieldKVCapacity
+	// FieldPrefixCache: vllm:prefix_cache_{queries,hits}_total (or the gpu_ names).
+	FieldPrefixCache
+	// FieldPreemptions: vllm:num_preemptions_total.
+	FieldPreemptions
 )
 
 // Has reports whether every field in x is set in f.
 func (f Fields) Has(x Fields) bool { return f&x == x }
 
-// EngineStats is one scrape of one vLLM replica's /metrics, summed or
-// averaged over its data-parallel engines (the `engine` label). It is an
-// immutable snapshot once published to a Sink. The zero value means "nothing
-// reported"; Reported says which fields carry data.
+// EngineStats is one scrape of one replica's /metrics (vLLM, SGLang,
+// llama.cpp or TGI), summed or averaged over its data-parallel engines
+// (vLLM's `engine` label, SGLang's `dp_rank`). It is an immutable snapshot
+// once published to a Sink. The zero value means "nothing reported";
+// Reported says which fields carry data, and a field it does not name is
+// unknown, not zero.
 type EngineStats struct {
-	// Running is Σ vllm:num_requests_running: requests in the batch.
+	// Engine is the engine whose metric families were read.
+	Engine Engine
+
+	// Running is how many requests are in the batch, summed over engines.
 	Running int
-	// Waiting is Σ vllm:num_requests_waiting: requests queued in the engine.
+	// Waiting is how many requests are queued in the engine, summed.
 	Waiting int
 	// KVUsage is the mean over engines of the KV-cache usage, a fraction in
-	// [0, 1] (vLLM ≥ 0.10 vllm:kv_cache_usage_perc, else gpu_cache_usage_perc).
+	// [0, 1] (vLLM ≥ 0.10 vllm:kv_cache_usage_perc, else gpu_cache_usage_perc;
+	// SGLang token_usage; old llama.cpp kv_cache_usage_ratio).
 	KVUsage float64
-	// KVCapacityTokens is Σ num_gpu_blocks × block_size from
-	// vllm:cache_config_info: how many tokens of KV the replica can hold.
+	// KVCapacityTokens is how many tokens of KV the replica can hold, summed
+	// over engines: vLLM's num_gpu_blocks × block_size from
+	// vllm:cache_config_info, SGLang's max_total_num_tokens.
 	KVCapacityTokens int
 
 	// PrefixCacheQueries and PrefixCacheHits are vLLM's cumulative counters,
@@ -48,8 +67,9 @@ type EngineStats struct {
 	// snapshot (0 on the first one): the current preemption pressure.
 	Preemptions uint64
 
-	// Engines is how many data-parallel engines reported (the number of
-	// vllm:num_requests_running series; 1 for a plain replica).
+	// Engines is how many data-parallel engines reported (vLLM's engine
+	// label values, SGLang's dp_rank values; 1 for a plain replica and for
+	// llama.cpp and TGI).
 	Engines int
 	// Reported says which of the fields above the replica exposed.
 	Reported Fields

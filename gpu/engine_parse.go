@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"fmt"
 	"strconv"
 
 	dto "github.com/prometheus/client_model/go"
@@ -21,8 +22,8 @@ const (
 	vllmPreemptions    = "vllm:num_preemptions_total"
 )
 
-// isEngineFamily says whether the engine parser needs the named family.
-func isEngineFamily(name []byte) bool {
+// isVLLMFamily says whether the vLLM parser needs the named family.
+func isVLLMFamily(name []byte) bool {
 	switch string(name) { // no allocation: the compiler compares in place
 	case vllmRunning, vllmWaiting, vllmKVUsage, vllmKVUsageOld, vllmCacheConfig,
 		vllmPrefixQueries, vllmPrefixHits, vllmPrefixQueryOld, vllmPrefixHitsOld, vllmPreemptions:
@@ -31,30 +32,94 @@ func isEngineFamily(name []byte) bool {
 	return false
 }
 
-// engineParser turns vLLM /metrics text into EngineStats, reusing its
-// buffer across calls. Not safe for concurrent use.
-type engineParser struct{ fp familyParser }
-
-func newEngineParser() *engineParser {
-	return &engineParser{fp: familyParser{keep: isEngineFamily}}
+// isEngineFamily says whether the parser of engine e needs the named
+// family; false for EngineAuto and EngineNone, which have none.
+func isEngineFamily(e Engine, name []byte) bool {
+	switch e {
+	case EngineVLLM:
+		return isVLLMFamily(name)
+	case EngineSGLang:
+		return isSGLangFamily(name)
+	case EngineLlamaCpp:
+		return isLlamaCppFamily(name)
+	case EngineTGI:
+		return isTGIFamily(name)
+	}
+	return false
 }
 
-// ParseEngineMetrics reads a vLLM /metrics body (Prometheus text format) into
-// EngineStats: running and waiting summed over the `engine` label, KV usage
-// averaged, KV capacity summed, prefix-cache and preemption counters summed,
-// PrefixCacheHitRate the lifetime ratio. At, Latency and Preemptions are left
-// for the poller. It returns ErrNoEngineMetrics when the body has none of the
-// running, waiting and KV usage families, ErrMalformed when a line of a
-// family it reads is broken; other families are not parsed at all.
+// engineParser turns an engine's /metrics text into EngineStats, reusing
+// its buffers across calls. Not safe for concurrent use.
+type engineParser struct {
+	engine Engine // the configured engine; EngineAuto detects it in every parse
+	found  Engine // the engine of the current parse: engine, or the first known prefix seen
+	fp     familyParser
+	ranks  map[string]float64 // SGLang's per-dp_rank fold, reused; nil until needed
+}
+
+// newEngineParser returns a parser of engine's metrics; EngineAuto detects
+// the engine in every body. engine must not be EngineNone.
+func newEngineParser(engine Engine) *engineParser {
+	p := &engineParser{engine: engine}
+	p.fp.keep = p.keep // bound once: the filter calls it per line without allocating
+	return p
+}
+
+// keep is the family filter. In auto mode the first name with a known
+// prefix decides the engine; names before it belong to no engine, and only
+// the decided engine's families are kept after it, so a body that mixes
+// engines is read as the first one's.
+func (p *engineParser) keep(name []byte) bool {
+	if p.found == EngineAuto {
+		p.found = engineOf(name)
+	}
+	return isEngineFamily(p.found, name)
+}
+
+// ParseEngineMetrics reads an inference engine's /metrics body (Prometheus
+// text format) into EngineStats, detecting the engine from the first metric
+// family with a known prefix (vllm:, sglang:, llamacpp:, tgi_) and setting
+// EngineStats.Engine to it. Running and waiting are summed over the
+// engine's data-parallel ranks, KV usage averaged, KV capacity summed; for
+// vLLM also the prefix-cache and preemption counters, PrefixCacheHitRate
+// being the lifetime ratio. At, Latency and Preemptions are left for the
+// poller. It returns ErrNoEngineMetrics when the body names no known engine
+// or has none of its running, waiting and KV usage families, ErrMalformed
+// when a line of a family it reads is broken; other families are not
+// parsed at all.
 func ParseEngineMetrics(text []byte) (*EngineStats, error) {
-	return newEngineParser().parse(text)
+	return newEngineParser(EngineAuto).parse(text)
 }
 
 func (p *engineParser) parse(text []byte) (*EngineStats, error) {
+	p.found = p.engine
 	mfs, err := p.fp.parse(text)
 	if err != nil {
 		return nil, err
 	}
+	var s *EngineStats
+	switch p.found {
+	case EngineVLLM:
+		s = parseVLLM(mfs)
+	case EngineSGLang:
+		s = p.parseSGLang(mfs)
+	case EngineLlamaCpp:
+		s = parseSingleEngine(mfs, llamacppProcessing, llamacppDeferred, llamacppKVUsage)
+	case EngineTGI:
+		s = parseSingleEngine(mfs, tgiBatchSize, tgiQueueSize, "")
+	default:
+		return nil, fmt.Errorf("%w: no vllm:, sglang:, llamacpp: or tgi_ families", ErrNoEngineMetrics)
+	}
+	if s == nil {
+		return nil, fmt.Errorf("%w: no %s running, waiting or KV usage family", ErrNoEngineMetrics, p.found)
+	}
+	s.Engine = p.found
+	return s, nil
+}
+
+// parseVLLM reads vLLM's families; nil when none of running, waiting and
+// KV usage is there.
+func parseVLLM(mfs map[string]*dto.MetricFamily) *EngineStats {
 	s := &EngineStats{}
 	if sum, n := sumFamily(mfs[vllmRunning]); n > 0 {
 		s.Running, s.Engines = countOf(sum), n
@@ -69,14 +134,14 @@ func (p *engineParser) parse(text []byte) (*EngineStats, error) {
 		kv = mfs[vllmKVUsageOld]
 	}
 	if sum, n := sumFamily(kv); n > 0 {
-		s.KVUsage = min(1, max(0, sum/float64(n)))
+		s.KVUsage = fractionOf(sum / float64(n))
 		s.Reported |= FieldKVUsage
 		if s.Engines == 0 {
 			s.Engines = n
 		}
 	}
 	if s.Reported&(FieldRunning|FieldWaiting|FieldKVUsage) == 0 {
-		return nil, ErrNoEngineMetrics
+		return nil
 	}
 	if c := kvCapacity(mfs[vllmCacheConfig]); c > 0 {
 		s.KVCapacityTokens = c
@@ -99,7 +164,7 @@ func (p *engineParser) parse(text []byte) (*EngineStats, error) {
 		s.PreemptionsTotal = uint64(max(0, sum))
 		s.Reported |= FieldPreemptions
 	}
-	return s, nil
+	return s
 }
 
 // maxCount bounds the request counts read from an engine: a value past it
@@ -107,8 +172,19 @@ func (p *engineParser) parse(text []byte) (*EngineStats, error) {
 // negative int, which would make the replica look idle.
 const maxCount = 1 << 31
 
+// maxTokens bounds a KV capacity in tokens (2^62): saturating there, a sum
+// over engines can never wrap an int around.
+const maxTokens = maxCount * maxCount
+
 // countOf turns a gauge into a request count in [0, maxCount].
 func countOf(v float64) int { return int(min(maxCount, max(0, v))) }
+
+// tokensOf turns a gauge into a token count in [0, maxTokens].
+func tokensOf(v float64) int { return int(min(maxTokens, max(0, v))) }
+
+// fractionOf clamps a usage gauge to [0, 1]: engines round, and a broken
+// exporter must not make a replica look emptier than empty.
+func fractionOf(v float64) float64 { return min(1, max(0, v)) }
 
 // sumFamily is the sum of the usable sample values of mf and how many there
 // were (0 when mf is nil or has none).
@@ -137,7 +213,7 @@ func kvCapacity(mf *dto.MetricFamily) int {
 		blocks, err1 := strconv.Atoi(label(m, "num_gpu_blocks"))
 		size, err2 := strconv.Atoi(label(m, "block_size"))
 		if err1 == nil && err2 == nil && blocks > 0 && size > 0 && blocks <= maxCount && size <= maxCount {
-			total = min(total, maxCount*maxCount-blocks*size) + blocks*size // ≤ 2^62: no wrap-around
+			total = min(total, maxTokens-blocks*size) + blocks*size // ≤ 2^62: no wrap-around
 		}
 	}
 	return total

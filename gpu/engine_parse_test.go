@@ -28,6 +28,7 @@ func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
 func TestParseEngineMetricsGolden(t *testing.T) {
 	t.Parallel()
 	all := FieldRunning | FieldWaiting | FieldKVUsage | FieldKVCapacity | FieldPrefixCache | FieldPreemptions
+	load := FieldRunning | FieldWaiting | FieldKVUsage | FieldKVCapacity
 	for _, tc := range []struct {
 		name, file string
 		want       EngineStats
@@ -35,43 +36,147 @@ func TestParseEngineMetricsGolden(t *testing.T) {
 	}{
 		{name: "v1 names, one engine", file: "vllm_v1.txt", want: EngineStats{Running: 8, Waiting: 2, KVUsage: 0.4127,
 			KVCapacityTokens: 27000 * 16, PrefixCacheQueries: 250000, PrefixCacheHits: 225000, PrefixCacheHitRate: 0.9,
-			PreemptionsTotal: 3, Engines: 1, Reported: all}},
+			PreemptionsTotal: 3, Engines: 1, Reported: all, Engine: EngineVLLM}},
 		{name: "v0.10 exposes both KV names: the new one wins", file: "vllm_v010.txt", want: EngineStats{Running: 5,
 			KVUsage: 0.25, KVCapacityTokens: 12000 * 16, PrefixCacheQueries: 1000, PrefixCacheHits: 400,
-			PrefixCacheHitRate: 0.4, Engines: 1, Reported: all}},
+			PrefixCacheHitRate: 0.4, Engines: 1, Reported: all, Engine: EngineVLLM}},
 		{name: "old gpu_cache_usage_perc and gpu_prefix_cache names, no engine label", file: "vllm_old.txt",
 			want: EngineStats{Running: 3, Waiting: 7, KVUsage: 0.91, KVCapacityTokens: 8192 * 32,
 				PrefixCacheQueries: 80000, PrefixCacheHits: 20000, PrefixCacheHitRate: 0.25, PreemptionsTotal: 12,
-				Engines: 1, Reported: all}},
+				Engines: 1, Reported: all, Engine: EngineVLLM}},
 		{name: "three data-parallel engines: sums and a mean", file: "vllm_dp.txt", want: EngineStats{Running: 22,
 			Waiting: 5, KVUsage: 0.5, KVCapacityTokens: 3 * 5000 * 16, PrefixCacheQueries: 400, PrefixCacheHits: 200,
-			PrefixCacheHitRate: 0.5, PreemptionsTotal: 3, Engines: 3, Reported: all}},
+			PrefixCacheHitRate: 0.5, PreemptionsTotal: 3, Engines: 3, Reported: all, Engine: EngineVLLM}},
 		{name: "missing families are reported as missing", file: "vllm_partial.txt",
-			want: EngineStats{Running: 4, Waiting: 1, Engines: 1, Reported: FieldRunning | FieldWaiting}},
+			want: EngineStats{Running: 4, Waiting: 1, Engines: 1, Reported: FieldRunning | FieldWaiting, Engine: EngineVLLM}},
+		{name: "sglang: running, queue, token usage, pool size", file: "sglang.txt", want: EngineStats{Running: 12,
+			Waiting: 3, KVUsage: 0.41, KVCapacityTokens: 459876, Engines: 1, Reported: load, Engine: EngineSGLang}},
+		{name: "sglang: two dp ranks, each reported by two tp schedulers: one copy per rank, summed", file: "sglang_dp.txt",
+			want: EngineStats{Running: 16, Waiting: 2, KVUsage: 0.4, KVCapacityTokens: 400000, Engines: 2, Reported: load,
+				Engine: EngineSGLang}},
+		{name: "llama.cpp: processing and deferred, KV usage unknown", file: "llamacpp.txt", want: EngineStats{Running: 4,
+			Waiting: 46, Engines: 1, Reported: FieldRunning | FieldWaiting, Engine: EngineLlamaCpp}},
+		{name: "llama.cpp before May 2025: kv_cache_usage_ratio read", file: "llamacpp_old.txt", want: EngineStats{
+			Running: 1, KVUsage: 0.28125, Engines: 1, Reported: FieldRunning | FieldWaiting | FieldKVUsage,
+			Engine: EngineLlamaCpp}},
+		{name: "tgi: batch size and queue size, KV usage unknown", file: "tgi.txt", want: EngineStats{Running: 7,
+			Waiting: 2, Engines: 1, Reported: FieldRunning | FieldWaiting, Engine: EngineTGI}},
 		{name: "garbage", file: "garbage.txt", wantErr: ErrNoEngineMetrics},
+		{name: "DCGM exporter: no engine at all", file: "dcgm.txt", wantErr: ErrNoEngineMetrics},
 		{name: "malformed line of a needed family", file: "vllm_malformed.txt", wantErr: ErrMalformed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			got, err := ParseEngineMetrics(readTestdata(t, tc.file))
 			if tc.wantErr != nil {
-				if !errors.Is(err, tc.wantErr) {
-					t.Fatalf("err = %v, want %v", err, tc.wantErr)
+				if !errors.Is(err, tc.wantErr) || got != nil {
+					t.Fatalf("err = %v (stats %v), want %v", err, got, tc.wantErr)
 				}
 				return
 			}
 			if err != nil {
 				t.Fatal(err)
 			}
-			w := tc.want
-			if got.Running != w.Running || got.Waiting != w.Waiting || !near(got.KVUsage, w.KVUsage) ||
-				got.KVCapacityTokens != w.KVCapacityTokens || !near(got.PrefixCacheQueries, w.PrefixCacheQueries) ||
-				!near(got.PrefixCacheHits, w.PrefixCacheHits) || !near(got.PrefixCacheHitRate, w.PrefixCacheHitRate) ||
-				got.PreemptionsTotal != w.PreemptionsTotal || got.Preemptions != 0 || got.Engines != w.Engines ||
-				got.Reported != w.Reported || !got.At.IsZero() {
-				t.Errorf("got  %+v\nwant %+v", *got, w)
+			if !sameStats(got, &tc.want) {
+				t.Errorf("got  %+v\nwant %+v", *got, tc.want)
 			}
 		})
+	}
+}
+
+// sameStats compares what a parse fills in (At, Latency and Preemptions
+// must still be zero), floats to 1e-9.
+func sameStats(got, w *EngineStats) bool {
+	return got.Engine == w.Engine && got.Running == w.Running && got.Waiting == w.Waiting &&
+		near(got.KVUsage, w.KVUsage) && got.KVCapacityTokens == w.KVCapacityTokens &&
+		near(got.PrefixCacheQueries, w.PrefixCacheQueries) && near(got.PrefixCacheHits, w.PrefixCacheHits) &&
+		near(got.PrefixCacheHitRate, w.PrefixCacheHitRate) && got.PreemptionsTotal == w.PreemptionsTotal &&
+		got.Preemptions == 0 && got.Engines == w.Engines && got.Reported == w.Reported && got.At.IsZero() &&
+		got.Latency == 0
+}
+
+// A configured engine reads its own families only: another engine's body
+// is "no engine metrics", not a misread.
+func TestEngineParserConfigured(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		engine  Engine
+		file    string
+		running int
+		wantErr error
+	}{
+		{EngineVLLM, "vllm_v1.txt", 8, nil},
+		{EngineSGLang, "sglang.txt", 12, nil},
+		{EngineLlamaCpp, "llamacpp.txt", 4, nil},
+		{EngineTGI, "tgi.txt", 7, nil},
+		{EngineVLLM, "sglang.txt", 0, ErrNoEngineMetrics},
+		{EngineSGLang, "vllm_v1.txt", 0, ErrNoEngineMetrics},
+		{EngineTGI, "llamacpp.txt", 0, ErrNoEngineMetrics},
+		{EngineLlamaCpp, "garbage.txt", 0, ErrNoEngineMetrics},
+	} {
+		t.Run(string(tc.engine)+"/"+tc.file, func(t *testing.T) {
+			t.Parallel()
+			p := newEngineParser(tc.engine)
+			for range 2 { // the reused buffers must not leak one parse into the next
+				s, err := p.parse(readTestdata(t, tc.file))
+				switch {
+				case tc.wantErr != nil:
+					if !errors.Is(err, tc.wantErr) || s != nil {
+						t.Fatalf("err = %v (stats %v), want %v", err, s, tc.wantErr)
+					}
+				case err != nil:
+					t.Fatal(err)
+				case s.Engine != tc.engine || s.Running != tc.running:
+					t.Fatalf("%+v", *s)
+				}
+			}
+		})
+	}
+}
+
+// Detection takes the first known prefix, and a parser detects afresh in
+// every body: an engine swapped behind the same URL is read as what it is.
+func TestEngineDetection(t *testing.T) {
+	t.Parallel()
+	p := newEngineParser(EngineAuto)
+	for _, tc := range []struct {
+		text string
+		want Engine
+	}{
+		{"python_gc_objects_collected_total 1\nsglang:num_queue_reqs 4\nvllm:num_requests_waiting 9\n", EngineSGLang},
+		{"vllm:num_requests_waiting 9\nsglang:num_queue_reqs 4\n", EngineVLLM},
+		{"# HELP tgi_queue_size x\ntgi_queue_size 1\n", EngineTGI},
+		{"llamacpp:requests_deferred 2\n", EngineLlamaCpp},
+	} {
+		s, err := p.parse([]byte(tc.text))
+		if err != nil || s.Engine != tc.want || s.Waiting == 0 {
+			t.Errorf("%q: %v %+v, want %s", tc.text, err, s, tc.want)
+		}
+	}
+	// The first known prefix decides even when that engine's load families
+	// are missing: a body is read as one engine, never patched from two.
+	if s, err := p.parse([]byte("sglang:prompt_tokens_total 5\nvllm:num_requests_running 1\n")); !errors.Is(err, ErrNoEngineMetrics) {
+		t.Errorf("stats %+v err %v", s, err)
+	} else if !strings.Contains(err.Error(), "sglang") {
+		t.Errorf("error does not name the engine found: %v", err)
+	}
+}
+
+func TestParseEngine(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]Engine{"": EngineAuto, "auto": EngineAuto, "vllm": EngineVLLM, "sglang": EngineSGLang,
+		"llamacpp": EngineLlamaCpp, "tgi": EngineTGI, "none": EngineNone} {
+		if got, err := ParseEngine(in); err != nil || got != want {
+			t.Errorf("ParseEngine(%q) = %q, %v", in, got, err)
+		}
+	}
+	for _, bad := range []string{"VLLM", "llama.cpp", "trtllm", " vllm"} {
+		if _, err := ParseEngine(bad); err == nil || !strings.Contains(err.Error(), "want vllm, sglang, llamacpp, tgi, none or auto") {
+			t.Errorf("ParseEngine(%q): %v", bad, err)
+		}
+	}
+	if EngineAuto.String() != "auto" || EngineSGLang.String() != "sglang" {
+		t.Error("String")
 	}
 }
 
@@ -80,7 +185,7 @@ func TestParseEngineMetricsGolden(t *testing.T) {
 func TestGoldensAreValidExpositions(t *testing.T) {
 	t.Parallel()
 	files, _ := filepath.Glob("testdata/*.txt")
-	if len(files) < 6 {
+	if len(files) < 12 {
 		t.Fatalf("only %d goldens", len(files))
 	}
 	for _, f := range files {
@@ -200,9 +305,11 @@ func TestEngineStatsSince(t *testing.T) {
 }
 
 func FuzzParseEngineMetrics(f *testing.F) {
-	// Small seeds: the goldens (50–110 KB) make the fuzzer spend its time
-	// minimising; these cover the same line shapes.
-	for _, name := range []string{"vllm_partial.txt", "vllm_malformed.txt", "garbage.txt"} {
+	// Small seeds: the big vLLM goldens (50–110 KB) make the fuzzer spend
+	// its time minimising, so these cover their line shapes; the other
+	// engines' goldens are small and go in whole.
+	for _, name := range []string{"vllm_partial.txt", "vllm_malformed.txt", "garbage.txt",
+		"sglang.txt", "sglang_dp.txt", "llamacpp.txt", "llamacpp_old.txt", "tgi.txt"} {
 		f.Add(readTestdata(f, name))
 	}
 	f.Add([]byte(`vllm:num_requests_running{engine="0",model_name="m"} 8.0
@@ -217,6 +324,8 @@ vllm:num_preemptions_total{engine="0",model_name="m"} 3.0
 vllm:num_preemptions_created{engine="0",model_name="m"} 1.7543217059634e+09
 `))
 	f.Add([]byte("vllm:num_requests_running{engine=\"0\\\"} 1\n"))
+	f.Add([]byte("sglang:num_running_reqs{dp_rank=\"0\"} 1e300\nsglang:num_running_reqs{dp_rank=\"1\"} 1e300\n" +
+		"sglang:max_total_num_tokens{dp_rank=\"0\"} 1e300\nsglang:token_usage NaN\n"))
 	f.Add([]byte("vllm:num_requests_running 1e19\nvllm:cache_config_info{block_size=\"4294967296\",num_gpu_blocks=\"4294967296\"} 1\n" +
 		"vllm:cache_config_info{block_size=\"2147483648\",num_gpu_blocks=\"2147483648\",engine=\"1\"} 1\n" +
 		"vllm:cache_config_info{block_size=\"2147483648\",num_gpu_blocks=\"2147483648\",engine=\"2\"} 1\n"))
@@ -235,8 +344,8 @@ vllm:num_preemptions_created{engine="0",model_name="m"} 1.7543217059634e+09
 			s.PrefixCacheHitRate < 0 || s.PrefixCacheHitRate > 1 || s.Reported == 0 {
 			t.Fatalf("out of range: %+v", *s)
 		}
-		if !strings.Contains(string(text), "vllm:") {
-			t.Fatal("stats from a body without vllm: names")
+		if s.Engine.prefix() == "" || !strings.Contains(string(text), s.Engine.prefix()) {
+			t.Fatalf("stats of engine %q from a body without its names", s.Engine)
 		}
 	})
 }

@@ -89,7 +89,20 @@ func get(ctx context.Context, client HTTPDoer, url, accept string, use func(body
 		return fmt.Errorf("GET %s: %w", url, err)
 	}
 	if sc := resp.StatusCode(); sc != fasthttp.StatusOK {
-		return fmt.Errorf("GET %s: %w %d", url, ErrHTTPStatus, sc)
+		return &statusError{url: url, code: sc}
 	}
 	return use(resp.Body())
 }
+
+// statusError is a response other than 200: ErrHTTPStatus with the URL and
+// the code, which a caller may read (errors.As) to tell "no such endpoint"
+// from a failing one.
+type statusError struct {
+	url  string
+	code int
+}
+
+func (e *statusError) Error() string {
+	return fmt.Sprintf("GET %s: %v %d", e.url, ErrHTTPStatus, e.code)
+}
+func (e *statusError) Unwrap() error { return ErrHTTPStatus }

@@ -22,7 +22,7 @@ import (
 func BenchmarkScrapeParse(b *testing.B) {
 	body := readTestdata(b, "vllm_v1.txt")
 	b.Run("prefilter", func(b *testing.B) {
-		p := newEngineParser()
+		p := newEngineParser(EngineAuto)
 		b.ReportAllocs()
 		b.SetBytes(int64(len(body)))
 		for b.Loop() {

@@ -17,9 +17,14 @@ var (
 	// ErrGPUNotFound means a Selector named a GPU (index or UUID) that the
 	// host does not report: a binding mistake in the configuration.
 	ErrGPUNotFound = errors.New("gpu: selected GPU not found")
-	// ErrNoEngineMetrics means a /metrics body held none of the vLLM load
-	// families (running, waiting, KV usage): not a vLLM endpoint, or garbage.
-	ErrNoEngineMetrics = errors.New("gpu: no vLLM engine metrics in response")
+	// ErrNoEngineMetrics means a replica answered but exposes no engine
+	// metrics the router reads: the body names no known engine (vLLM,
+	// SGLang, llama.cpp, TGI) or none of its load families (running,
+	// waiting, KV usage), or /metrics is 404 or 501 (metrics not enabled).
+	// It is not a scrape failure: the poller logs it once per replica and
+	// scrapes that replica with backoff, and with no engine snapshot the
+	// router routes the replica on its own counts.
+	ErrNoEngineMetrics = errors.New("gpu: no engine metrics in response")
 	// ErrMalformed means a line of a family we need could not be parsed.
 	ErrMalformed = errors.New("gpu: malformed metrics exposition")
 	// ErrHTTPStatus means a scrape got a status other than 200.
@@ -36,9 +41,9 @@ type Source interface {
 }
 
 // EngineSource reads one replica's engine state; EngineScraper implements
-// it over vLLM's /metrics. Fetch returns a fresh EngineStats that the caller
-// may complete (the poller sets At, Latency and the per-interval deltas)
-// before publishing it.
+// it over the engine's /metrics (vLLM, SGLang, llama.cpp, TGI). Fetch
+// returns a fresh EngineStats that the caller may complete (the poller sets
+// At, Latency and the per-interval deltas) before publishing it.
 type EngineSource interface {
 	Fetch(ctx context.Context) (*EngineStats, error)
 }
