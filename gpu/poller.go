@@ -32,10 +32,16 @@ type PollerConfig struct {
 	GPUInterval time.Duration
 	// GPUTimeout bounds one GPU read (default 1s).
 	GPUTimeout time.Duration
+	// NoMetricsRetryMax is the longest wait between engine scrapes of a
+	// replica that exposes no engine metrics the router reads (an unknown
+	// engine, metrics not enabled): such scrapes wait twice Interval, then
+	// twice as long each time, up to this (default 1m).
+	NoMetricsRetryMax time.Duration
 	// Clock stamps snapshots and makes tickers; nil means real time.
 	Clock Clock
 	// Log receives one line per change of a target's scrape state (ok,
-	// slow, failing), never one per tick; nil means no logging.
+	// slow, failing) and one when its engine is found or found missing,
+	// never one per tick; nil means no logging.
 	Log *zap.Logger
 }
 
@@ -55,6 +61,9 @@ func (c PollerConfig) withDefaults() PollerConfig {
 	if c.GPUTimeout <= 0 {
 		c.GPUTimeout = DefaultGPUTimeout
 	}
+	if c.NoMetricsRetryMax <= 0 {
+		c.NoMetricsRetryMax = DefaultNoMetricsRetryMax
+	}
 	if c.Clock == nil {
 		c.Clock = realClock{}
 	}
@@ -67,7 +76,7 @@ func (c PollerConfig) withDefaults() PollerConfig {
 // Target is one replica's telemetry binding.
 type Target struct {
 	Name   string       // replica name in logs and metrics; required, unique
-	Engine EngineSource // the replica's vLLM /metrics; nil for none
+	Engine EngineSource // the replica's engine /metrics (NewEngineSource); nil for none
 	GPU    Source       // the replica's GPUs; nil for none
 	Sink   Sink         // where snapshots go, usually the *balancer.Replica; required
 }
@@ -86,7 +95,8 @@ type Poller struct {
 type target struct {
 	Target
 	engine, gpu loopState
-	prevEngine  *EngineStats // guarded by engine.mu
+	prevEngine  *EngineStats    // guarded by engine.mu
+	disc        engineDiscovery // guarded by engine.mu
 }
 
 // NewPoller validates the targets and fills cfg's defaults. It starts nothing.
@@ -166,6 +176,9 @@ func (p *Poller) pollEngine(ctx context.Context, t *target) {
 		return
 	}
 	start := p.cfg.Clock.Now()
+	if !t.disc.due(start) {
+		return // no engine metrics there last time: backing off (discover)
+	}
 	var s *EngineStats
 	err := fetchSafely(ctx, p.cfg.Timeout, func(ctx context.Context) (err error) {
 		s, err = t.Engine.Fetch(ctx)
@@ -179,6 +192,7 @@ func (p *Poller) pollEngine(ctx context.Context, t *target) {
 		err = errors.New("gpu: engine source returned no stats")
 	}
 	p.observe(t, kindEngine, &t.engine, end, end.Sub(start), err)
+	p.discover(t, end, s, err)
 	if err != nil {
 		return
 	}

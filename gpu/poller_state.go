@@ -22,11 +22,12 @@ type ScrapeState uint32
 
 // The scrape states. Transitions between them are what the poller logs.
 const (
-	StateUnknown ScrapeState = iota // nothing scraped yet
-	StateOK                         // last scrape succeeded in time
-	StateSlow                       // last scrape succeeded but took longer than SlowAfter
-	StateFailing                    // last scrape failed (error, bad status, timeout, garbage)
-	StateOff                        // the source said ErrGPUOff; the loop no longer asks it
+	StateUnknown   ScrapeState = iota // nothing scraped yet
+	StateOK                           // last scrape succeeded in time
+	StateSlow                         // last scrape succeeded but took longer than SlowAfter
+	StateFailing                      // last scrape failed (error, bad status, timeout, garbage)
+	StateOff                          // the source said ErrGPUOff; the loop no longer asks it
+	StateNoMetrics                    // the replica answers without engine metrics we read; asked with backoff
 )
 
 func (s ScrapeState) String() string {
@@ -39,6 +40,8 @@ func (s ScrapeState) String() string {
 		return "failing"
 	case StateOff:
 		return "off"
+	case StateNoMetrics:
+		return "no_metrics"
 	}
 	return "unknown"
 }
@@ -63,6 +66,10 @@ func (p *Poller) observe(t *target, k kind, ls *loopState, now time.Time, took t
 	switch {
 	case errors.Is(err, ErrGPUOff):
 		next = StateOff
+	case errors.Is(err, ErrNoEngineMetrics):
+		// Not a failure: the replica answered, with nothing we read. The
+		// poller's discovery logs it once and spaces the scrapes out.
+		next = StateNoMetrics
 	case err != nil:
 		next = StateFailing
 		ls.failures.Add(1)
@@ -107,7 +114,7 @@ func (p *Poller) observe(t *target, k kind, ls *loopState, now time.Time, took t
 type LoopHealth struct {
 	State    ScrapeState
 	Scrapes  uint64    // every completed scrape (a scrape cut short by shutdown is not counted)
-	Failures uint64    // scrapes that failed
+	Failures uint64    // scrapes that failed (an answer without engine metrics is StateNoMetrics, not a failure)
 	Slow     uint64    // scrapes that succeeded after SlowAfter
 	LastOK   time.Time // when the last successful scrape completed; zero if never
 }

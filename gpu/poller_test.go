@@ -99,12 +99,12 @@ func TestPollerCountsAndLogsOncePerStateChange(t *testing.T) {
 		{10 * time.Millisecond, nil}, // ok
 		{0, refused},                 // failing
 		{0, refused},                 //
-		{0, fmt.Errorf("GET x: %w", ErrNoEngineMetrics)}, // still failing: no new line
-		{10 * time.Millisecond, nil},                     // recovered
-		{400 * time.Millisecond, nil},                    // slow
-		{300 * time.Millisecond, nil},                    //
-		{10 * time.Millisecond, nil},                     // recovered
-		{0, context.DeadlineExceeded},                    // failing (timeout)
+		{0, fmt.Errorf("GET x: %w 503", ErrHTTPStatus)}, // still failing: no new line
+		{10 * time.Millisecond, nil},                    // recovered
+		{400 * time.Millisecond, nil},                   // slow
+		{300 * time.Millisecond, nil},                   //
+		{10 * time.Millisecond, nil},                    // recovered
+		{0, context.DeadlineExceeded},                   // failing (timeout)
 	}
 	i := 0
 	engine := fakeEngine(func(context.Context) (*EngineStats, error) {
@@ -288,7 +288,8 @@ func TestNewPollerValidates(t *testing.T) {
 	}
 	p, err := NewPoller(PollerConfig{}, nil)
 	if err != nil || p.cfg.Interval != DefaultInterval || p.cfg.Timeout != DefaultTimeout || p.cfg.SlowAfter != DefaultInterval ||
-		p.cfg.GPUInterval != DefaultGPUInterval || p.cfg.GPUTimeout != DefaultGPUTimeout || p.cfg.Clock == nil || p.cfg.Log == nil {
+		p.cfg.GPUInterval != DefaultGPUInterval || p.cfg.GPUTimeout != DefaultGPUTimeout || p.cfg.Clock == nil || p.cfg.Log == nil ||
+		p.cfg.NoMetricsRetryMax != DefaultNoMetricsRetryMax {
 		t.Errorf("defaults: %+v %v", p.cfg, err)
 	}
 }
