@@ -34,6 +34,9 @@ func (inc *incarnation) handle(ctx *fasthttp.RequestCtx) {
 		dropConn(ctx)
 		return
 	}
+	if r.faults.Load().CloseAfterResponse {
+		closeAfterResponse(ctx)
+	}
 	if id := ctx.Request.Header.Peek("X-Request-Id"); len(id) > 0 {
 		ctx.Response.Header.SetBytesV("X-Request-Id", id)
 	}

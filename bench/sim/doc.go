@@ -39,7 +39,31 @@
 //	POST /tokenize                                {"count": N, ...}
 //	GET  /metrics                                 vLLM V1 names, labels and buckets
 //	GET  /v1/gpus                                 gpu.HostReport, as `gpurouter agent` serves
-//	GET|POST /sim/faults                          the Faults document
+//	GET|POST /sim/faults                          the Faults document (exempt from faults)
+//
+// # Faults
+//
+// Faults (GET|POST /sim/faults, SetFaults, `gpurouter sim --faults JSON`)
+// imitate what real upstreams do to a router. Besides errors, hangs, a dead
+// engine, lying health, stale metrics and slow or throttled GPUs, three
+// families concern connections and admission, each with a flag of
+// `gpurouter sim` as well:
+//
+//   - close_after_response (--close-after-response): llama.cpp's
+//     llama-server, which sends "Keep-Alive: timeout=5, max=100" and no
+//     "Connection: close", then closes the connection after every response,
+//     streamed or not. keepalive_timeout_seconds (--timeout-keep-alive, 5 by
+//     default, as uvicorn's) closes idle keep-alive connections.
+//   - max_waiting_queue_length (--max-waiting-queue-length, as vLLM's): a
+//     request reaching the engine while N wait is refused with 429,
+//     Retry-After (retry_after_seconds, --retry-after) and vLLM's error
+//     document, type RateLimitError. rate_limited (--rate-limited) refuses
+//     every inference request so.
+//   - crash_seconds: dies now, as kill -9 does to a client: the listener
+//     goes first (connects are refused), then every connection, idle
+//     pooled ones included, is reset; it listens again after the downtime.
+//     crash_every_seconds and crash_down_seconds (--crash-every,
+//     --crash-down) make it die again and again, for soaks.
 //
 // # Simplifications
 //

@@ -48,9 +48,43 @@ type Faults struct {
 	// replica running at half speed). 0 = unchanged.
 	Speed float64 `json:"speed,omitempty"`
 	// CrashSeconds, when set in a POST or SetFaults, crashes the replica now
-	// and keeps it down that long (see Replica.Crash). It is an action, not
-	// a state: it reads back as 0.
+	// and keeps it down that long (see Replica.Crash): as after kill -9, its
+	// listener is gone (connects are refused) and every open connection,
+	// idle pooled ones included, is reset. A downtime longer than the test
+	// keeps it dead. It is an action, not a state: it reads back as 0.
 	CrashSeconds float64 `json:"crash_seconds,omitempty"`
+	// CrashEverySeconds crashes the replica again and again, this long
+	// after the fault is set and after each restart, each time for
+	// CrashDownSeconds (0 = 1 s): a replica that keeps dying, for soaks.
+	// It needs Serve running. 0 = never.
+	CrashEverySeconds float64 `json:"crash_every_seconds,omitempty"`
+	CrashDownSeconds  float64 `json:"crash_down_seconds,omitempty"`
+
+	// CloseAfterResponse imitates llama.cpp's llama-server: every response
+	// but /sim/*'s, streamed or not, advertises keep-alive
+	// ("Keep-Alive: timeout=5, max=100", no "Connection: close"), and then
+	// the server closes the connection (FIN) once the response is written.
+	// A client that reuses the pooled connection finds it closed.
+	CloseAfterResponse bool `json:"close_after_response,omitempty"`
+	// KeepAliveTimeoutSeconds is how long an idle keep-alive connection
+	// stays open before the server closes it (FIN), as uvicorn's
+	// --timeout-keep-alive, which vLLM's API server runs with.
+	// 0 = 5, uvicorn's default. It needs Serve (not Handler).
+	KeepAliveTimeoutSeconds float64 `json:"keepalive_timeout_seconds,omitempty"`
+
+	// MaxWaitingQueueLength bounds the engine's waiting queue, as
+	// vLLM's --max-waiting-queue-length (vllm-project/vllm#49330): an
+	// inference request that reaches the engine while N requests wait is
+	// refused with 429 and Retry-After (see RetryAfterSeconds). 0 =
+	// unlimited.
+	MaxWaitingQueueLength int `json:"max_waiting_queue_length,omitempty"`
+	// RateLimited refuses every inference request with 429 and
+	// Retry-After, however idle the engine: a replica that turns
+	// everything away. /health and /metrics still answer.
+	RateLimited bool `json:"rate_limited,omitempty"`
+	// RetryAfterSeconds is the Retry-After header of those 429s. 0 = 1;
+	// -1 = no Retry-After header.
+	RetryAfterSeconds int `json:"retry_after_seconds,omitempty"`
 	// XidErrors and ThrottleReasons are reported by /v1/gpus; throttling
 	// also lowers the reported SM clock. They don't change timing: use
 	// Speed for that.
@@ -73,8 +107,12 @@ func (f Faults) validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("health %q: want \"\", \"ok\" or \"fail\"", f.Health))
 	}
-	if f.StaleMetricsSeconds < 0 || f.SlowStartSeconds < 0 || f.SlowStartFactor < 0 || f.Speed < 0 || f.CrashSeconds < 0 {
-		errs = append(errs, errors.New("durations, factors and speed must be >= 0"))
+	if f.StaleMetricsSeconds < 0 || f.SlowStartSeconds < 0 || f.SlowStartFactor < 0 || f.Speed < 0 || f.CrashSeconds < 0 ||
+		f.CrashEverySeconds < 0 || f.CrashDownSeconds < 0 || f.KeepAliveTimeoutSeconds < 0 || f.MaxWaitingQueueLength < 0 {
+		errs = append(errs, errors.New("durations, factors, speed and lengths must be >= 0"))
+	}
+	if f.RetryAfterSeconds < -1 {
+		errs = append(errs, fmt.Errorf("retry_after_seconds %d: want >= 0, or -1 for no header", f.RetryAfterSeconds))
 	}
 	if f.StaleMetricsSeconds > maxStaleHistory.Seconds() {
 		errs = append(errs, fmt.Errorf("stale_metrics_seconds %v > %v", f.StaleMetricsSeconds, maxStaleHistory.Seconds()))
@@ -88,6 +126,16 @@ func (f Faults) slowStartFactor() float64 {
 	}
 	return f.SlowStartFactor
 }
+
+func (f Faults) crashDown() time.Duration {
+	if f.CrashDownSeconds <= 0 {
+		return time.Second
+	}
+	return secondsDur(f.CrashDownSeconds)
+}
+
+// secondsDur converts a fault's seconds to a duration.
+func secondsDur(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 func (f Faults) errorStatus() int {
 	if f.ErrorStatus == 0 {
@@ -111,8 +159,12 @@ func (r *Replica) SetFaults(f Faults) error {
 	if f.SlowStartSeconds > 0 && (f.SlowStartSeconds != old.SlowStartSeconds || f.SlowStartFactor != old.SlowStartFactor) {
 		r.warmStart.Store(time.Now().UnixNano())
 	}
+	select {
+	case r.faultsChanged <- struct{}{}: // Serve reschedules periodic crashes
+	default:
+	}
 	if crash > 0 {
-		r.Crash(time.Duration(crash * 1e9))
+		r.Crash(secondsDur(crash))
 	}
 	return nil
 }
@@ -143,7 +195,7 @@ func (inc *incarnation) serveFaults(ctx *fasthttp.RequestCtx) {
 			body, _ := json.Marshal(r.Faults())
 			ctx.SetContentType("application/json")
 			ctx.SetConnectionClose()
-			ctx.SetBodyStream(&afterWrite{data: body, fn: func() { r.Crash(time.Duration(crash * 1e9)) }}, len(body))
+			ctx.SetBodyStream(&afterWrite{data: body, fn: func() { r.Crash(secondsDur(crash)) }}, len(body))
 			return
 		}
 		_ = r.SetFaults(f)

@@ -90,6 +90,9 @@ type Replica struct {
 	wake    atomic.Pointer[chan struct{}] // the driver's: a request arrived; nil before Run
 	stopped chan struct{}                 // closed when Run returns
 	crashCh chan time.Duration
+	// faultsChanged tells Serve that the faults changed (cap 1), so it
+	// reschedules periodic crashes.
+	faultsChanged chan struct{}
 
 	faults    atomic.Pointer[Faults]
 	warmStart atomic.Int64 // unix nanos of the last (re)start, for slow start
@@ -143,6 +146,7 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 		words: fillerWords(), created: time.Now().Unix(), profName: p.Name,
 		eng: eng, rng: rand.New(rand.NewPCG(cfg.Seed, uint64(cfg.Index))),
 		stopped: make(chan struct{}), crashCh: make(chan time.Duration, 1),
+		faultsChanged: make(chan struct{}, 1),
 	}
 	f := cfg.Faults
 	f.CrashSeconds = 0
@@ -200,92 +204,6 @@ func (r *Replica) speedFactor(now time.Time) float64 {
 	return s
 }
 
-func (r *Replica) isDown(now time.Time) bool { return now.UnixNano() < r.downUntil.Load() }
-
-// Crash makes the replica fail like a process that died: every connection is
-// closed at once (streams cut mid-way), the engine loses all requests, and
-// new connections are refused for d; then it comes back empty (with slow
-// start if that fault is set). It needs Serve running; without it only the
-// engine is reset.
-func (r *Replica) Crash(d time.Duration) {
-	now := time.Now()
-	r.downUntil.Store(now.Add(d).UnixNano())
-	r.mu.Lock()
-	r.eng.reset(now)
-	r.mu.Unlock()
-	select {
-	case r.crashCh <- d:
-	default: // a crash is already pending
-	}
-}
-
-// Serve answers HTTP on ln until ctx is cancelled, then closes every
-// connection and returns once all handlers have finished. A crash closes ln
-// and, for TCP listeners, listens on the same address again when the
-// downtime is over; other listeners stay open and drop new connections
-// while down.
-func (r *Replica) Serve(ctx context.Context, ln net.Listener) error {
-	addr := ln.Addr().String()
-	_, isTCP := ln.(*net.TCPListener)
-	for {
-		inc := r.newIncarnation()
-		srv := inc.server()
-		errc := make(chan error, 1)
-		go func() { errc <- srv.Serve(ln) }()
-		var down time.Duration
-		for {
-			select {
-			case <-ctx.Done():
-				inc.stop(srv, ln, errc)
-				return nil
-			case down = <-r.crashCh:
-			}
-			inc.closeConns()
-			if isTCP {
-				break
-			}
-			// Can't refuse connections on this listener: keep it, and let
-			// the incarnation drop new ones until the downtime is over.
-			if !sleepCtx(ctx, down) {
-				inc.stop(srv, ln, errc)
-				return nil
-			}
-			r.restarted()
-		}
-		inc.stop(srv, ln, errc)
-		if !sleepCtx(ctx, down) {
-			return nil
-		}
-		var err error
-		for {
-			if ln, err = net.Listen("tcp", addr); err == nil {
-				break
-			}
-			if !sleepCtx(ctx, 50*time.Millisecond) {
-				return nil
-			}
-		}
-		r.restarted()
-	}
-}
-
-func (r *Replica) restarted() {
-	r.warmStart.Store(time.Now().UnixNano())
-	r.downUntil.Store(0)
-}
-
-// sleepCtx sleeps d; false if ctx ended first.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
-
 // incarnation is one life of the HTTP server between start and a crash or
 // shutdown: its connections and a channel that tells its handlers to give
 // up.
@@ -304,10 +222,11 @@ func (r *Replica) newIncarnation() *incarnation {
 
 func (inc *incarnation) server() *fasthttp.Server {
 	return &fasthttp.Server{
-		Handler:            inc.handle,
-		Name:               "uvicorn",
-		IdleTimeout:        5 * time.Second, // uvicorn's keep-alive timeout
-		ReadBufferSize:     16 << 10,        // request headers (bodies are not limited by it)
+		Handler: inc.handle,
+		Name:    "uvicorn",
+		// No IdleTimeout: connState applies KeepAliveTimeoutSeconds (5 s,
+		// uvicorn's, by default) so that the fault can change it at run time.
+		ReadBufferSize:     16 << 10, // request headers (bodies are not limited by it)
 		MaxRequestBodySize: 64 << 20,
 		ConnState:          inc.connState,
 		CloseOnShutdown:    true,
@@ -322,13 +241,26 @@ type discardLogger struct{}
 
 func (discardLogger) Printf(string, ...any) {}
 
+// connState tracks the incarnation's connections and times out idle
+// keep-alive ones. fasthttp calls it on the connection's own goroutine, so
+// the read deadlines it sets can't race with fasthttp's reads.
 func (inc *incarnation) connState(c net.Conn, s fasthttp.ConnState) {
+	switch s {
+	case fasthttp.StateIdle:
+		// fasthttp's next read (the first byte of the next request) fails
+		// at the deadline, and it closes the connection, as uvicorn does.
+		_ = c.SetReadDeadline(time.Now().Add(inc.r.faults.Load().keepAliveTimeout()))
+		return
+	case fasthttp.StateActive:
+		_ = c.SetReadDeadline(time.Time{}) // a request is being read: no idle limit
+		return
+	}
 	inc.mu.Lock()
 	defer inc.mu.Unlock()
 	switch s {
 	case fasthttp.StateNew:
 		if inc.done || inc.r.isDown(time.Now()) {
-			_ = c.Close()
+			resetConn(c)
 			return
 		}
 		inc.conns[c] = struct{}{}
@@ -337,16 +269,24 @@ func (inc *incarnation) connState(c net.Conn, s fasthttp.ConnState) {
 	}
 }
 
-// closeConns closes every open connection (a crash or shutdown).
+// closeConns resets every open connection (a crash or shutdown).
 func (inc *incarnation) closeConns() {
 	inc.mu.Lock()
 	defer inc.mu.Unlock()
 	for c := range inc.conns {
-		if tc, ok := c.(*net.TCPConn); ok {
-			_ = tc.SetLinger(0)
-		}
-		_ = c.Close()
+		resetConn(c)
 	}
+}
+
+// resetConn closes c with a TCP reset rather than a FIN: the peer's next
+// read or write fails with ECONNRESET. Of what a client may see from a
+// killed replica (a FIN, then a reset on its next write; a reset; nothing),
+// this is the one it can't mistake for a polite close.
+func resetConn(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	_ = c.Close()
 }
 
 // stop ends the incarnation: no new connections, handlers told to give up,

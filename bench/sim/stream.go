@@ -233,6 +233,10 @@ func (inc *incarnation) inference(ctx *fasthttp.RequestCtx, chat bool) {
 			"EngineCore encountered an issue. See stack trace (above) for the root cause.")
 		return
 	}
+	if f.RateLimited {
+		writeTooManyRequests(ctx, f, "The server is not accepting requests (rate_limited fault). Please retry later.")
+		return
+	}
 	if f.ErrorRate > 0 {
 		r.mu.Lock()
 		fail := r.rng.Float64() < f.ErrorRate
@@ -305,7 +309,15 @@ func (inc *incarnation) inference(ctx *fasthttp.RequestCtx, chat bool) {
 		}
 	}
 
+	// vLLM checks its queue bound where the engine core adds the request,
+	// after the frontend's work: so does the simulator.
+	f = r.faults.Load()
 	r.mu.Lock()
+	if r.queueFullLocked(f) {
+		r.mu.Unlock()
+		writeTooManyRequests(ctx, f, queueFullMessage(f.MaxWaitingQueueLength))
+		return
+	}
 	r.nextID++
 	s.id = r.nextID
 	s.salt = r.rng.Uint64()

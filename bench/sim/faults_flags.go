@@ -1,0 +1,65 @@
+package sim
+
+import (
+	"flag"
+	"time"
+)
+
+// FaultFlags carries the faults that have flags of their own (the
+// connection, refusal and crash faults) from a command line to a Faults
+// document. Flags that were not given leave their field alone, so they
+// combine with a --faults JSON document, and win over it.
+type FaultFlags struct {
+	fs          *flag.FlagSet
+	closeAfter  *bool
+	keepAlive   *float64
+	maxWaiting  *int
+	rateLimited *bool
+	retryAfter  *int
+	crashEvery  *time.Duration
+	crashDown   *time.Duration
+}
+
+// RegisterFaultFlags defines the fault flags on fs. The vLLM and uvicorn
+// ones keep those servers' names.
+func RegisterFaultFlags(fs *flag.FlagSet) *FaultFlags {
+	return &FaultFlags{
+		fs: fs,
+		closeAfter: fs.Bool("close-after-response", false,
+			"close the connection after every response while advertising keep-alive (Keep-Alive: timeout=5, max=100, no Connection: close), as llama.cpp's llama-server does (fault close_after_response)"),
+		keepAlive: fs.Float64("timeout-keep-alive", defaultKeepAliveTimeout.Seconds(),
+			"seconds an idle keep-alive connection stays open before the server closes it, as uvicorn's --timeout-keep-alive (fault keepalive_timeout_seconds)"),
+		maxWaiting: fs.Int("max-waiting-queue-length", 0,
+			"refuse a request with 429 + Retry-After when this many wait in the engine's queue, as vLLM's --max-waiting-queue-length; 0 = unlimited (fault max_waiting_queue_length)"),
+		rateLimited: fs.Bool("rate-limited", false,
+			"refuse every inference request with 429 + Retry-After, whatever the load (fault rate_limited)"),
+		retryAfter: fs.Int("retry-after", 1,
+			"Retry-After seconds of the 429s (0 = 1); -1 = no Retry-After header (fault retry_after_seconds)"),
+		crashEvery: fs.Duration("crash-every", 0,
+			"crash (as kill -9: connects refused, connections reset) this long after start and after each restart; 0 = never (fault crash_every_seconds)"),
+		crashDown: fs.Duration("crash-down", time.Second,
+			"how long each crash of --crash-every lasts before the replica listens again (fault crash_down_seconds)"),
+	}
+}
+
+// Apply sets on f the fields of the fault flags that were given.
+func (ff *FaultFlags) Apply(f *Faults) {
+	ff.fs.Visit(func(fl *flag.Flag) {
+		switch fl.Name {
+		case "close-after-response":
+			f.CloseAfterResponse = *ff.closeAfter
+		case "timeout-keep-alive":
+			f.KeepAliveTimeoutSeconds = *ff.keepAlive
+		case "max-waiting-queue-length":
+			f.MaxWaitingQueueLength = *ff.maxWaiting
+		case "rate-limited":
+			f.RateLimited = *ff.rateLimited
+		case "retry-after":
+			f.RetryAfterSeconds = *ff.retryAfter
+		case "crash-every":
+			f.CrashEverySeconds = ff.crashEvery.Seconds()
+		case "crash-down":
+			f.CrashDownSeconds = ff.crashDown.Seconds()
+		}
+	})
+}
