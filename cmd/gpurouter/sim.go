@@ -56,12 +56,15 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 	seed := fs.Uint64("seed", 0, "seed for output lengths and error draws")
 	spin := fs.Duration("spin-wait", time.Millisecond, "busy-wait this long before each step's end for timing precision (negative = never)")
 	engine := sim.RegisterEngineFlags(fs)
+	faultFlags := sim.RegisterFaultFlags(fs)
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: gpurouter sim --replicas N --base-port P [--profile NAME] [--speed F,F,...] [--served-model-name M] [vLLM engine flags]")
+		fmt.Fprintln(stderr, "usage: gpurouter sim --replicas N --base-port P [--profile NAME] [--speed F,F,...] [--served-model-name M] [vLLM engine flags] [fault flags]")
 		fmt.Fprintln(stderr, "       gpurouter sim calibrate            print calibration.md targets against the simulator")
 		fmt.Fprintln(stderr, "       gpurouter sim profiles             list built-in profiles")
 		fmt.Fprintln(stderr, "       gpurouter sim predict [flags]      one replica, virtual time: what a workload would measure")
 		fmt.Fprintln(stderr, "\nEach replica serves vLLM's API, /metrics, /health, /v1/gpus and GET|POST /sim/faults.")
+		fmt.Fprintln(stderr, "Fault flags (--close-after-response, --timeout-keep-alive, --max-waiting-queue-length, --rate-limited,")
+		fmt.Fprintln(stderr, "--retry-after, --crash-every, --crash-down) set fields of the initial faults and win over --faults.")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -100,6 +103,7 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 	}
+	faultFlags.Apply(&cfg.Faults)
 	fleet, err := sim.NewFleet(cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, "gpurouter sim:", err)
