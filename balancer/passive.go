@@ -8,7 +8,7 @@ import "time"
 //
 //   - A refusal (the engine answered 429 or 503, its queue full): the
 //     replica rests — pickers skip it and admission counts it saturated —
-//     until its Retry-After passes or a scrape shows its queue empty.
+//     until its Retry-After passes or a scrape shows its queue draining.
 //   - An unreachable replica (the connection was refused: the process is
 //     gone): it is marked down at once, as Envoy's outlier detection does
 //     on connect failures; the active health checker brings it back.
@@ -25,6 +25,11 @@ func (r *Replica) Rest(now, until time.Time) {
 	until = minTime(until, now.Add(MaxRest))
 	n := until.UnixNano()
 	r.restFrom.Store(now.UnixNano())
+	waiting := int64(-1)
+	if e := r.tel.engine.Load(); e != nil {
+		waiting = int64(e.Waiting)
+	}
+	r.restWaiting.Store(waiting)
 	for {
 		cur := r.restUntil.Load()
 		if cur >= n || r.restUntil.CompareAndSwap(cur, n) {
@@ -56,9 +61,16 @@ func (r *Replica) RestUntil(now time.Time) time.Time {
 }
 
 // endRestIfRoom ends a rest early when a scrape taken after it began shows
-// the engine's queue empty: the room the refusal said was missing is back.
+// the engine's queue shorter than the last scrape before the refusal did:
+// the room the refusal said was missing is coming back. An engine that
+// refuses with its queue empty (a rate limit of its own) or whose queue
+// was unknown rests its whole Retry-After.
 func (r *Replica) endRestIfRoom(l *EngineLoad) {
-	if u := r.restUntil.Load(); u != 0 && l.Waiting == 0 && !l.At.IsZero() && l.At.UnixNano() > r.restFrom.Load() {
+	u := r.restUntil.Load()
+	if u == 0 || l.At.IsZero() || l.At.UnixNano() <= r.restFrom.Load() {
+		return
+	}
+	if int64(l.Waiting) < r.restWaiting.Load() {
 		r.restUntil.CompareAndSwap(u, 0)
 	}
 }

@@ -12,6 +12,8 @@ func TestRestingReplicaIsSkippedUntilItsRetryAfter(t *testing.T) {
 	c := newFakeClock()
 	rs := replicas(t, c, 2)
 	p := newPoolT(t, balancer.PoolConfig{Model: "m", Policy: "round_robin"}, rs...)
+	rs[0].SetEngineLoad(balancer.EngineLoad{Waiting: 8, At: c.now()}) // its queue is full
+	c.advance(time.Millisecond)
 	rs[0].Rest(c.now(), c.now().Add(7*time.Second))
 	for range 6 {
 		if got := p.Pick(&balancer.Request{Now: c.now()}); got != rs[1] {
@@ -36,10 +38,23 @@ func TestRestingReplicaIsSkippedUntilItsRetryAfter(t *testing.T) {
 	if got := p.Pick(&balancer.Request{Now: c.now()}); got != rs[1] {
 		t.Fatalf("picked %v after r1's rest ended", got)
 	}
-	// A scrape taken after the refusal showing an empty queue ends a rest.
-	rs[0].SetEngineLoad(balancer.EngineLoad{Waiting: 0, At: c.now()})
+	// A scrape taken after the refusal showing the queue as full as
+	// before keeps the rest; one showing it drain ends it.
+	rs[0].SetEngineLoad(balancer.EngineLoad{Waiting: 8, At: c.now()})
+	if !rs[0].Resting(c.now()) {
+		t.Fatal("r0's rest ended though its queue is still full")
+	}
+	rs[0].SetEngineLoad(balancer.EngineLoad{Waiting: 3, At: c.now()})
 	if rs[0].Resting(c.now()) {
-		t.Fatal("r0 still rests after a scrape showed room")
+		t.Fatal("r0 still rests after a scrape showed its queue draining")
+	}
+	// An engine refusing with an empty queue (a rate limit of its own)
+	// rests its whole Retry-After: an empty queue says nothing new.
+	rs[1].Rest(c.now(), c.now().Add(2*time.Second))
+	c.advance(time.Millisecond)
+	rs[1].SetEngineLoad(balancer.EngineLoad{Waiting: 0, At: c.now()})
+	if !rs[1].Resting(c.now()) {
+		t.Fatal("r1's rest ended on a scrape that showed nothing new")
 	}
 }
 

@@ -57,8 +57,11 @@ func (c BreakerConfig) withDefaults() BreakerConfig {
 type ReplicaConfig struct {
 	Name   string  // label in metrics and logs; default: host:port of URL
 	URL    string  // base URL, e.g. http://10.0.0.5:8000
-	Weight float64 // relative capacity; 0 means 1
+	Weight float64 // relative capacity; 0 means DefaultWeight
 }
+
+// DefaultWeight is a replica's relative capacity when none is given.
+const DefaultWeight = 1.0
 
 // Replica is one upstream engine and everything the router knows about it
 // right now. Its fields are read on the hot path without locks: counters are
@@ -84,8 +87,9 @@ type Replica struct {
 
 	// restUntil is unix nanos until which the replica rests after refusing
 	// a request (429/503): pickers skip it (0 = not resting; see Rest).
-	restUntil atomic.Int64
-	restFrom  atomic.Int64 // unix nanos when the current rest began
+	restUntil   atomic.Int64
+	restFrom    atomic.Int64 // unix nanos when the current rest began
+	restWaiting atomic.Int64 // the engine's waiting queue at the refusal, as last scraped (-1 unknown)
 	// pool is the pool the replica serves in, whose ejection cap its
 	// breaker consults (nil outside a pool).
 	pool atomic.Pointer[Pool]
@@ -157,7 +161,7 @@ func NewReplica(cfg ReplicaConfig, bc BreakerConfig, now func() time.Time) (*Rep
 		r.name = addr
 	}
 	if r.weight <= 0 {
-		r.weight = 1
+		r.weight = DefaultWeight
 	}
 	r.healthy.Store(true)
 	r.idHash = hashString(r.name)

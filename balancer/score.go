@@ -41,27 +41,38 @@ type ScoreConfig struct {
 	Epsilon float64
 }
 
+// Defaults for ScoreConfig's zero fields (see each field).
+const (
+	DefaultStaleAfter        = time.Second
+	DefaultWaitingWeight     = 4.0
+	DefaultKVThreshold       = 0.9
+	DefaultKVPenalty         = 8.0
+	DefaultPrefillWeight     = 0.25
+	DefaultLongPrefillWeight = 1000.0
+	DefaultEpsilon           = 0.25
+)
+
 func (c ScoreConfig) withDefaults() ScoreConfig {
 	if c.StaleAfter <= 0 {
-		c.StaleAfter = time.Second
+		c.StaleAfter = DefaultStaleAfter
 	}
 	if c.WaitingWeight <= 0 {
-		c.WaitingWeight = 4
+		c.WaitingWeight = DefaultWaitingWeight
 	}
 	if c.KVThreshold <= 0 || c.KVThreshold >= 1 {
-		c.KVThreshold = 0.9
+		c.KVThreshold = DefaultKVThreshold
 	}
 	if c.KVPenalty <= 0 {
-		c.KVPenalty = 8
+		c.KVPenalty = DefaultKVPenalty
 	}
 	if c.PrefillWeight <= 0 {
-		c.PrefillWeight = 0.25
+		c.PrefillWeight = DefaultPrefillWeight
 	}
 	if c.LongPrefillWeight <= 0 {
-		c.LongPrefillWeight = 1000
+		c.LongPrefillWeight = DefaultLongPrefillWeight
 	}
 	if c.Epsilon <= 0 {
-		c.Epsilon = 0.25
+		c.Epsilon = DefaultEpsilon
 	}
 	return c
 }

@@ -43,7 +43,6 @@ const (
 	defaultLogLevel     = "info"
 	defaultLogFormat    = "json"
 	defaultDrainTimeout = 30 * time.Second
-	defaultWeight       = 1.0 // what balancer.NewReplica takes a weight of 0 for
 	minMaxBodyBytes     = 1024
 	minMaxHeaderBytes   = 1024
 )
@@ -220,6 +219,7 @@ func applyDefaults(cfg *fileConfig) {
 	setInt(&cfg.Breaker.ConsecutiveFailures, balancer.DefaultBreakerFailures)
 	setDuration(&cfg.Breaker.OpenTimeout, balancer.DefaultBreakerOpenTimeout)
 	setInt(&cfg.Breaker.HalfOpenRequests, balancer.DefaultHalfOpenRequests)
+	setFloat(&cfg.Breaker.MaxEjectionPercent, balancer.DefaultMaxEjectionPercent)
 	setDuration(&cfg.Shutdown.DrainTimeout, defaultDrainTimeout)
 	setDuration(&cfg.Telemetry.Interval, gpu.DefaultInterval)
 	setDuration(&cfg.Telemetry.Timeout, gpu.DefaultTimeout)
@@ -236,11 +236,11 @@ func applyDefaults(cfg *fileConfig) {
 	setInt(&cfg.Admission.Saturation.LongPrefillTokens, admission.DefaultLongPrefillTokens)
 	setInt(&cfg.Admission.Saturation.MaxLongPrefills, admission.DefaultMaxLongPrefills)
 	setInt(&cfg.Admission.Saturation.ShortLanes, admission.DefaultShortLanes)
-	setFloat(&cfg.Routing.WaitingWeight, 4)
-	setFloat(&cfg.Routing.KVThreshold, 0.9)
-	setFloat(&cfg.Routing.KVPenalty, 8)
-	setFloat(&cfg.Routing.PrefillWeight, 0.25)
-	setFloat(&cfg.Routing.BoundedLoadEpsilon, 0.25)
+	setFloat(&cfg.Routing.WaitingWeight, balancer.DefaultWaitingWeight)
+	setFloat(&cfg.Routing.KVThreshold, balancer.DefaultKVThreshold)
+	setFloat(&cfg.Routing.KVPenalty, balancer.DefaultKVPenalty)
+	setFloat(&cfg.Routing.PrefillWeight, balancer.DefaultPrefillWeight)
+	setFloat(&cfg.Routing.BoundedLoadEpsilon, balancer.DefaultEpsilon)
 	if len(cfg.Auth.Keys) == 0 {
 		cfg.Auth.Keys = nil // "keys: []" and no keys are the same configuration
 	}
@@ -253,6 +253,7 @@ func applyDefaults(cfg *fileConfig) {
 		for j := range p.Arms {
 			setFloat(&p.Arms[j].Share, 1)
 		}
+		setString(&p.Engine, "auto")
 		// "aliases: []" and no aliases are the same configuration; one
 		// spelling keeps printed-then-reloaded configs equal.
 		if len(p.Aliases) == 0 {
@@ -261,7 +262,7 @@ func applyDefaults(cfg *fileConfig) {
 		for j := range p.Replicas {
 			r := &p.Replicas[j]
 			if r.Weight == 0 {
-				r.Weight = defaultWeight
+				r.Weight = balancer.DefaultWeight
 			}
 			if r.Name == "" {
 				// An unparsable URL keeps the name empty; validate
