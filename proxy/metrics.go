@@ -26,6 +26,7 @@ type metrics struct {
 	e2e        *prometheus.HistogramVec
 	queue      *prometheus.HistogramVec // model
 	connect    *prometheus.HistogramVec // replica
+	stale      *prometheus.CounterVec   // replica
 	promptToks *prometheus.CounterVec
 	genToks    *prometheus.CounterVec
 }
@@ -35,8 +36,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpurouter_requests_total",
-			Help: "Requests finished, by model, replica (\"\" if none was reached), A/B arm (the policy name outside experiments), HTTP status and outcome.",
+			Help: "Requests finished, by model, replica (the last one the request was sent to; \"\" if none), A/B arm (the policy name outside experiments), HTTP status and outcome.",
 		}, []string{"model", "replica", "arm", "status", "outcome"}),
+		stale: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpurouter_upstream_stale_connections_total",
+			Help: "Requests resent on another connection to the same replica because the pooled keep-alive connection they went out on had been closed by the engine (no attempt, no failure).",
+		}, []string{"replica"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpurouter_retries_total",
 			Help: "Attempts retried on another replica before any byte reached the client, by reason.",
@@ -80,7 +85,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Generated tokens of finished requests, as the engine reported them in usage.",
 		}, lr),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.retries, m.ttft, m.itl, m.tpot, m.e2e, m.queue, m.connect, m.promptToks, m.genToks} {
+	for _, c := range []prometheus.Collector{m.requests, m.retries, m.stale, m.ttft, m.itl, m.tpot, m.e2e, m.queue, m.connect, m.promptToks, m.genToks} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // Behaviours of engines nobody here wrote: connections closed after every
@@ -88,6 +89,15 @@ func TestConnectionClosedAfterEveryResponseIsResent(t *testing.T) {
 	}
 	if len(tr.sleep) != 0 {
 		t.Errorf("backoff sleeps %v: a stale connection is no retry", tr.sleep)
+	}
+	var m dto.Metric
+	if err := tr.srv.m.stale.WithLabelValues("r0").Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if n := m.GetCounter().GetValue(); n == 0 {
+		t.Error("no stale connection counted: the test exercised nothing")
+	} else {
+		t.Logf("%v requests resent on a fresh connection", n)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 )
 
@@ -52,7 +53,7 @@ func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, m *metrics) 
 		// A request that finds its pooled connection closed by the engine
 		// (see staleRetry) is resent on another one, as many times as the
 		// pool may hold dead connections, plus the fresh one.
-		RetryIfErr:                staleRetry(&u.pending),
+		RetryIfErr:                staleRetry(&u.pending, m.stale.WithLabelValues(r.Name())),
 		MaxIdemponentCallAttempts: cfg.MaxConnsPerReplica + 1,
 		Dial: func(addr string) (net.Conn, error) {
 			start := time.Now()
@@ -79,10 +80,14 @@ func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, m *metrics) 
 // so resending it is safe, costs no attempt and blames no one: the client
 // must not pay for the router's stale connection. Any other failure is the
 // replica's (and the router's retry across replicas decides what next).
-func staleRetry(ps *pendingSet) fasthttp.RetryIfErrFunc {
+func staleRetry(ps *pendingSet, resent prometheus.Counter) fasthttp.RetryIfErrFunc {
 	return func(req *fasthttp.Request, _ int, _ error) (bool, bool) {
 		pr := ps.byHeader(req.Header.Peek(seqHeader))
-		return false, pr != nil && pr.stale.Swap(false)
+		if pr == nil || !pr.stale.Swap(false) {
+			return false, false
+		}
+		resent.Inc()
+		return false, true
 	}
 }
 
