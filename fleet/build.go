@@ -54,12 +54,13 @@ func (f *Fleet) build(spec Spec, prev *state) (*state, error) {
 			}
 			pl.reps = append(pl.reps, rep)
 		}
-		// A pool's pickers are built with the score: reuse it only if that
-		// is unchanged.
-		if old.Pool == nil || prev.spec.Score != spec.Score {
+		// A pool's pickers are built with the score, and its breakers
+		// consult its ejection cap: reuse it only if both are unchanged.
+		if old.Pool == nil || prev.spec.Score != spec.Score || prev.spec.MaxEjectionPercent != spec.MaxEjectionPercent {
 			p, err := balancer.NewPool(balancer.PoolConfig{
 				Model: pc.Model, Aliases: pc.Aliases, PathPrefix: pc.PathPrefix, Policy: pc.Policy,
 				Arms: pc.Arms, Picker: balancer.PickerOptions{Score: spec.Score},
+				MaxEjectionPercent: spec.MaxEjectionPercent,
 			}, pl.reps)
 			if err != nil {
 				return nil, fmt.Errorf("pools[%d]: %w", i, err)

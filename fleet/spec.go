@@ -24,6 +24,10 @@ type Spec struct {
 	// Score is every pool's load scoring and telemetry staleness; a change
 	// rebuilds the pools (their pickers are built with it).
 	Score balancer.ScoreConfig
+	// MaxEjectionPercent caps the share of each pool's replicas whose
+	// breakers may be open at once (balancer.PoolConfig's; 0 means its
+	// default); a change rebuilds the pools.
+	MaxEjectionPercent float64
 	// Telemetry scrapes each replica's engine /metrics and GPU source; nil
 	// means no scraping (policies use router-side counts). Its Log is the
 	// fleet's.
@@ -43,6 +47,10 @@ type Pool struct {
 	// MaxTokens caps the output a request may ask for (larger or absent
 	// max_tokens are rewritten to it); 0 means no cap.
 	MaxTokens int
+	// Engine is which engine's metrics the replicas expose (vLLM, SGLang,
+	// llama.cpp, TGI, or none: not scraped); the zero value detects it
+	// from each scrape.
+	Engine gpu.Engine
 }
 
 // Replica is one engine of a pool. Name, URL and Weight identify it: a

@@ -22,7 +22,7 @@ func (f *Fleet) newPoller(spec Spec, routes []proxy.Route, replicas [][]*balance
 	for i, pc := range spec.Pools {
 		for j, rc := range pc.Replicas {
 			r := replicas[i][j]
-			eng, err := gpu.NewEngineScraper(rc.URL, f.scrape)
+			eng, err := gpu.NewEngineSource(rc.URL, pc.Engine, f.scrape)
 			if err != nil {
 				return nil, fmt.Errorf("pools[%d].replicas[%d]: %w", i, j, err)
 			}

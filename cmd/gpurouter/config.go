@@ -124,6 +124,9 @@ type breakerConfig struct {
 	ConsecutiveFailures int           `yaml:"consecutive_failures"` // failures in a row that open the breaker; default 5
 	OpenTimeout         time.Duration `yaml:"open_timeout"`         // open → half-open; default 10s
 	HalfOpenRequests    int           `yaml:"half_open_requests"`   // probes allowed while half-open; default 1
+	// MaxEjectionPercent caps the share of a pool's replicas whose breakers
+	// may be open at once (one may always be); 100 = no cap; default 50.
+	MaxEjectionPercent float64 `yaml:"max_ejection_percent"`
 }
 
 type shutdownConfig struct {
@@ -142,6 +145,11 @@ type poolConfig struct {
 	// (or absent) max_tokens / max_completion_tokens is rewritten to it;
 	// 0 = no cap; default 0.
 	MaxTokensLimit int `yaml:"max_tokens_limit"`
+
+	// Engine is which engine serves the pool, for its load metrics:
+	// vllm | sglang | llamacpp | tgi | none (not scraped: routed on the
+	// router's own counts); default auto (detected from /metrics).
+	Engine string `yaml:"engine"`
 }
 
 // armConfig is one arm of a pool's A/B experiment.

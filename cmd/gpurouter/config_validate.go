@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"github.com/gpurouter/gpurouter/gpu"
 	"math"
 	"slices"
 	"strings"
@@ -58,6 +59,7 @@ func validate(cfg fileConfig) error {
 	v.atLeastOne("breaker.consecutive_failures", cfg.Breaker.ConsecutiveFailures)
 	v.positive("breaker.open_timeout", cfg.Breaker.OpenTimeout)
 	v.atLeastOne("breaker.half_open_requests", cfg.Breaker.HalfOpenRequests)
+	v.rangeF("breaker.max_ejection_percent", cfg.Breaker.MaxEjectionPercent, 0, 100, false)
 
 	v.nonNegative("shutdown.drain_timeout", cfg.Shutdown.DrainTimeout)
 
@@ -144,6 +146,9 @@ func (v *validator) oneOf(path, got string, known []string) {
 // file schema's own (fleet.Spec.Validate checks the rest).
 func (v *validator) gpus(pools []poolConfig) {
 	for i, p := range pools {
+		if _, err := gpu.ParseEngine(p.Engine); err != nil {
+			v.add(fmt.Sprintf("pools[%d].engine", i), "%v", err)
+		}
 		for j, r := range p.Replicas {
 			if r.GPU != nil {
 				v.gpu(fmt.Sprintf("pools[%d].replicas[%d].gpu", i, j), *r.GPU)

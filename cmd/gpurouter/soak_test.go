@@ -41,6 +41,7 @@ var (
 	soakStreams  = flag.Int("soak.streams", 500, "soak: concurrent clients, each sending one request after another")
 	soakSpeed    = flag.Float64("soak.speed", 0.1, "soak: speed of the simulated engines (1 = the tinyllama profile's own), keeping the event rate within what -race on 2 cores relays")
 	soakHeap     = flag.String("soak.heapprofile", "", "soak: write a heap profile here once the run is over and resources have settled")
+	soakSeed     = flag.Int64("soak.seed", 1, "soak: draws which replicas get which real-engine fault")
 )
 
 var soakOutcomes = []string{"ok", "canceled", "client_error", "no_replica", "shed", "upstream_error", "broken_stream", "timeout", "shutdown"}
@@ -103,6 +104,17 @@ func TestSoak(t *testing.T) {
 	for i := range faults {
 		faults[i].Speed = *soakSpeed
 	}
+	// Behaviours of real engines, each on a replica drawn at random (r1,
+	// the one killed mid-run, aside): one closes every connection after
+	// its response while advertising keep-alive (llama.cpp's server), one
+	// answers 429 + Retry-After once its waiting queue holds a few
+	// requests (vLLM-compatible servers' max waiting queue length).
+	draw := rand.New(rand.NewPCG(uint64(*soakSeed), 7))
+	others := []int{0, 2, 3}
+	draw.Shuffle(len(others), func(i, j int) { others[i], others[j] = others[j], others[i] })
+	faults[others[0]].CloseAfterResponse = true
+	faults[others[1]].MaxWaitingQueueLength, faults[others[1]].RetryAfterSeconds = 4, 1
+	t.Logf("faults: r%d closes after every response, r%d refuses past 4 waiting (Retry-After: 1), r1 is killed mid-run", others[0], others[1])
 	fleet := startSimFleet(t, replicas, faults)
 	cfg := faultConfig(fleet.URLs(), "least_loaded")
 	// Probes as deployed (1 s timeout): on a loaded box a tighter one marks
@@ -225,6 +237,10 @@ func TestSoak(t *testing.T) {
 	t.Logf("client: request time p50 %v p99 %v max %v (hung bound %v)", pct(0.5), pct(0.99), pct(1), bound)
 	t.Logf("router: recorded %d: %v; failures by replica %v; marked unhealthy %v", routerTotal, outcomes, failedOn, unhealthy)
 	t.Logf("r1 killed for %v and restarted: served %d before, %d by the end", down, servedBefore, servedAfter)
+	t.Logf("router: %v requests resent after a stale pooled connection; %v engine refusals (429), %v retries in all",
+		sumMetric(t, tr.base+"/metrics", "gpurouter_upstream_stale_connections_total"),
+		sumMetric(t, tr.base+"/metrics", "gpurouter_retries_total", "reason", "429"),
+		sumMetric(t, tr.base+"/metrics", "gpurouter_retries_total"))
 	if a.sent != a.completed+a.canceled+a.failures()+a.hung {
 		t.Errorf("client accounting does not add up")
 	}
@@ -254,6 +270,13 @@ func TestSoak(t *testing.T) {
 			shed += n
 		case code == "" || code == "unparsable" || (status != "event" && !strings.HasPrefix(status, "5")):
 			t.Errorf("%d requests failed unclearly: %s", n, reason)
+		}
+	}
+	// A stale pooled connection, an engine's refusal and a dead replica
+	// are the router's to absorb: none may reach a client as a 502.
+	for reason, n := range a.failed {
+		if strings.HasPrefix(reason, "502/") {
+			t.Errorf("%d requests got 502 (%s): a stale connection, a refusal or a dead replica leaked to the client", n, reason)
 		}
 	}
 	if a.completed < (a.sent-shed)/2 {

@@ -20,7 +20,8 @@ func (r *router) spec(cfg fileConfig) (fleet.Spec, error) {
 			OpenTimeout:         cfg.Breaker.OpenTimeout,
 			HalfOpenRequests:    cfg.Breaker.HalfOpenRequests,
 		},
-		Score: scoreConfig(cfg),
+		Score:              scoreConfig(cfg),
+		MaxEjectionPercent: cfg.Breaker.MaxEjectionPercent,
 	}
 	if !cfg.Admission.Disabled {
 		a := admissionFrom(cfg.Admission)
@@ -61,6 +62,8 @@ func specPools(pcs []poolConfig) []fleet.Pool {
 			Policy:     pc.Policy,
 			MaxTokens:  pc.MaxTokensLimit,
 		}
+		// validate reports an unknown name; here it reads as auto.
+		p.Engine, _ = gpu.ParseEngine(pc.Engine)
 		for _, a := range pc.Arms {
 			p.Arms = append(p.Arms, balancer.Arm{Name: a.Name, Policy: a.Policy, Share: a.Share})
 		}
@@ -90,6 +93,7 @@ func filePools(spec fleet.Spec, file []poolConfig) []poolConfig {
 			PathPrefix:     p.PathPrefix,
 			Policy:         p.Policy,
 			MaxTokensLimit: p.MaxTokens,
+			Engine:         engineName(p.Engine),
 		}
 		for _, a := range p.Arms {
 			pc.Arms = append(pc.Arms, armConfig{Name: a.Name, Policy: a.Policy, Share: a.Share})
@@ -100,6 +104,14 @@ func filePools(spec fleet.Spec, file []poolConfig) []poolConfig {
 		out = append(out, pc)
 	}
 	return out
+}
+
+// engineName is the file's spelling of a pool's engine.
+func engineName(e gpu.Engine) string {
+	if e == gpu.EngineAuto {
+		return "auto"
+	}
+	return string(e)
 }
 
 // renderConfig is the "config_yaml" of GET /admin/state: the last file
