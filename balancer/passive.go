@@ -40,15 +40,18 @@ func (r *Replica) Rest(now, until time.Time) {
 
 // Resting reports whether the replica refused a request and asked for a
 // pause that has not ended at now.
+// Pickers ask it of every candidate: the common case (never refused) is
+// one atomic load, inlined.
 func (r *Replica) Resting(now time.Time) bool {
 	u := r.restUntil.Load()
-	if u == 0 {
-		return false
-	}
+	return u != 0 && r.restingAt(now, u)
+}
+
+func (r *Replica) restingAt(now time.Time, until int64) bool {
 	if now.IsZero() { // as Available: the zero time means the replica's clock
 		now = r.now()
 	}
-	return now.UnixNano() < u
+	return now.UnixNano() < until
 }
 
 // RestUntil is when the replica's rest ends (zero when it is not resting

@@ -63,7 +63,7 @@ func (x *exchange) record(end time.Time) Record {
 		FirstTokenNs:     unixNs(x.firstTok),
 		DoneNs:           unixNs(end),
 		E2ES:             end.Sub(x.received).Seconds(),
-		ITLCount:         x.itlCount,
+		ITLCount:         int(x.itlCount),
 		PromptTokens:     x.promptTokens,
 		CompletionTokens: x.completionTokens,
 		EstPromptTokens:  x.cost.PromptTokens,

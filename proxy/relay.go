@@ -221,7 +221,7 @@ func (r *relay) CloseWithError(err error) error {
 		fasthttp.ReleaseResponse(r.resp)
 		r.resp = nil
 		if !r.x.lastTok.IsZero() && r.x.completionTokens == 0 && !r.x.gotUsage {
-			r.x.completionTokens = r.x.tokenChunks // no usage: one chunk ≈ one token
+			r.x.completionTokens = int(r.x.tokenChunks) // no usage: one chunk ≈ one token
 		}
 		r.x.finish(final, fasthttp.StatusOK)
 		b := r.buf[:0]

@@ -72,7 +72,7 @@ func isDialError(err error) bool {
 func peerClosedErr(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, fasthttp.ErrConnectionClosed) ||
 		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNABORTED) ||
-		errors.Is(err, net.ErrClosed) || errors.Is(err, errStaleConn)
+		errors.Is(err, net.ErrClosed)
 }
 
 // streamWords says in plain words why a stream's body read failed.

@@ -2,12 +2,10 @@ package proxy
 
 import (
 	"bytes"
-	"errors"
 	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/gpurouter/gpurouter/balancer"
@@ -63,9 +61,6 @@ func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, m *metrics) 
 			}
 			connect.Observe(time.Since(start).Seconds())
 			dc := &deadlineConn{Conn: c, firstByte: cfg.FirstByteTimeout, idle: cfg.IdleTimeout, pending: &u.pending}
-			if sc, ok := c.(syscall.Conn); ok {
-				dc.raw, _ = sc.SyscallConn()
-			}
 			return dc, nil
 		},
 	}
@@ -74,7 +69,8 @@ func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, m *metrics) 
 
 // staleRetry is the upstream client's retry rule: a request is resent only
 // when it failed on a reused keep-alive connection before any response
-// byte because the engine had closed it — llama.cpp closes after every
+// byte because the engine had closed it (EOF or reset on the write or the
+// first read) — llama.cpp closes after every
 // response while advertising keep-alive, uvicorn closes idle connections
 // after 5 s, and sidecars do the same. The engine never saw that request,
 // so resending it is safe, costs no attempt and blames no one: the client
@@ -111,7 +107,6 @@ func (u *upstream) metricsFor(arm string) *replicaMetrics {
 // goroutine at a time, so the fields need no lock.
 type deadlineConn struct {
 	net.Conn
-	raw       syscall.RawConn // for a look at the socket before reuse; nil if not a plain socket
 	firstByte time.Duration
 	idle      time.Duration
 	sent      bool        // a request was written and no response byte read yet
@@ -131,13 +126,11 @@ func (c *deadlineConn) Write(p []byte) (int, error) {
 			return 0, net.ErrClosed // the client has already left
 		}
 		c.sent, c.awaiting, c.headEnd = true, true, 0
-		c.uses++
 		// A pooled connection the engine has closed since its last
-		// response: found before writing, the request goes on another.
-		if c.uses > 1 && c.raw != nil && peerClosed(c.raw) {
-			c.markStale()
-			return 0, errStaleConn
-		}
+		// response is not looked at before writing (a syscall on every
+		// request): the write lands in the kernel, the engine's end
+		// answers with a reset, and the read below flags the request.
+		c.uses++
 	}
 	n, err := c.Conn.Write(p)
 	if err != nil && c.awaiting && peerClosedErr(err) {
@@ -145,9 +138,6 @@ func (c *deadlineConn) Write(p []byte) (int, error) {
 	}
 	return n, err
 }
-
-// errStaleConn is a pooled connection found closed by the engine.
-var errStaleConn = errors.New("proxy: pooled connection closed by the replica")
 
 // markStale flags the request being written for a resend on another
 // connection (staleRetry) when this connection was reused: a fresh one
