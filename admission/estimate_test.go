@@ -4,16 +4,10 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
-
-	"github.com/gpurouter/gpurouter/bench/tokens"
 )
 
 func TestEstimateKnownStrings(t *testing.T) {
 	t.Parallel()
-	bpe, err := tokens.New()
-	if err != nil {
-		t.Fatal(err)
-	}
 	est := NewEstimator(EstimateConfig{})
 	tests := []struct {
 		name      string
@@ -22,11 +16,13 @@ func TestEstimateKnownStrings(t *testing.T) {
 		prompt    int
 		output    int
 	}{
-		{"hello world", bpe.Count("Hello, world!"), 0, 4, DefaultOutputTokens},
-		{"tiktoken", bpe.Count("tiktoken is great!"), 16, 6, 16},
-		{"long word", bpe.Count("antidisestablishmentarianism"), 1, 6, 1},
-		// system(1)+"You are helpful."(4)+user(1)+"Hello, world!"(4) + 2×3 per message + 3 priming.
-		{"chat", bpe.CountChat([]tokens.Message{{Role: "system", Content: "You are helpful."}, {Role: "user", Content: "Hello, world!"}}), 0, 19, DefaultOutputTokens},
+		// Raw estimates as a counter would give them (bench/tokens' own
+		// tests pin its counts); before any usage is observed the
+		// estimator passes them through and fills in the output.
+		{"hello world", 4, 0, 4, DefaultOutputTokens},
+		{"tiktoken", 6, 16, 6, 16},
+		{"long word", 6, 1, 6, 1},
+		{"chat", 19, 0, 19, DefaultOutputTokens},
 		{"empty", 0, 0, 0, DefaultOutputTokens},
 	}
 	for _, tt := range tests {
