@@ -16,6 +16,7 @@ require (
 	github.com/valyala/fasthttp v1.74.0
 	go.uber.org/zap v1.28.0
 	go.yaml.in/yaml/v3 v3.0.6
+	golang.org/x/term v0.46.0
 	gonum.org/v1/plot v0.17.0
 )
 

@@ -358,7 +358,7 @@ loop:
 			defer wg.Done()
 			g.send(ctx, req, rec, start, sched, ready)
 			g.release()
-			g.progress.add(1)
+			g.progress.finished(rec.OK())
 		}(&g.cfg.Requests[i], &recs[i])
 	}
 	wg.Wait()

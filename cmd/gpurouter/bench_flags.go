@@ -272,10 +272,8 @@ func (f *benchFlags) load(ctx context.Context, s *benchSetup, modelURL string, s
 		_, _ = rand.Read(b[:])
 		s.cfg.RequestIDPrefix = "bench-" + hex.EncodeToString(b[:]) + "-"
 	}
-	if file, ok := stderr.(*os.File); ok && !*f.disableTqdm {
-		if fi, err := file.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
-			s.cfg.Progress = stderr
-		}
+	if !*f.disableTqdm {
+		s.cfg.Progress = terminal(stderr)
 	}
 	return 0
 }

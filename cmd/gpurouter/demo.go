@@ -20,6 +20,7 @@ import (
 	"github.com/gpurouter/gpurouter/bench"
 	"github.com/gpurouter/gpurouter/bench/sim"
 	"github.com/gpurouter/gpurouter/bench/tokens"
+	"golang.org/x/term"
 )
 
 // demoPercentiles are the percentiles the demo reports.
@@ -33,6 +34,8 @@ type demoOptions struct {
 	seed     uint64
 	replicas int
 	profile  string
+	// quiet turns the progress bar off (vllm bench's --disable-tqdm).
+	quiet bool
 }
 
 // runDemo is `gpurouter demo`: simulated replicas (the last at half speed)
@@ -51,6 +54,7 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the workload, the arrivals and the replicas")
 	fs.IntVar(&o.replicas, "replicas", 4, "simulated replicas; the last runs at half speed (when there are at least two)")
 	fs.StringVar(&o.profile, "profile", "qwen2.5-7b", "simulator profile of every replica (gpurouter sim profiles)")
+	fs.BoolVar(&o.quiet, "disable-tqdm", false, "no progress bar (there is none anyway when stderr is not a terminal)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: gpurouter demo [flags]   (needs no flags, files, network or GPU)")
 		fs.PrintDefaults()
@@ -179,7 +183,10 @@ func demoRun(ctx context.Context, o demoOptions, prof sim.Profile, model, router
 	ps := demoPercentiles()
 	cfg := bench.Config{
 		BaseURL: routerURL, Model: model, Requests: ds.Requests, RequestRate: o.rate, Seed: o.seed,
-		IgnoreEOS: true, RequestIDPrefix: "demo-", Estimator: est, Progress: terminal(stderr),
+		IgnoreEOS: true, RequestIDPrefix: "demo-", Estimator: est,
+	}
+	if !o.quiet {
+		cfg.Progress = terminal(stderr)
 	}
 	obs := newObserver(cfg, nil, nil)
 	cfg.OnMeasureStart = func(ctx context.Context) { _ = obs.Before(ctx) }
@@ -217,12 +224,12 @@ func halfNote(n int) string {
 	return fmt.Sprintf("; sim-%d runs at half speed", n-1)
 }
 
-// terminal is w when it is a terminal (for the progress bar), else nil.
+// terminal is w when it is a terminal, else nil: where a progress bar
+// goes. Redirected to a file, a pipe or /dev/null (a character device,
+// which a mode check would take for a terminal), output gets no bar.
 func terminal(w io.Writer) io.Writer {
-	if f, ok := w.(*os.File); ok {
-		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
-			return w
-		}
+	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		return w
 	}
 	return nil
 }
