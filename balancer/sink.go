@@ -53,7 +53,7 @@ func (r *Replica) StoreGPU(s *gpu.GPUSnapshot) {
 	}
 	r.gpuErrs = errs
 	fault := !r.faultSince.IsZero() && s.At.Sub(r.faultSince) < faultHold
-	r.SetGPULoad(GPULoad{CapacityFactor: factor, Fault: fault, At: s.At})
+	r.SetGPULoad(GPULoad{CapacityFactor: factor, Fault: fault, At: s.At, GPUs: s.GPUs})
 }
 
 // gpuCapacityFactor is the fraction of its normal speed a GPU runs at: its

@@ -4,6 +4,8 @@ import (
 	"math"
 	"sync/atomic"
 	"time"
+
+	"github.com/gpurouter/gpurouter/gpu"
 )
 
 // EngineLoad is what a replica's engine last reported (vLLM /metrics), as
@@ -27,6 +29,9 @@ type GPULoad struct {
 	// the replica receives no traffic until it clears.
 	Fault bool
 	At    time.Time
+	// GPUs are the replica's GPUs as last read, in index order, for
+	// operators (metrics, the status page); never modified once stored.
+	GPUs []gpu.GPUStats `json:",omitempty"`
 }
 
 // telemetry is the part of a Replica fed by pollers and by the router's own
