@@ -38,6 +38,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	case "/debug/pools":
 		s.serveDebugPools(ctx)
 		return
+	case "/status", "/":
+		s.serveStatus(ctx)
+		return
 	}
 	rt := s.routes.Load()
 	ep, prefixRoute := rt.apiRoute(path)

@@ -37,6 +37,11 @@ type Options struct {
 	// Keys turns client authentication on: every API request needs one of
 	// its API keys (see clients.go). nil means no authentication.
 	Keys *KeyStore
+	// StatusToken guards the status page (/status and /): when set, the
+	// page needs it as "Authorization: Bearer TOKEN" or, for a browser,
+	// ?token=TOKEN. cmd/gpurouter sets it to the admin token. "" leaves the
+	// page open, as /metrics is.
+	StatusToken string
 
 	// Registerer receives the router's metrics; Gatherer serves /metrics.
 	// Both nil means a fresh private registry.
@@ -64,6 +69,8 @@ type Server struct {
 	gather prometheus.Gatherer
 	routes atomic.Pointer[routeTable]
 	keys   atomic.Pointer[KeyStore] // nil: no client authentication
+	// statusToken guards the status page; "" means open.
+	statusToken string
 	// plainEst costs the requests of pools without admission: it never
 	// learns, so its estimates keep their defaults.
 	plainEst *admission.Estimator
@@ -104,6 +111,7 @@ func New(o Options) (*Server, error) {
 		sleep:  o.Sleep,
 	}
 	s.afterFunc = o.AfterFunc
+	s.statusToken = o.StatusToken
 	s.base, s.stopBase = context.WithCancelCause(context.Background())
 	if s.log == nil {
 		s.log = zap.NewNop()

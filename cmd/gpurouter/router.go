@@ -90,12 +90,13 @@ func newRouterProbing(cfg fileConfig, log *zap.Logger, prober balancer.Prober) (
 			MaxConnsPerReplica: cfg.Upstream.MaxConnsPerReplica,
 			MaxIdleConnTime:    cfg.Upstream.MaxIdleConnTime,
 		},
-		Routes:     r.fleet.Routes(),
-		Score:      scoreConfig(cfg),
-		Keys:       keys, // nil: no client auth
-		Registerer: r.reg,
-		Gatherer:   r.reg,
-		Logger:     log,
+		Routes:      r.fleet.Routes(),
+		Score:       scoreConfig(cfg),
+		Keys:        keys,            // nil: no client auth
+		StatusToken: cfg.Admin.Token, // the status page shows what the admin API does: behind its token
+		Registerer:  r.reg,
+		Gatherer:    r.reg,
+		Logger:      log,
 	})
 	if err != nil {
 		return nil, err
