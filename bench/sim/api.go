@@ -144,6 +144,17 @@ type inferenceRequest struct {
 	MinTokens           int             `json:"min_tokens"`
 	IgnoreEOS           bool            `json:"ignore_eos"`
 	N                   *int            `json:"n"`
+	// Seed makes the generated text reproducible (text.go), as vLLM's
+	// seed makes its sampling so.
+	Seed *int64 `json:"seed"`
+	// ReturnTokenIDs is vLLM's return_token_ids (0.10.2+): token ids of
+	// the prompt and of every chunk alongside the text.
+	ReturnTokenIDs bool `json:"return_token_ids"`
+	// ContinueFinalMessage and AddGenerationPrompt are vLLM's chat
+	// template switches: with the first, the last (assistant) message is
+	// continued rather than answered.
+	ContinueFinalMessage bool  `json:"continue_final_message"`
+	AddGenerationPrompt  *bool `json:"add_generation_prompt"`
 }
 
 type streamOptions struct {
@@ -180,10 +191,14 @@ func (m chatMessage) text() (string, error) {
 	return s, nil
 }
 
-// promptInfo is a parsed prompt: its size and its prefix-cache block hashes.
+// promptInfo is a parsed prompt: its size, its prefix-cache block hashes,
+// its last token (where the generated text starts from) and, for a prompt
+// of token ids, the ids.
 type promptInfo struct {
 	tokens int
 	hashes []uint64
+	end    contextEnd
+	ids    []int
 }
 
 // parsePrompt counts the prompt of a chat or completion request with the
@@ -195,6 +210,9 @@ func (r *Replica) parsePrompt(req *inferenceRequest, chat bool) (promptInfo, err
 		if len(req.Messages) == 0 {
 			return pi, fmt.Errorf("messages is required")
 		}
+		if req.ContinueFinalMessage && req.Messages[len(req.Messages)-1].Role != "assistant" {
+			return pi, fmt.Errorf("continue_final_message is set but the last message is not from the assistant")
+		}
 		msgs := make([]tokens.Message, len(req.Messages))
 		for i, m := range req.Messages {
 			t, err := m.text()
@@ -202,6 +220,9 @@ func (r *Replica) parsePrompt(req *inferenceRequest, chat bool) (promptInfo, err
 				return pi, fmt.Errorf("messages[%d]: %w", i, err)
 			}
 			msgs[i] = tokens.Message{Role: m.Role, Content: t}
+			if w := lastWord(t); w != "" {
+				pi.end = contextEnd{word: w}
+			}
 		}
 		pi.tokens = r.est.CountChat(msgs)
 		hasher = func(n int) []uint64 {
@@ -220,7 +241,10 @@ func (r *Replica) parsePrompt(req *inferenceRequest, chat bool) (promptInfo, err
 			return pi, err
 		}
 		if ids != nil {
-			pi.tokens = len(ids)
+			pi.tokens, pi.ids = len(ids), ids
+			if len(ids) > 0 {
+				pi.end = contextEnd{id: ids[len(ids)-1], isID: true}
+			}
 			hasher = func(n int) []uint64 {
 				h := newPrefixHasher(r.d.blockSize, n)
 				for _, id := range ids {
@@ -231,6 +255,7 @@ func (r *Replica) parsePrompt(req *inferenceRequest, chat bool) (promptInfo, err
 			}
 		} else {
 			pi.tokens = r.est.Count(text)
+			pi.end = contextEnd{word: lastWord(text)}
 			hasher = func(n int) []uint64 {
 				h := newPrefixHasher(r.d.blockSize, n)
 				h.write(text)

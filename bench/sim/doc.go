@@ -41,6 +41,13 @@
 //	GET  /v1/gpus                                 gpu.HostReport, as `gpurouter agent` serves
 //	GET|POST /sim/faults                          the Faults document (exempt from faults)
 //
+// Generated text is a walk through a small vocabulary fixed by the request's
+// seed and the last word (or token id) of its context, so a continuation —
+// vLLM's continue_final_message on chat, the prompt plus the text or the
+// token ids generated so far on completions — produces exactly the words an
+// uninterrupted run would have (text.go). return_token_ids returns the
+// prompt's and every chunk's token ids as vLLM 0.10.2+ does.
+//
 // # Faults
 //
 // Faults (GET|POST /sim/faults, SetFaults, `gpurouter sim --faults JSON`)

@@ -76,8 +76,9 @@ type Replica struct {
 	m        *engineMetrics
 	expo     *exposition
 	d        derived
-	words    [][]byte // filler tokens for generated text
-	created  int64    // for /v1/models
+	words    [][]byte       // filler tokens for generated text
+	vocab    map[string]int // words' indices, by the word without its space (text.go)
+	created  int64          // for /v1/models
 	profName string
 
 	mu      sync.Mutex // guards eng, rng, nextID, lag
@@ -143,7 +144,7 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 	}
 	r := &Replica{
 		cfg: cfg, names: names, est: est, reg: reg, m: m, expo: &exposition{gatherer: reg}, d: d,
-		words: fillerWords(), created: time.Now().Unix(), profName: p.Name,
+		words: fillerWords(), vocab: vocabIndex(fillerWords()), created: time.Now().Unix(), profName: p.Name,
 		eng: eng, rng: rand.New(rand.NewPCG(cfg.Seed, uint64(cfg.Index))),
 		stopped: make(chan struct{}), crashCh: make(chan time.Duration, 1),
 		faultsChanged: make(chan struct{}, 1),

@@ -36,6 +36,15 @@ type request struct {
 	model   []byte // JSON-quoted served model name
 	created int64
 
+	// The generated text (text.go): gen0 where it starts, gen where the
+	// writer stands. tokenIDs is vLLM's return_token_ids: every chunk
+	// carries its tokens' ids, the first the prompt's (promptIDs when the
+	// prompt was token ids, else stand-ins).
+	gen0, gen textGen
+	tokenIDs  bool
+	promptIDs []int
+	sentIDs   bool // the prompt's ids went out
+
 	mu      sync.Mutex // guards pending, total, reason
 	pending int        // tokens emitted and not yet written
 	total   int
@@ -146,7 +155,10 @@ func (q *request) CloseWithError(err error) error {
 }
 
 // appendChunk appends one SSE event with n tokens of text (n = -1: the chat
-// role chunk), carrying finish_reason when the sequence ended.
+// role chunk), carrying finish_reason when the sequence ended. With
+// return_token_ids, as vLLM: the chunk's token ids in its choice, and the
+// prompt's once — at the top of the chat role chunk, in the choice of a
+// completion's first chunk.
 func (q *request) appendChunk(b []byte, n int, reason finishReason) []byte {
 	b = append(b, `data: {"id":`...)
 	b = append(b, q.idJSON...)
@@ -158,11 +170,17 @@ func (q *request) appendChunk(b []byte, n int, reason finishReason) []byte {
 	b = strconv.AppendInt(b, q.created, 10)
 	b = append(b, `,"model":`...)
 	b = append(b, q.model...)
+	g := q.gen
 	if q.chat {
 		b = append(b, `,"choices":[{"index":0,"delta":{`...)
 		if n < 0 {
-			b = append(b, `"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
-			return b
+			b = append(b, `"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`...)
+			if q.tokenIDs && !q.sentIDs {
+				q.sentIDs = true
+				b = append(b, `,"prompt_token_ids":`...)
+				b = q.appendPromptIDs(b)
+			}
+			return append(b, "}\n\n"...)
 		}
 		b = append(b, `"content":"`...)
 		b = q.appendText(b, n)
@@ -179,15 +197,31 @@ func (q *request) appendChunk(b []byte, n int, reason finishReason) []byte {
 		b = append(b, reason.String()...)
 		b = append(b, '"')
 	}
-	b = append(b, `,"stop_reason":null}]}`+"\n\n"...)
+	b = append(b, `,"stop_reason":null`...)
+	if q.tokenIDs {
+		if !q.chat && !q.sentIDs {
+			q.sentIDs = true
+			b = append(b, `,"prompt_token_ids":`...)
+			b = q.appendPromptIDs(b)
+		}
+		b = append(b, `,"token_ids":[`...)
+		for i := 0; i < n; i++ {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = strconv.AppendInt(b, int64(vocabBase+g.word(len(q.r.words))), 10)
+		}
+		b = append(b, ']')
+	}
+	b = append(b, "}]}\n\n"...)
 	return b
 }
 
-// appendText appends the next n filler tokens (JSON-safe words).
+// appendText appends the next n generated tokens (JSON-safe words).
 func (q *request) appendText(b []byte, n int) []byte {
 	w := q.r.words
 	for i := 0; i < n; i++ {
-		b = append(b, w[(int(q.s.salt%uint64(len(w)))+q.written)%len(w)]...)
+		b = append(b, w[q.gen.word(len(w))]...)
 		q.written++
 	}
 	return b
@@ -265,6 +299,10 @@ func (inc *incarnation) inference(ctx *fasthttp.RequestCtx, chat bool) {
 		writeBadRequest(ctx, "Stream options can only be defined when `stream=True`.")
 		return
 	}
+	if req.ContinueFinalMessage && (req.AddGenerationPrompt == nil || *req.AddGenerationPrompt) {
+		writeBadRequest(ctx, "Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+		return
+	}
 	pi, err := r.parsePrompt(&req, chat)
 	if err != nil {
 		writeBadRequest(ctx, err.Error())
@@ -321,6 +359,13 @@ func (inc *incarnation) inference(ctx *fasthttp.RequestCtx, chat bool) {
 	r.nextID++
 	s.id = r.nextID
 	s.salt = r.rng.Uint64()
+	textSeed := s.salt
+	if req.Seed != nil {
+		textSeed = mix64(uint64(*req.Seed), 0x5eed)
+	}
+	q.gen0 = newTextGen(r.vocab, len(r.words), textSeed, pi.end)
+	q.gen = q.gen0
+	q.tokenIDs, q.promptIDs = req.ReturnTokenIDs, pi.ids
 	s.target = maxTokens
 	if !req.IgnoreEOS {
 		s.target = min(maxTokens, max(req.MinTokens, drawLength(r.rng, r.cfg.Profile.Model.OutputLen)))
@@ -378,6 +423,12 @@ func (inc *incarnation) inference(ctx *fasthttp.RequestCtx, chat bool) {
 func (q *request) completion(reason finishReason) any {
 	text := string(q.appendTextFrom(nil, q.written))
 	usage := json.RawMessage(q.appendUsageObject(nil))
+	var ids []int
+	var promptIDs json.RawMessage
+	if q.tokenIDs {
+		ids = q.genIDs(q.written)
+		promptIDs = q.appendPromptIDs(nil)
+	}
 	if q.chat {
 		type message struct {
 			Role      string `json:"role"`
@@ -390,23 +441,27 @@ func (q *request) completion(reason finishReason) any {
 			Logprobs     any     `json:"logprobs"`
 			FinishReason string  `json:"finish_reason"`
 			StopReason   any     `json:"stop_reason"`
+			TokenIDs     []int   `json:"token_ids,omitempty"`
 		}
 		return struct {
-			ID      string          `json:"id"`
-			Object  string          `json:"object"`
-			Created int64           `json:"created"`
-			Model   json.RawMessage `json:"model"`
-			Choices []choice        `json:"choices"`
-			Usage   json.RawMessage `json:"usage"`
+			ID             string          `json:"id"`
+			Object         string          `json:"object"`
+			Created        int64           `json:"created"`
+			Model          json.RawMessage `json:"model"`
+			Choices        []choice        `json:"choices"`
+			Usage          json.RawMessage `json:"usage"`
+			PromptTokenIDs json.RawMessage `json:"prompt_token_ids,omitempty"`
 		}{q.id, "chat.completion", q.created, q.model,
-			[]choice{{Message: message{Role: "assistant", Content: text, ToolCalls: []any{}}, FinishReason: reason.String()}}, usage}
+			[]choice{{Message: message{Role: "assistant", Content: text, ToolCalls: []any{}}, FinishReason: reason.String(), TokenIDs: ids}}, usage, promptIDs}
 	}
 	type choice struct {
-		Index        int    `json:"index"`
-		Text         string `json:"text"`
-		Logprobs     any    `json:"logprobs"`
-		FinishReason string `json:"finish_reason"`
-		StopReason   any    `json:"stop_reason"`
+		Index          int             `json:"index"`
+		Text           string          `json:"text"`
+		Logprobs       any             `json:"logprobs"`
+		FinishReason   string          `json:"finish_reason"`
+		StopReason     any             `json:"stop_reason"`
+		PromptTokenIDs json.RawMessage `json:"prompt_token_ids,omitempty"`
+		TokenIDs       []int           `json:"token_ids,omitempty"`
 	}
 	return struct {
 		ID      string          `json:"id"`
@@ -415,14 +470,14 @@ func (q *request) completion(reason finishReason) any {
 		Model   json.RawMessage `json:"model"`
 		Choices []choice        `json:"choices"`
 		Usage   json.RawMessage `json:"usage"`
-	}{q.id, "text_completion", q.created, q.model, []choice{{Text: text, FinishReason: reason.String()}}, usage}
+	}{q.id, "text_completion", q.created, q.model, []choice{{Text: text, FinishReason: reason.String(), PromptTokenIDs: promptIDs, TokenIDs: ids}}, usage}
 }
 
-// appendTextFrom appends the first n filler tokens.
+// appendTextFrom appends the first n generated tokens.
 func (q *request) appendTextFrom(b []byte, n int) []byte {
-	saved := q.written
-	q.written = 0
+	saved, savedGen := q.written, q.gen
+	q.written, q.gen = 0, q.gen0
 	b = q.appendText(b, n)
-	q.written = saved
+	q.written, q.gen = saved, savedGen
 	return b
 }
