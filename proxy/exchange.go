@@ -132,6 +132,7 @@ func (x *exchange) tokenChunk(now time.Time) {
 		if x.rm != nil {
 			x.rm.itl.Observe(gap.Seconds())
 		}
+		x.recordGap(now, gap)
 	}
 	x.lease.Progress(1)
 	x.lease.Alive()

@@ -38,6 +38,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	case "/debug/pools":
 		s.serveDebugPools(ctx)
 		return
+	case "/debug/latency":
+		s.serveDebugLatency(ctx)
+		return
 	case "/status", "/":
 		s.serveStatus(ctx)
 		return
@@ -171,6 +174,7 @@ func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint,
 	fasthttp.ReleaseRequest(ureq)
 	if a := x.admittedAt(); !a.IsZero() {
 		s.m.queue.WithLabelValues(x.route.Pool.Model()).Observe(a.Sub(x.received).Seconds())
+		x.recordQueue(a)
 	}
 	if err != nil {
 		s.reject(ctx, x, err)

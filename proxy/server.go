@@ -76,6 +76,7 @@ type Server struct {
 	plainEst *admission.Estimator
 	authM    *authMetrics
 	records  *recordRing
+	lat      *latencyStore // ITL and queue-time sketches per replica (latency.go)
 	srv      *fasthttp.Server
 
 	now    func() time.Time
@@ -149,6 +150,7 @@ func New(o Options) (*Server, error) {
 	}
 	s.keys.Store(o.Keys)
 	s.records = newRecordRing(s.cfg.RecordRing)
+	s.lat = newLatencyStore()
 	s.plainEst = admission.NewEstimator(admission.EstimateConfig{})
 	if err := s.SetRoutes(o.Routes); err != nil {
 		return nil, err

@@ -43,11 +43,13 @@ func (s *Server) SetRoutes(routes []Route) error {
 	if len(routes) == 0 {
 		return errors.New("proxy: no pools")
 	}
-	rt, err := buildRoutes(routes, s.plainEst, s.cfg, s.m, s.now(), s.routes.Load())
+	now := s.now()
+	rt, err := buildRoutes(routes, s.plainEst, s.cfg, s.m, s.lat, now, s.routes.Load())
 	if err != nil {
 		return err
 	}
 	s.routes.Store(rt)
+	s.lat.retain(rt, now)
 	return nil
 }
 
@@ -79,7 +81,7 @@ type prefixRoute struct {
 	route  *poolRoute
 }
 
-func buildRoutes(routes []Route, plain *admission.Estimator, cfg Config, m *metrics, now time.Time, prev *routeTable) (*routeTable, error) {
+func buildRoutes(routes []Route, plain *admission.Estimator, cfg Config, m *metrics, lat *latencyStore, now time.Time, prev *routeTable) (*routeTable, error) {
 	rt := &routeTable{
 		byModel:   make(map[string]*poolRoute),
 		upstreams: make(map[*balancer.Replica]*upstream),
@@ -111,7 +113,7 @@ func buildRoutes(routes []Route, plain *admission.Estimator, cfg Config, m *metr
 				rt.upstreams[rep] = u
 				continue
 			}
-			rt.upstreams[rep] = newUpstream(p, rep, cfg, m)
+			rt.upstreams[rep] = newUpstream(p, rep, cfg, m, lat)
 		}
 	}
 	sort.Slice(rt.prefixes, func(i, j int) bool { return len(rt.prefixes[i].prefix) > len(rt.prefixes[j].prefix) })

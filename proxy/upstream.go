@@ -22,11 +22,12 @@ type upstream struct {
 	client  *fasthttp.HostClient
 	all     *metrics
 	byArm   []*replicaMetrics // children for the pool's arms at build time
+	lat     *replicaLatency   // the replica's ITL and queue-time sketches (latency.go)
 	pending pendingSet        // requests sent and not yet answered
 }
 
-func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, m *metrics) *upstream {
-	u := &upstream{replica: r, pool: p, all: m}
+func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, m *metrics, lat *latencyStore) *upstream {
+	u := &upstream{replica: r, pool: p, all: m, lat: lat.forReplica(p.Model(), r.Name())}
 	for _, a := range p.Arms() {
 		u.byArm = append(u.byArm, m.forReplica(p.Model(), r.Name(), a.Name))
 	}
