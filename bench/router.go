@@ -57,10 +57,19 @@ type RouterRecord struct {
 	PromptTokens     int     `json:"prompt_tokens"`
 	CompletionTokens int     `json:"completion_tokens"`
 	EstPromptTokens  int     `json:"est_prompt_tokens"` // the router's estimate before the engine answered
+	// A stream continued on another replica after its own failed
+	// (outcome "migrated"): how often, over which replicas ("r0>r1"), and
+	// the longest pause its client saw.
+	Migrations      int     `json:"migrations"`
+	ReplicaChain    string  `json:"replica_chain"`
+	MigrationStallS float64 `json:"migration_stall_s"`
 }
 
-// OK reports whether the router served the request to the end.
-func (r *RouterRecord) OK() bool { return r.Outcome == "ok" && r.FirstTokenNs != 0 }
+// OK reports whether the router served the request to the end (a stream
+// continued on another replica included).
+func (r *RouterRecord) OK() bool {
+	return (r.Outcome == "ok" || r.Outcome == "migrated") && r.FirstTokenNs != 0
+}
 
 // TPOTSeconds is the router-side (e2e − TTFT) / (tokens − 1), 0 for fewer
 // than two tokens, as Record.TPOT.

@@ -26,9 +26,13 @@ const (
 	outcomeTimeout                      // first-byte, idle or total deadline hit
 	outcomeShutdown                     // aborted by router shutdown
 	outcomeRateLimited                  // refused by the API key's rate limit (429)
+	outcomeMigrated                     // served to the end, continued on another replica after its own failed (migrate.go)
 )
 
-var outcomeNames = [...]string{"ok", "client_error", "canceled", "no_replica", "shed", "upstream_error", "broken_stream", "timeout", "shutdown", "rate_limited"}
+var outcomeNames = [...]string{"ok", "client_error", "canceled", "no_replica", "shed", "upstream_error", "broken_stream", "timeout", "shutdown", "rate_limited", "migrated"}
+
+// served reports an outcome whose client got the whole answer.
+func (o outcome) served() bool { return o == outcomeOK || o == outcomeMigrated }
 
 func (o outcome) String() string { return outcomeNames[o] }
 
@@ -81,11 +85,16 @@ type exchange struct {
 	completionTokens int
 	gotUsage         bool
 
-	// Step 7 (finish).
+	// Steps 5–6 (migrate.go): what continuing the stream on another
+	// replica needs; nil when the request may not be continued.
+	mig *migration
+
+	// Step 7 (finish). outcome and done side by side: the exchange keeps
+	// to its size class (size_test.go).
 	status  int
 	outcome outcome
-	err     error
 	done    atomic.Bool
+	err     error
 }
 
 // pool is the pool the request was routed to; nil before step 2.
@@ -151,6 +160,7 @@ func (x *exchange) finish(err error, status int) {
 	x.err = err
 	var breakerErr error
 	x.outcome, breakerErr = outcomeOf(err, status)
+	x.outcome = x.mig.outcome(x.outcome)
 	if x.up != nil {
 		x.lease.Done(breakerErr)
 	}
@@ -171,13 +181,15 @@ func (x *exchange) finish(err error, status int) {
 	if !x.lastTok.IsZero() {
 		e2eEnd = x.lastTok // as vllm bench: the last token chunk, not [DONE]
 	}
-	if x.rm != nil && x.outcome == outcomeOK {
+	if x.rm != nil && x.outcome.served() {
 		x.rm.e2e.Observe(e2eEnd.Sub(x.received).Seconds())
 		if x.gotUsage {
 			x.rm.promptToks.Add(float64(x.promptTokens))
 			x.rm.genToks.Add(float64(x.completionTokens))
 		}
-		if x.completionTokens > 1 && !x.firstTok.IsZero() {
+		// A migrated stream's decode spans two replicas and the pause
+		// between them: not this replica's speed.
+		if x.completionTokens > 1 && !x.firstTok.IsZero() && x.outcome == outcomeOK {
 			decode := x.lastTok.Sub(x.firstTok)
 			x.rm.tpot.Observe(decode.Seconds() / float64(x.completionTokens-1))
 			x.up.replica.ObserveDecode(x.completionTokens, decode)
@@ -206,6 +218,7 @@ func (x *exchange) finish(err error, status int) {
 			zap.Int("completion_tokens", x.completionTokens),
 			zap.NamedError("error", errOrNil(err, x.outcome)),
 			causeOf(err),
+			x.mig.logField(),
 		)
 	}
 }
@@ -228,7 +241,7 @@ func sinceOr(t, from time.Time) time.Duration {
 }
 
 func errOrNil(err error, o outcome) error {
-	if o == outcomeOK {
+	if o.served() {
 		return nil
 	}
 	return err

@@ -39,6 +39,11 @@ func isHopByHop(k []byte) bool {
 // The API key of a client that authenticated to the router is not
 // forwarded: the engines have their own, if any.
 func (s *Server) upstreamRequest(ctx *fasthttp.RequestCtx, x *exchange, ep endpoint, body []byte) *fasthttp.Request {
+	if x.mig == nil {
+		// A stream that may outlive its replica asks for what continuing
+		// it needs (migrate.go); a continuation has its body made.
+		body = s.startMigration(ctx, x, body)
+	}
 	u := fasthttp.AcquireRequest()
 	// Headers named in Connection are hop-by-hop too (RFC 9110 §7.6.1).
 	connHdr := ctx.Request.Header.Peek("Connection")

@@ -29,6 +29,7 @@ type metrics struct {
 	stale      *prometheus.CounterVec   // replica
 	promptToks *prometheus.CounterVec
 	genToks    *prometheus.CounterVec
+	mig        *migrationMetrics // migrate_metrics.go
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -90,7 +91,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			return nil, err
 		}
 	}
-	return m, nil
+	var err error
+	m.mig, err = newMigrationMetrics(reg)
+	return m, err
 }
 
 // replicaMetrics are one (replica, arm)'s pre-resolved children.

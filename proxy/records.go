@@ -41,6 +41,13 @@ type Record struct {
 	// learned ratio under admission), so the estimator's error can be read
 	// against PromptTokens.
 	EstPromptTokens int `json:"est_prompt_tokens"`
+	// Migrations is how many times the stream moved to another replica
+	// after its own failed (outcome "migrated"); ReplicaChain is the
+	// replicas it ran on, in order ("r0>r1"; "" when it never moved);
+	// MigrationStallS is the longest pause its client saw at a switch.
+	Migrations      int     `json:"migrations"`
+	ReplicaChain    string  `json:"replica_chain"`
+	MigrationStallS float64 `json:"migration_stall_s"`
 }
 
 func unixNs(t time.Time) int64 {
@@ -84,6 +91,7 @@ func (x *exchange) record(end time.Time) Record {
 		r.ITLMeanS = x.itlSum.Seconds() / float64(x.itlCount)
 		r.ITLMaxS = x.itlMax.Seconds()
 	}
+	x.mig.recordInto(&r)
 	return r
 }
 

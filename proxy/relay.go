@@ -68,9 +68,19 @@ func newRelay(x *exchange, resp *fasthttp.Response, strip bool) *relay {
 // interrupts a blocked upstream read by closing the upstream connection,
 // which is also what tells the engine to stop generating.
 func (r *relay) abort(err error) {
-	if r.abortErr.CompareAndSwap(nil, &err) {
-		r.body.CloseWithError(err)
+	if !r.abortErr.CompareAndSwap(nil, &err) {
+		return
 	}
+	if m := r.x.mig; m != nil {
+		// A migration may be swapping the body (migrate_resume.go).
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if m.bodyClosed {
+			return
+		}
+		m.bodyClosed = true
+	}
+	r.body.CloseWithError(err)
 }
 
 // Read implements io.Reader for fasthttp's body writer.
@@ -112,6 +122,10 @@ func (r *relay) fill() error {
 	if err == nil {
 		if r.x.s.totalExceeded(r.x) {
 			r.fail(fmt.Errorf("%w: total request deadline", ErrTimeout))
+		} else if m := r.x.mig; m != nil && m.pol.DrainGrace > 0 && m.off == nil && !r.eof && m.leaving(r.x, r.x.s.now()) {
+			// The replica is draining or gone from its pool, and the
+			// grace period is over: the stream moves (migrate_resume.go).
+			r.upstreamFailed(errLeaving)
 		}
 		return nil
 	}
@@ -128,17 +142,25 @@ func (r *relay) fill() error {
 	case errors.Is(err, io.EOF) && r.sawDone:
 		r.eof = true
 	case errors.Is(err, io.EOF):
-		r.fail(errBrokenStream)
+		r.upstreamFailed(errBrokenStream)
 	case isTimeout(err) && !r.gotBody:
 		// The engine answered the head but not yet the first event (a
 		// stream queued or in prefill): upstream.go's first_byte bound.
 		r.fail(fmt.Errorf("%w: no first stream event within %s", ErrTimeout, r.x.s.cfg.FirstByteTimeout))
 	case isTimeout(err):
-		r.fail(fmt.Errorf("%w: no stream event for %s", ErrTimeout, r.x.s.cfg.IdleTimeout))
+		r.upstreamFailed(fmt.Errorf("%w: no stream event for %s", ErrTimeout, r.x.s.cfg.IdleTimeout))
 	default:
-		r.fail(&upstreamFailure{kind: errBrokenStream, words: streamWords(err), cause: err})
+		r.upstreamFailed(&upstreamFailure{kind: errBrokenStream, words: streamWords(err), cause: err})
 	}
 	return nil
+}
+
+// upstreamFailed ends the stream with err — unless it can go on on another
+// replica (migrate_resume.go).
+func (r *relay) upstreamFailed(err error) {
+	if !r.resume(err) && !errors.Is(err, errLeaving) { // not moved: it finishes where it is
+		r.fail(err)
+	}
 }
 
 // process moves every complete event from in to out, recording timings.
@@ -156,7 +178,12 @@ func (r *relay) process() {
 			continue // nothing after [DONE] is part of the answer
 		}
 		payload := eventData(ev)
-		switch classifyEvent(payload) {
+		kind := classifyEvent(payload)
+		if r.x.mig != nil && (kind == evToken || kind == evUsageOnly) {
+			r.tracked(ev, payload, kind, now) // migrate_track.go
+			continue
+		}
+		switch kind {
 		case evToken:
 			r.x.tokenChunk(now)
 			r.takeUsage(payload)
@@ -218,12 +245,17 @@ func (r *relay) CloseWithError(err error) error {
 		} else {
 			r.body.CloseWithError(nil)
 		}
-		fasthttp.ReleaseResponse(r.resp)
-		r.resp = nil
+		if r.resp != nil { // nil after a failed migration
+			fasthttp.ReleaseResponse(r.resp)
+			r.resp = nil
+		}
 		if !r.x.lastTok.IsZero() && r.x.completionTokens == 0 && !r.x.gotUsage {
 			r.x.completionTokens = int(r.x.tokenChunks) // no usage: one chunk ≈ one token
 		}
 		r.x.finish(final, fasthttp.StatusOK)
+		if m := r.x.mig; m != nil {
+			m.release()
+		}
 		b := r.buf[:0]
 		if cap(b) <= 64<<10 {
 			relayBufs.Put(&b)

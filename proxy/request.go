@@ -51,6 +51,7 @@ type request struct {
 	stream      bool
 	clientUsage bool         // the client asked for stream_options.include_usage itself
 	hasOptions  bool         // stream_options is present and an object
+	cont        contFlags    // what a continuation on another replica must know (migrate.go)
 	maxTokens   int          // the output limit the engine applies: max_completion_tokens, else max_tokens; 0 when unset
 	limits      [2]outputKey // max_tokens, max_completion_tokens as given (see outputKeys)
 	promptBytes int          // bytes of prompt text (messages' content, prompt, input)
@@ -159,6 +160,9 @@ func parseRequest(body []byte, ep endpoint) (request, error) {
 				return false
 			}
 			r.clientUsage = iu.Type == gjson.True
+			if v.Get("continuous_usage_stats").Type == gjson.True {
+				r.cont |= contNo // per-chunk usage can't be made to add up across replicas
+			}
 		case "max_tokens", "max_completion_tokens":
 			i := 0
 			if k.Str == outputKeys[1] {
@@ -200,12 +204,15 @@ func parseRequest(body []byte, ep endpoint) (request, error) {
 			sawInput = true
 			r.promptBytes, err = textSize("prompt", v)
 			r.prefixHash = firstTextHash(v)
+			r.cont |= promptCont(v)
 		case "input":
 			if ep != epEmbeddings {
 				return true
 			}
 			sawInput = true
 			r.promptBytes, err = textSize("input", v)
+		default:
+			r.cont |= continuation(k.Str, v)
 		}
 		return err == nil
 	})
@@ -379,4 +386,75 @@ func (r *request) clampOutput(body []byte, limit int) ([]byte, bool, error) {
 		return body, true, nil
 	}
 	return body, false, nil
+}
+
+// contFlags is what the parser learns about continuing a request's
+// generation on another replica should its own die mid-stream (migrate.go).
+// The zero value: it can be continued, from text, with nothing special.
+type contFlags uint8
+
+const (
+	// contNo: the request can't be continued — several choices, logprobs,
+	// beam search, echo, a suffix, structured output (the grammar would
+	// restart on the continuation), prompt embeddings, several prompts,
+	// per-chunk usage.
+	contNo        contFlags = 1 << iota
+	contPromptIDs           // the completion prompt is token ids: continued from ids only
+	contClientIDs           // the client asked for return_token_ids itself: not stripped
+	contFinal               // the client set continue_final_message: its last message grows
+)
+
+// continuation reads one request key for what continuing it needs.
+func continuation(key string, v gjson.Result) contFlags {
+	set := v.Type != gjson.Null && v.Type != gjson.False
+	switch key {
+	case "n", "best_of":
+		if set && v.Int() > 1 {
+			return contNo
+		}
+	case "logprobs", "top_logprobs", "echo", "use_beam_search", "suffix", "prompt_embeds",
+		"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs":
+		if set && !(key == "top_logprobs" && v.Int() == 0) {
+			return contNo
+		}
+	case "response_format":
+		if set && v.Get("type").Str != "text" {
+			return contNo
+		}
+	case "return_token_ids":
+		if v.Type == gjson.True {
+			return contClientIDs
+		}
+	case "continue_final_message":
+		if v.Type == gjson.True {
+			return contFinal
+		}
+	}
+	return 0
+}
+
+// promptCont says how a completion prompt can be continued: a string or
+// one string with its text, token ids (one list) with ids only; several
+// prompts not at all.
+func promptCont(v gjson.Result) contFlags {
+	if !v.IsArray() {
+		return 0
+	}
+	var f contFlags
+	n := 0
+	v.ForEach(func(_, e gjson.Result) bool {
+		n++
+		switch {
+		case n == 1 && e.Type == gjson.Number: // one prompt of token ids
+			f = contPromptIDs
+			return false
+		case n > 1: // several prompts
+			f = contNo
+			return false
+		case e.IsArray():
+			f = contPromptIDs
+		}
+		return true
+	})
+	return f
 }

@@ -23,6 +23,9 @@ type Route struct {
 	// max_completion_tokens above it (or absent) are rewritten to it.
 	// 0 means no cap.
 	MaxTokens int
+	// Migration continues the pool's streams on another replica when
+	// theirs fails mid-stream (migrate.go); the zero value is off.
+	Migration Migration
 }
 
 // poolRoute is a Route as the request path uses it, with the estimator

@@ -1,0 +1,81 @@
+package proxy
+
+import (
+	"bytes"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// tokenIDUpstream streams n chunks as vLLM 0.10.2+ does with
+// return_token_ids: the prompt's ids in the first chunk, each chunk's own
+// in its choice. No per-request allocation of its own.
+func tokenIDUpstream(b *testing.B, events int) string {
+	b.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var sse bytes.Buffer
+	sse.WriteString(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":[1,2,3,4,5]}` + "\n\n")
+	for i := 0; i < events-1; i++ {
+		sse.WriteString(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"tok "},"logprobs":null,"finish_reason":null,"token_ids":[30001]}]}` + "\n\n")
+	}
+	sse.WriteString(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":5,"total_tokens":260,"completion_tokens":255}}` + "\n\ndata: [DONE]\n\n")
+	stream := sse.Bytes()
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("text/event-stream")
+		ctx.SetBody(stream)
+	}}
+	go srv.Serve(ln) //nolint:errcheck
+	b.Cleanup(func() { srv.Shutdown() })
+	return "http://" + ln.Addr().String()
+}
+
+// BenchmarkProxyStreamPerEventMigratable is BenchmarkProxyStreamPerEvent
+// with migration on: every event is also tracked (text and token ids kept,
+// the ids the router asked for removed from what the client sees). ns/op
+// and allocs/op are per relayed event; allocs must stay 0.
+func BenchmarkProxyStreamPerEventMigratable(b *testing.B) {
+	const events = 256
+	tr := startRouterWith(b, []string{tokenIDUpstream(b, events)}, withMigration(Migration{Max: 1}), withPolicy("least_request"))
+	b.Cleanup(func() { tr.srv.Shutdown(b.Context()) }) //nolint:errcheck
+	c := &fasthttp.HostClient{Addr: strings.TrimPrefix(tr.url, "http://"), MaxConns: 64}
+	body := []byte(chatStream)
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	b.ReportAllocs()
+	for i := 0; i < b.N; i += events {
+		req.Reset()
+		req.Header.SetMethod("POST")
+		req.SetRequestURI("/v1/chat/completions")
+		req.Header.SetHost("router")
+		req.SetBody(body)
+		if err := c.DoTimeout(req, resp, 5*time.Second); err != nil || !bytes.HasSuffix(resp.Body(), doneEvent) {
+			b.Fatalf("%v %q", err, resp.Body())
+		}
+		if bytes.Contains(resp.Body(), []byte("token_ids")) {
+			b.Fatalf("token ids reached the client: %.300s", resp.Body())
+		}
+	}
+}
+
+// BenchmarkMigrationTrack is one event through the tracking alone: find the
+// text and token ids, keep them, strip the ids.
+func BenchmarkMigrationTrack(b *testing.B) {
+	ev := []byte(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"tok "},"logprobs":null,"finish_reason":null,"token_ids":[30001]}]}` + "\n\n")
+	m := &migration{pol: Migration{Max: 1, MaxSeqLen: 1 << 30}, chat: true, strip: true, idsOK: true, buf: &migBuffers{}}
+	dst := make([]byte, 0, 4096)
+	b.ReportAllocs()
+	b.SetBytes(int64(len(ev)))
+	for b.Loop() {
+		dst, _ = m.token(dst[:0], ev)
+		if len(m.buf.text) > 1<<20 {
+			m.buf.reset()
+		}
+	}
+}

@@ -1,0 +1,199 @@
+package proxy
+
+import "bytes"
+
+// Byte-level reading and editing of stream chunks for migration: a stream
+// that may be continued elsewhere has every chunk looked at, so these find
+// a field's value and splice the event without decoding it or allocating.
+// They read the chunks engines write (vLLM's pydantic JSON, compact or with
+// a space after the colon); a field they can't find reads as absent.
+
+// Field keys, as they appear in chunks. Read-only.
+var (
+	keyID             = []byte(`"id":`)
+	keyCreated        = []byte(`"created":`)
+	keyContent        = []byte(`"content":`)
+	keyText           = []byte(`"text":`)
+	keyRole           = []byte(`"role":`)
+	keyTokenIDs       = []byte(`"token_ids":`)
+	keyPromptTokenIDs = []byte(`"prompt_token_ids":`)
+	keyFinishReason   = []byte(`"finish_reason":`)
+	keyToolCalls      = []byte(`"tool_calls":`)
+	keyReasoning      = []byte(`"reasoning`) // reasoning_content (vLLM < 0.11), reasoning
+	keyUsage          = []byte(`"usage":`)
+)
+
+// span is a byte range [at, end) of an event; key is where its key starts
+// (-1 when the span is a value alone).
+type span struct{ key, at, end int }
+
+// field finds key in b and returns the span of its value (whitespace
+// before it skipped), with key's position; ok is false when key is absent
+// or its value unreadable.
+func field(b, key []byte) (span, bool) { return fieldFrom(b, 0, key) }
+
+// fieldFrom is field looking at b[from:] only (positions are b's): chunks
+// hold their fields in the engine's order, so a search can start where the
+// previous field ended.
+func fieldFrom(b []byte, from int, key []byte) (span, bool) {
+	if from < 0 || from > len(b) {
+		return span{}, false
+	}
+	k := bytes.Index(b[from:], key)
+	if k < 0 {
+		return span{}, false
+	}
+	k += from
+	i := k + len(key)
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t') {
+		i++
+	}
+	end := valueEnd(b, i)
+	if end < 0 {
+		return span{}, false
+	}
+	return span{key: k, at: i, end: end}, true
+}
+
+// valueEnd returns the end of the JSON value starting at b[i], or -1.
+func valueEnd(b []byte, i int) int {
+	if i >= len(b) {
+		return -1
+	}
+	switch b[i] {
+	case '"':
+		return stringEnd(b, i)
+	case '{', '[':
+		depth := 0
+		for j := i; j < len(b); j++ {
+			switch b[j] {
+			case '"':
+				e := stringEnd(b, j)
+				if e < 0 {
+					return -1
+				}
+				j = e - 1
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return j + 1
+				}
+			}
+		}
+		return -1
+	}
+	j := i
+	for j < len(b) && b[j] != ',' && b[j] != '}' && b[j] != ']' && b[j] != ' ' && b[j] != '\n' && b[j] != '\r' && b[j] != '\t' {
+		j++
+	}
+	if j == i {
+		return -1
+	}
+	return j
+}
+
+// stringEnd returns the index after the string starting at b[i] (a quote).
+func stringEnd(b []byte, i int) int {
+	for j := i + 1; j < len(b); j++ {
+		switch b[j] {
+		case '\\':
+			j++
+		case '"':
+			return j + 1
+		}
+	}
+	return -1
+}
+
+// isString reports a span holding a JSON string; inner is its escaped
+// content, as it may be pasted into another JSON string.
+func (s span) isString(b []byte) (inner []byte, ok bool) {
+	if s.end-s.at < 2 || b[s.at] != '"' {
+		return nil, false
+	}
+	return b[s.at+1 : s.end-1], true
+}
+
+// isNull reports a span holding null.
+func (s span) isNull(b []byte) bool { return bytes.Equal(b[s.at:s.end], []byte("null")) }
+
+// idList returns the elements of a span holding an array of numbers
+// ("1,2,3", without brackets) and their count; ok is false for anything
+// else (null).
+func (s span) idList(b []byte) (inner []byte, n int, ok bool) {
+	if s.end-s.at < 2 || b[s.at] != '[' {
+		return nil, 0, false
+	}
+	inner = bytes.TrimSpace(b[s.at+1 : s.end-1])
+	if len(inner) == 0 {
+		return inner, 0, true
+	}
+	return inner, bytes.Count(inner, []byte(",")) + 1, true
+}
+
+// withComma widens a field's span (key included) to take one comma with
+// it, so removing it leaves valid JSON: the comma before, else the one
+// after.
+func (s span) withComma(b []byte) span {
+	out := span{key: -1, at: s.key, end: s.end}
+	i := s.key - 1
+	for i >= 0 && (b[i] == ' ' || b[i] == '\t') {
+		i--
+	}
+	if i >= 0 && b[i] == ',' {
+		out.at = i
+		return out
+	}
+	j := s.end
+	for j < len(b) && (b[j] == ' ' || b[j] == '\t') {
+		j++
+	}
+	if j < len(b) && b[j] == ',' {
+		out.end = j + 1
+	}
+	return out
+}
+
+// edit replaces a span of an event with repl (nil: removes it).
+type edit struct {
+	at, end int
+	repl    []byte
+}
+
+// edits is a handful of non-overlapping edits of one event; at most
+// len(edits) are kept, which is all a chunk ever needs.
+type edits struct {
+	e [4]edit
+	n int
+}
+
+func (es *edits) add(at, end int, repl []byte) {
+	if es.n == len(es.e) || at < 0 || end < at {
+		return
+	}
+	es.e[es.n] = edit{at, end, repl}
+	es.n++
+}
+
+// apply appends ev with the edits made to dst. Edits overlapping an
+// earlier one are dropped.
+func (es *edits) apply(dst, ev []byte) []byte {
+	e := es.e[:es.n]
+	for i := 1; i < len(e); i++ { // insertion sort: a few elements
+		for j := i; j > 0 && e[j].at < e[j-1].at; j-- {
+			e[j], e[j-1] = e[j-1], e[j]
+		}
+	}
+	pos := 0
+	for _, x := range e {
+		if x.at < pos {
+			continue
+		}
+		dst = append(dst, ev[pos:x.at]...)
+		dst = append(dst, x.repl...)
+		pos = x.end
+	}
+	return append(dst, ev[pos:]...)
+}
