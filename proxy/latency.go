@@ -14,7 +14,7 @@ import (
 
 // The router's exact latency percentiles. Every inter-token gap and every
 // queue time the router measures is counted in a DDSketch (package sketch:
-// within 1% at any quantile) per pool and replica, in a ring of time
+// within 0.5% at any quantile) per pool and replica, in a ring of time
 // windows, and GET /debug/latency merges the windows an interval overlaps.
 // The Prometheus histograms keep vLLM's buckets so they compare with the
 // engines' bucket by bucket, but a percentile interpolated inside a 10–25 ms
@@ -22,14 +22,17 @@ import (
 // run (bench/routerlatency.go).
 //
 // Memory is fixed per replica: two rings (ITL, queue) of latencyWindows
-// sketches of sketch.Bins() 4-byte counters — 2 × 32 × ~3.7 KB ≈ 240 KB
+// sketches of sketch.Bins() 4-byte counters — 2 × 16 × ~7.4 KB ≈ 236 KB
 // (latencyBytesPerReplica; TestLatencyMemoryPerReplica states it). A
 // replica that leaves the route table keeps its rings for one retention
 // (16 min), so its recent traffic stays readable, then they are dropped.
 
 const (
-	latencyWindow  = 30 * time.Second // one window's width
-	latencyWindows = 32               // windows per ring: 16 min of history
+	// Windows are coarse because bench never needs them fine (it
+	// subtracts what the run's first window held at the start); the ring
+	// reaches back 16 min, the longest run bench reads exactly.
+	latencyWindow  = time.Minute // one window's width
+	latencyWindows = 16          // windows per ring: 16 min of history
 )
 
 // latencyBytesPerReplica is what one replica's rings hold.
@@ -131,7 +134,7 @@ var latencyQuantiles = [...]struct {
 }{{"p50", 0.5}, {"p90", 0.9}, {"p95", 0.95}, {"p99", 0.99}, {"p99.9", 0.999}}
 
 // LatencySummary is one sketch in the /debug/latency document: its
-// statistics in seconds (quantiles within 1%, the rest exact) and the
+// statistics in seconds (quantiles within 0.5%, the rest exact) and the
 // sketch itself, which merges and subtracts (package sketch's Snapshot).
 //
 // LatencyDoc and its parts are a JSON contract with bench.RouterLatency,

@@ -131,7 +131,7 @@ func TestRouterITLPercentilesMatchTheUpstreamsSpacing(t *testing.T) {
 	}
 	for range requests {
 		up.streamAcking(t, tr.url, tokens)
-		clock.add(5 * time.Second) // between requests: no gap is measured across them
+		clock.add(10 * time.Second) // between requests: no gap is measured across them
 	}
 	slices.Sort(want)
 	waitFor(t, "every request's record", func() bool { return len(tr.srv.records.since(0, 0)) == requests })
@@ -282,7 +282,7 @@ func TestLatencyMemoryPerReplica(t *testing.T) {
 	b := latencyBytesPerReplica()
 	t.Logf("%d bytes per replica (%d windows of %v, %d bins)", b, latencyWindows, latencyWindow, sketch.Bins())
 	if b < 200<<10 || b > 260<<10 {
-		t.Errorf("%d bytes per replica; the doc says about 240 KB", b)
+		t.Errorf("%d bytes per replica; the doc says about 236 KB", b)
 	}
 }
 

@@ -6,7 +6,7 @@
 // interval can be read back (window.go).
 //
 // What a sketch answers is exact to RelativeAccuracy: a quantile read from
-// it is within 1% of the true quantile of the values recorded, the mean is
+// it is within 0.5% of the true quantile of the values recorded, the mean is
 // exact (the sum is kept in nanoseconds), and the minimum and maximum are
 // exact. Sketches merge by adding counts, so per-replica sketches add up to
 // a pool's, and windows to an interval's.
@@ -25,7 +25,7 @@ import (
 const (
 	// RelativeAccuracy bounds the relative error of every quantile read:
 	// DDSketch's α, bins growing by γ = (1+α)/(1−α).
-	RelativeAccuracy = 0.01
+	RelativeAccuracy = 0.005
 	// MinValue and MaxValue are the range measured at that accuracy. A
 	// smaller value counts in the first bin, a larger one in the last;
 	// quantiles are clamped to the exact minimum and maximum, so even a
@@ -67,7 +67,7 @@ func (l *layout) bin(d time.Duration) int {
 // Build with New; the zero value is not usable.
 //
 // Its memory is fixed at construction: 4 bytes per bin, Bins() of them
-// (about 3.7 KB), plus a few words. Counts are 32-bit: a bin holds up to
+// (about 7.4 KB), plus a few words. Counts are 32-bit: a bin holds up to
 // 4·10⁹ values, which is why long-lived measurement keeps sketches per
 // window (Windows) rather than one forever.
 type Sketch struct {

@@ -260,7 +260,7 @@ func TestRecordDoesNotAllocate(t *testing.T) {
 
 func TestBins(t *testing.T) {
 	l := newLayout()
-	if l.n != Bins() || l.n < 900 || l.n > 950 {
+	if l.n != Bins() || l.n < 1800 || l.n > 1900 {
 		t.Fatalf("%d bins", l.n)
 	}
 	// Every bin inside the range is DDSketch's: its values within α of its
