@@ -157,7 +157,7 @@ func TestContinuationBody(t *testing.T) {
 			"max_tokens": "7", "min_tokens": "0", "temperature": "0.7", "stop": `["\n\n"]`,
 		}},
 		{name: "chat, the client's prefill grows", chat: true, text: " there", tokens: 1,
-			body: `{"max_completion_tokens":5,"continue_final_message":true,"add_generation_prompt":false,"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Well,"}]}`,
+			body:  `{"max_completion_tokens":5,"continue_final_message":true,"add_generation_prompt":false,"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Well,"}]}`,
 			check: map[string]string{"messages.1.content": `"Well, there"`, "messages.#": "2", "max_completion_tokens": "4"}},
 		{name: "completions, text", body: `{"prompt":"Once","max_tokens":4}`, text: " upon", tokens: 1,
 			check: map[string]string{"prompt": `"Once upon"`, "max_tokens": "3"}},
