@@ -77,7 +77,7 @@ func (f *Fleet) build(spec Spec, prev *state) (*state, error) {
 		if p == nil {
 			p = pl.old.Pool
 		}
-		rt := proxy.Route{Pool: p, MaxTokens: spec.Pools[i].MaxTokens}
+		rt := proxy.Route{Pool: p, MaxTokens: spec.Pools[i].MaxTokens, Migration: spec.Pools[i].Migration}
 		if spec.Admission != nil {
 			if pl.pool == nil && pl.old.Admission != nil && reflect.DeepEqual(*prev.spec.Admission, *spec.Admission) {
 				rt.Admission = pl.old.Admission // its queue stays

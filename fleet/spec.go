@@ -7,6 +7,7 @@ import (
 	"github.com/gpurouter/gpurouter/admission"
 	"github.com/gpurouter/gpurouter/balancer"
 	"github.com/gpurouter/gpurouter/gpu"
+	"github.com/gpurouter/gpurouter/proxy"
 )
 
 // Spec is the fleet's desired state: the pools to serve and how. It is
@@ -51,6 +52,9 @@ type Pool struct {
 	// llama.cpp, TGI, or none: not scraped); the zero value detects it
 	// from each scrape.
 	Engine gpu.Engine
+	// Migration continues the pool's streams on another replica when
+	// theirs fails mid-stream; the zero value is off.
+	Migration proxy.Migration
 }
 
 // Replica is one engine of a pool. Name, URL and Weight identify it: a

@@ -111,6 +111,12 @@ func (v *validator) pools(pools []Pool) {
 		if p.MaxTokens < 0 {
 			v.add(at+".max_tokens_limit", "must be >= 0 (0 = no cap), got %d", p.MaxTokens)
 		}
+		if p.Migration.Max < 0 {
+			v.add(at+".migration.max", "must be >= 0 (0 = off), got %d", p.Migration.Max)
+		}
+		if p.Migration.MaxSeqLen < 0 {
+			v.add(at+".migration.max_seq_len", "must be > 0, got %d", p.Migration.MaxSeqLen)
+		}
 		v.arms(at, p.Arms)
 		v.replicas(at, p.Replicas)
 	}

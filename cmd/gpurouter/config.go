@@ -150,6 +150,25 @@ type poolConfig struct {
 	// vllm | sglang | llamacpp | tgi | none (not scraped: routed on the
 	// router's own counts); default auto (detected from /metrics).
 	Engine string `yaml:"engine"`
+
+	Migration migrationConfig `yaml:"migration"`
+}
+
+// migrationConfig continues a pool's streams on another replica when
+// theirs dies (or is drained) mid-stream: same id, no text lost or
+// repeated, one usage chunk with the true totals.
+type migrationConfig struct {
+	// Max is how many times one request may move; 0 = off (a replica
+	// failing mid-stream ends its streams with an error event);
+	// --migration-limit overrides it for every pool. Default 1.
+	Max *int `yaml:"max"`
+	// MaxSeqLen: streams longer than this (prompt + output, tokens) are
+	// not continued, which bounds what each stream keeps; default 32768.
+	MaxSeqLen int `yaml:"max_seq_len"`
+	// DrainGrace: a stream still running on a replica that is draining or
+	// was removed from the pool moves after this; negative = never (it
+	// finishes where it is); default 20s.
+	DrainGrace time.Duration `yaml:"drain_grace"`
 }
 
 // armConfig is one arm of a pool's A/B experiment.

@@ -254,6 +254,12 @@ func applyDefaults(cfg *fileConfig) {
 			setFloat(&p.Arms[j].Share, 1)
 		}
 		setString(&p.Engine, "auto")
+		if p.Migration.Max == nil {
+			n := proxy.DefaultMigrationMax
+			p.Migration.Max = &n
+		}
+		setInt(&p.Migration.MaxSeqLen, proxy.DefaultMigrationMaxSeqLen)
+		setDuration(&p.Migration.DrainGrace, proxy.DefaultDrainGrace)
 		// "aliases: []" and no aliases are the same configuration; one
 		// spelling keeps printed-then-reloaded configs equal.
 		if len(p.Aliases) == 0 {

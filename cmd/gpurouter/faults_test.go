@@ -62,14 +62,17 @@ func byReplica(views []clientView) map[string]int {
 	return out
 }
 
-// A replica that crashes under live streams: its clients get an error
-// event and [DONE] (the status line was long sent), the router records
-// broken streams, opens the replica's breaker, and sends new traffic to
-// the other replica.
+// A replica that crashes under live streams, with migration off: its
+// clients get an error event and [DONE] (the status line was long sent),
+// the router records broken streams, opens the replica's breaker, and
+// sends new traffic to the other replica. (With migration on, the default,
+// the streams go on elsewhere: migration_test.go.)
 func TestFaultReplicaCrashMidStream(t *testing.T) {
 	fleet := startSimFleet(t, 2, nil)
 	cfg := faultConfig(fleet.URLs(), "round_robin")
 	cfg.Breaker = breakerConfig{ConsecutiveFailures: 3, OpenTimeout: time.Minute}
+	off := 0
+	cfg.Pools[0].Migration.Max = &off
 	tr := startTestRouter(t, cfg, nil)
 
 	const streams = 8

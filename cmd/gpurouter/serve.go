@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -36,6 +37,15 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	var apiKeys stringList
 	fs.Var(&apiKeys, "api-key", "KEY: a client API key (at least 16 characters), for every model, without limits (repeatable; enables client auth; only its SHA-256 is kept)")
 	hashKey := fs.String("hash-key", "", "print the hash of API key KEY (\"-\" reads it from stdin) for auth.keys or a keys file, and exit")
+	migrationLimit := -1 // not given: each pool's migration.max
+	fs.Func("migration-limit", "N: how many times one stream may continue on another replica when its own dies mid-stream, for every pool (0 = off); overrides the file's pools[].migration.max (default 1)", func(v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return fmt.Errorf("want a whole number >= 0, got %q", v)
+		}
+		migrationLimit = n
+		return nil
+	})
 	printConfig := fs.Bool("print-config", false, "print the effective configuration (YAML, defaults filled) and exit")
 	check := fs.Bool("check", false, "validate the configuration and exit (non-zero listing every error)")
 	if err := fs.Parse(args); err != nil {
@@ -91,6 +101,12 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		}
 		if *adminToken != "" {
 			cfg.Admin.Token = *adminToken
+		}
+		if migrationLimit >= 0 {
+			for i := range cfg.Pools {
+				n := migrationLimit
+				cfg.Pools[i].Migration.Max = &n
+			}
 		}
 		cfg.Auth.Keys = append(cfg.Auth.Keys, flagKeys(apiKeys)...)
 		if err := validate(cfg); err != nil {

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/gpurouter/gpurouter/balancer"
 	"github.com/gpurouter/gpurouter/fleet"
 	"github.com/gpurouter/gpurouter/gpu"
+	"github.com/gpurouter/gpurouter/proxy"
 )
 
 // spec translates the file schema into the fleet's desired state; each
@@ -64,6 +66,7 @@ func specPools(pcs []poolConfig) []fleet.Pool {
 		}
 		// validate reports an unknown name; here it reads as auto.
 		p.Engine, _ = gpu.ParseEngine(pc.Engine)
+		p.Migration = specMigration(pc.Migration, p.Engine)
 		for _, a := range pc.Arms {
 			p.Arms = append(p.Arms, balancer.Arm{Name: a.Name, Policy: a.Policy, Share: a.Share})
 		}
@@ -94,6 +97,7 @@ func filePools(spec fleet.Spec, file []poolConfig) []poolConfig {
 			Policy:         p.Policy,
 			MaxTokensLimit: p.MaxTokens,
 			Engine:         engineName(p.Engine),
+			Migration:      fileMigration(p.Migration),
 		}
 		for _, a := range p.Arms {
 			pc.Arms = append(pc.Arms, armConfig{Name: a.Name, Policy: a.Policy, Share: a.Share})
@@ -104,6 +108,28 @@ func filePools(spec fleet.Spec, file []poolConfig) []poolConfig {
 		out = append(out, pc)
 	}
 	return out
+}
+
+// specMigration translates a pool's migration options. Token ids are asked
+// of vLLM (0.10.2+ returns them; older versions ignore the key) and of an
+// engine not yet detected, never of engines known to be something else.
+func specMigration(mc migrationConfig, e gpu.Engine) proxy.Migration {
+	m := proxy.Migration{Max: proxy.DefaultMigrationMax, MaxSeqLen: mc.MaxSeqLen, DrainGrace: max(mc.DrainGrace, 0)}
+	if mc.Max != nil {
+		m.Max = *mc.Max
+	}
+	m.NoTokenIDs = e != gpu.EngineAuto && e != gpu.EngineVLLM
+	return m
+}
+
+// fileMigration is specMigration's inverse, for display.
+func fileMigration(m proxy.Migration) migrationConfig {
+	n := m.Max
+	mc := migrationConfig{Max: &n, MaxSeqLen: m.MaxSeqLen, DrainGrace: m.DrainGrace}
+	if m.DrainGrace == 0 {
+		mc.DrainGrace = -time.Second // never
+	}
+	return mc
 }
 
 // engineName is the file's spelling of a pool's engine.
