@@ -6,6 +6,8 @@ import (
 	"io"
 	"math"
 	"strings"
+
+	"github.com/gpurouter/gpurouter/sketch"
 )
 
 // Rows of a client/server latency comparison.
@@ -39,6 +41,18 @@ func VLLMHistogramNames() map[string][]string {
 type HistogramColumn struct {
 	Name string
 	Rows map[string]Histogram
+	// Sketches are rows measured exactly (the router's DDSketches of ITL
+	// and queue time, within 0.5%): where a row has one, its mean and
+	// percentiles come from it rather than from the buckets.
+	Sketches map[string]*sketch.Snapshot
+}
+
+// sketchOf is row's sketch, nil when the row has none or it is empty.
+func (c HistogramColumn) sketchOf(row string) *sketch.Snapshot {
+	if s := c.Sketches[row]; s != nil && s.Count > 0 {
+		return s
+	}
+	return nil
 }
 
 // ColumnFromSnapshots builds a column from metrics scraped before and after
@@ -81,9 +95,8 @@ func ColumnFromSnapshots(name string, before, after []Snapshot, names map[string
 
 // WriteComparison prints the client's latencies next to each column's
 // histogram estimates, in ms: mean (exact, from _sum/_count) and each
-// percentile, with the histogram bucket that holds it as an error bar
-// ("[lower–upper]"). The client has no server queue, so that row shows only
-// the columns.
+// percentile as histCell writes it (as precisely as its bucket resolves
+// it). The client has no server queue, so that row shows only the columns.
 func WriteComparison(w io.Writer, s *Summary, percentiles []float64, cols ...HistogramColumn) error {
 	c := &consoleWriter{w: w}
 	c.line(center(" Client vs Server Latency (ms) ", '=', consoleWidth))
@@ -111,6 +124,7 @@ func WriteComparison(w io.Writer, s *Summary, percentiles []float64, cols ...His
 			c.line(line)
 		}
 	}
+	c.line(BucketNote)
 	c.line(strings.Repeat("=", consoleWidth))
 	return c.err
 }
@@ -125,7 +139,16 @@ func clientCell(d *Dist, p float64) string {
 	return fmt.Sprintf("%.2f", d.At(p))
 }
 
+// histCell is one server cell: the row's sketch when it has one (exact),
+// else its histogram's mean (exact) or percentile (estimateCell).
 func histCell(col HistogramColumn, row string, p float64) string {
+	if s := col.sketchOf(row); s != nil {
+		if p < 0 {
+			return fmt.Sprintf("%.2f", ms(s.Mean()))
+		}
+		v, _ := s.Quantile(p / 100)
+		return fmt.Sprintf("%.2f", ms(v))
+	}
 	h, ok := col.Rows[row]
 	if !ok || h.Count == 0 {
 		return "-"
@@ -133,7 +156,30 @@ func histCell(col HistogramColumn, row string, p float64) string {
 	if p < 0 {
 		return fmt.Sprintf("%.2f", h.Mean()*1000)
 	}
-	e := h.Quantile(p / 100)
+	return estimateCell(h.Quantile(p / 100))
+}
+
+// BucketNote explains estimateCell's forms, once per table.
+const BucketNote = `histogram percentiles: "v [a–b]" interpolated where the bucket is narrow (b ≤ 1.5a);
+"[a–b]" alone where it is wider, "≤ b" in the first bucket (0–b): no invented numbers`
+
+// estimateCell writes a histogram percentile (s) in ms only as precisely
+// as its bucket resolves it: in the first bucket, which starts at 0, the
+// bound ("≤ 300"); in a bucket reaching more than half again its lower bound
+// (Estimate.Resolved), the bucket alone ("[10–25]"); in the +Inf bucket,
+// the bound it exceeds ("> 80000"); otherwise the interpolated value with
+// its bucket ("64.00 [60–80]").
+func estimateCell(e Estimate) string {
+	switch {
+	case math.IsNaN(e.Value):
+		return "-"
+	case e.Lower <= 0:
+		return "≤ " + boundMS(e.Upper)
+	case math.IsInf(e.Upper, 1):
+		return "> " + boundMS(e.Lower)
+	case !e.Resolved():
+		return fmt.Sprintf("[%s–%s]", boundMS(e.Lower), boundMS(e.Upper))
+	}
 	return fmt.Sprintf("%.2f [%s–%s]", e.Value*1000, boundMS(e.Lower), boundMS(e.Upper))
 }
 

@@ -59,8 +59,9 @@ func (t DiagnosisThresholds) withDefaults() DiagnosisThresholds {
 }
 
 // Diagnose applies every rule whose inputs in has, in a fixed order:
-// failures, client lag, queueing, router vs engine ITL, e2e vs output
-// length, sweep capacity, A/B.
+// failures, client lag, queueing, router ITL (against the client's and
+// the engines', diagnosis_itl.go), e2e vs output length, sweep capacity,
+// A/B.
 func Diagnose(in ReportInput) []Finding {
 	th := in.Thresholds.withDefaults()
 	var out []Finding
@@ -79,12 +80,8 @@ func Diagnose(in ReportInput) []Finding {
 	if q, e2e, detail, ok := in.queueShare(); ok {
 		add(DiagnoseQueue(q, e2e, detail, th.QueueShare))
 	}
-	if in.Router != nil && in.Engine != nil {
-		r, okR := in.Router.Rows[RowITL]
-		e, okE := in.Engine.Rows[RowITL]
-		if okR && okE && r.Count > 0 && e.Count > 0 {
-			add(DiagnoseRouterITL(r.Quantile(0.5), e.Quantile(0.5)))
-		}
+	if c, ok := in.itlComparison(); ok {
+		add(DiagnoseRouterITL(c))
 	}
 	if in.Result != nil {
 		if fit, ok := fitE2E(in.Result.Records); ok {
@@ -186,40 +183,6 @@ func pctText(frac float64) string {
 		return fmt.Sprintf("%.1f%%", 100*frac)
 	}
 	return fmt.Sprintf("%.0f%%", 100*frac)
-}
-
-// DiagnoseRouterITL compares the median inter-token latency seen by the
-// router and by the engines (histogram estimates, s): when their bucket
-// intervals overlap the two agree within bucket error and the router adds
-// no queueing between tokens.
-func DiagnoseRouterITL(router, engine Estimate) (Finding, bool) {
-	if math.IsNaN(router.Value) || math.IsNaN(engine.Value) {
-		return Finding{}, false
-	}
-	desc := fmt.Sprintf("router P50 %.1f ms in [%s–%s], engine P50 %.1f ms in [%s–%s]",
-		1000*router.Value, boundMS(router.Lower), boundMS(router.Upper), 1000*engine.Value, boundMS(engine.Lower), boundMS(engine.Upper))
-	f := Finding{Rule: "router-itl"}
-	switch {
-	case estimatesAgree(router, engine):
-		f.Level = LevelOK
-		f.Text = "ITL at router equals ITL at engine within bucket error (" + desc + "): the router adds no queueing."
-	case router.Value > engine.Value:
-		f.Level = LevelWarn
-		f.Text = "ITL at the router exceeds ITL at the engine beyond bucket error (" + desc + "): tokens wait between engine and router — check the router's CPU, its flushing, and the network to the replicas."
-	default:
-		f.Level = LevelInfo
-		f.Text = "ITL at the router is below ITL at the engine beyond bucket error (" + desc + "): the engines' histograms include requests the router did not send, or chunks were merged on the way."
-	}
-	return f, true
-}
-
-// estimatesAgree reports whether two histogram quantiles agree within
-// bucket error: equal values, or bucket intervals that overlap.
-func estimatesAgree(a, b Estimate) bool {
-	if a.Value == b.Value {
-		return true
-	}
-	return max(a.Lower, b.Lower) < min(a.Upper, b.Upper)
 }
 
 // LineFit is a least-squares line y ≈ A + B·x and its R².

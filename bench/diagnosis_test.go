@@ -71,7 +71,7 @@ func TestDiagnoseQueue(t *testing.T) {
 	}
 }
 
-func TestDiagnoseRouterITL(t *testing.T) {
+func TestDiagnoseRouterITLBuckets(t *testing.T) {
 	nan := math.NaN()
 	tests := []struct {
 		name           string
@@ -88,7 +88,7 @@ func TestDiagnoseRouterITL(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f, ok := DiagnoseRouterITL(tt.router, tt.engine)
+			f, ok := DiagnoseRouterITL(ITLComparison{Client: nan, Router: nan, RouterHist: tt.router, Engine: tt.engine})
 			checkFinding(t, f, ok, tt.wantOK, tt.level, []string{tt.contains})
 		})
 	}

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/gpurouter/gpurouter/sketch"
 )
 
 // RouterHistogramNames maps comparison rows to the router's own histograms
@@ -54,7 +56,10 @@ type Observer struct {
 	began        bool
 	router       bool
 	metricsURLs  []string
+	poolModels   []string // the router pools the run's model goes to
 	routerBefore Snapshot
+	latBefore    *RouterLatency // the router's sketches at the start; nil when unread
+	latErr       error          // why latBefore is nil
 	engBefore    []Snapshot
 	beforeErr    error
 }
@@ -68,9 +73,16 @@ type ServerReport struct {
 	MetricsURLs []string
 	// Match joins the client's records to the router's.
 	Match RouterMatch
-	// RouterHist is the router's histograms over the run (for ITL
-	// percentiles, which its records summarise per request).
+	// RouterHist is the router's histograms over the run, with its
+	// sketches as the ITL and queue rows' Sketches when it has them.
 	RouterHist HistogramColumn
+	// RouterSketches are the router's ITL and queue-time sketches of the
+	// run (GET /debug/latency): exact percentiles where its records keep
+	// only each request's mean and maximum gap. nil when not read, and
+	// SketchErr says why (ErrNoLatencyEndpoint: an older router); ITL
+	// percentiles then come from RouterHist's buckets.
+	RouterSketches *RouterSketches
+	SketchErr      error
 	// Engine is the engines' histograms over the run, summed over engines.
 	Engine HistogramColumn
 	// Phases are the engines' e2e, queue, prefill and decode histograms.
@@ -126,6 +138,10 @@ func (o *Observer) Before(ctx context.Context) error {
 		o.metricsURLs[i] = MetricsURL(u)
 	}
 	if o.router {
+		o.poolModels = PoolModels(pools, o.Model)
+		// The current window (the bench's clock; a router whose clock is
+		// behind may answer the one before, which the end read covers too).
+		o.latBefore, o.latErr = o.api().Latency(ctx, o.BaseURL, o.clock().Now(), time.Time{})
 		o.routerBefore, err = o.scraper().Scrape(ctx, joinURL(o.BaseURL, "/metrics"))
 		o.beforeErr = errors.Join(o.beforeErr, err)
 	}
@@ -234,6 +250,10 @@ func (o *Observer) After(ctx context.Context, res *Result) *ServerReport {
 			rep.RouterHist, err = ColumnFromSnapshots("router", []Snapshot{o.routerBefore}, []Snapshot{ra}, RouterHistogramNames(), nil)
 		}
 		errs = append(errs, err)
+		rep.RouterSketches, rep.SketchErr = o.runSketches(ctx)
+		if rs := rep.RouterSketches; rs != nil {
+			rep.RouterHist.Sketches = map[string]*sketch.Snapshot{RowITL: &rs.ITL, RowQueue: &rs.Queue}
+		}
 	}
 	var m *RouterMatch
 	if o.router {
@@ -242,6 +262,23 @@ func (o *Observer) After(ctx context.Context, res *Result) *ServerReport {
 	rep.Decomposition = Decompose(NewDecompositionInput(res, m, rep.Phases))
 	rep.Err = errors.Join(errs...)
 	return rep
+}
+
+// runSketches reads the router's sketches from the window the run started
+// in and takes away what they held at the start.
+func (o *Observer) runSketches(ctx context.Context) (*RouterSketches, error) {
+	if o.latErr != nil {
+		return nil, o.latErr
+	}
+	after, err := o.api().Latency(ctx, o.BaseURL, time.Unix(0, o.latBefore.FromUnixNs), time.Time{})
+	if err != nil {
+		return nil, err
+	}
+	rs, err := RunSketches(o.latBefore, after, o.poolModels)
+	if err != nil {
+		return nil, err
+	}
+	return &rs, nil
 }
 
 // sumDeltas is the delta of one histogram summed over servers; a server

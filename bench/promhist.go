@@ -250,6 +250,17 @@ type Estimate struct {
 	Value, Lower, Upper float64
 }
 
+// Resolved reports whether the bucket is narrow enough for its
+// interpolated value to mean something: it starts above 0 and reaches at
+// most half again its lower bound (Upper ≤ 1.5·Lower), so the value is off
+// by less than half of itself whatever the distribution inside. In vLLM's
+// first ITL bucket (0–10 ms), its 10–25 ms one or its 25–50 ms one, linear
+// interpolation puts a median of 11 ms at 5 or 17 ms and a P99 of 25.4 ms
+// at 39 ms: the bucket is all the histogram knows.
+func (e Estimate) Resolved() bool {
+	return e.Lower > 0 && !math.IsInf(e.Upper, 0) && e.Upper <= 1.5*e.Lower
+}
+
 // Quantile computes the q-quantile (0 ≤ q ≤ 1) exactly as Prometheus'
 // histogram_quantile does for classic histograms: linear interpolation
 // inside the bucket holding rank q·count, a lower bound of 0 for the first

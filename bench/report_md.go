@@ -34,6 +34,9 @@ type ReportInput struct {
 	// engines (histogram deltas, e.g. from ColumnFromSnapshots); nil when
 	// not measured. Their ITL medians and queue rows feed the diagnosis.
 	Router, Engine *HistogramColumn
+	// RouterMatch is the run's requests joined to the router's records: the
+	// router-itl rule compares client and router gaps request by request.
+	RouterMatch *RouterMatch
 	// Percentiles are the comparison table's; nil means 50, 99.
 	Percentiles []float64
 	// Breakdown splits the mean e2e latency into parts (time allocation).
@@ -345,7 +348,9 @@ func writeColumnsSection(b *strings.Builder, s *Summary, ps []float64, cols ...*
 		}
 	}
 	b.WriteString("## Client vs server latency (ms)\n\n" +
-		"Server columns are histogram deltas over the run: means are exact (_sum/_count), percentiles are histogram_quantile estimates with the bucket that holds them in brackets.\n\n")
+		"Server columns are histogram deltas over the run: means are exact (_sum/_count); a percentile is a histogram_quantile estimate followed by the bucket that holds it (\"v [a–b]\") only where the bucket is narrow (b ≤ 1.5a); " +
+		"in a wider bucket only the bucket is printed (\"[a–b]\"), in the first bucket only its bound (\"≤ b\"): a number interpolated there would be invented. " +
+		"Rows the router measures with its sketches (ITL and queue, from /debug/latency) are exact to 0.5%, printed without a bucket.\n\n")
 	b.WriteString("| metric | stat | client |")
 	for _, c := range present {
 		b.WriteString(" " + mdEscape(c.Name) + " |")

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gpurouter/gpurouter/sketch"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/golden from the current output")
@@ -115,13 +117,33 @@ func reportInput(t *testing.T) ReportInput {
 		sweeps = append(sweeps, ts)
 	}
 	res := reportRun(7, 1, 0)
+	// The router's sketches and records of the run: every gap the client
+	// read, 5 µs shorter at the router, and a 2 ms queue per request.
+	itl, queue := sketch.New(), sketch.New()
+	var recs []RouterRecord
+	for _, r := range res.Records {
+		if !r.OK() {
+			continue
+		}
+		var sum time.Duration
+		for _, g := range r.ITLs {
+			itl.Record(g - 5*time.Microsecond)
+			sum += g - 5*time.Microsecond
+		}
+		queue.Record(2 * time.Millisecond)
+		recs = append(recs, RouterRecord{RequestID: r.ID, Outcome: "ok", FirstTokenNs: 1, QueueS: 0.002, TTFTS: r.TTFT.Seconds(), E2ES: r.E2E.Seconds(),
+			ITLCount: len(r.ITLs), ITLMeanS: (sum / time.Duration(max(len(r.ITLs), 1))).Seconds(), CompletionTokens: r.OutputTokens})
+	}
+	itlSnap, queueSnap := itl.Snapshot(), queue.Snapshot()
+	router.Sketches = map[string]*sketch.Snapshot{RowITL: &itlSnap, RowQueue: &queueSnap}
+	match := MatchRouterRecords(res, recs)
 	b := ABArm{Label: "least-loaded", Result: reportRun(7, 2, -15*time.Millisecond)}
 	a := ABArm{Label: "round-robin", Result: res}
 	a.Summary, b.Summary = Summarize(a.Result, MetricOptions{}), Summarize(b.Result, MetricOptions{})
 	ab := CompareAB(a, b, nil, BootstrapOptions{Seed: 3})
 	return ReportInput{
 		Notes:  []string{"Command: `gpurouter bench --base-url http://127.0.0.1:8080 --dataset-name usecase --request-rate 4`"},
-		Result: res, Router: &router, Engine: &engine,
+		Result: res, Router: &router, Engine: &engine, RouterMatch: &match,
 		Breakdown: NewLatencyBreakdown(1.2,
 			BreakdownComponent{Name: "network + router overhead", Seconds: 0.004},
 			BreakdownComponent{Name: "router queue", Seconds: 0.002, Queue: true},

@@ -327,5 +327,25 @@ func (m RouterMatch) Diffs(ps []float64) (ttft, e2e Dist) {
 	return newDist(t, ps), newDist(e, ps)
 }
 
+// ITLDiffs is, per matched request with gaps on both sides, the client's
+// mean inter-token gap minus the router's, in ms: what the way from the
+// router to the client adds to each gap of the request, on average. Mean
+// gaps compare exactly ((last − first token) / gaps on each side), so this
+// holds even where pooled percentiles would need a sketch.
+func (m RouterMatch) ITLDiffs(ps []float64) Dist {
+	var d []float64
+	for _, p := range m.Pairs {
+		if p.Router.ITLCount == 0 || len(p.Client.ITLs) == 0 {
+			continue
+		}
+		var sum time.Duration
+		for _, g := range p.Client.ITLs {
+			sum += g
+		}
+		d = append(d, ms(sum)/float64(len(p.Client.ITLs))-p.Router.ITLMeanS*1000)
+	}
+	return newDist(d, ps)
+}
+
 // secs converts float seconds to a Duration, rounded to the nanosecond.
 func secs(s float64) time.Duration { return time.Duration(math.Round(s * float64(time.Second))) }

@@ -1,10 +1,14 @@
 package bench
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"math"
 	"strings"
+	"time"
+
+	"github.com/gpurouter/gpurouter/sketch"
 )
 
 // tableWidth is the client/router/engine table's width.
@@ -18,11 +22,13 @@ const tableWidth = 84
 //
 // Client cells are vllm bench's statistics over completed requests. Router
 // cells are exact statistics of the router's per-request records of the
-// matched requests, except ITL percentiles, which come from the router's
-// histogram (its records keep only each request's mean and maximum gap).
-// Engine cells come from the engines' vLLM histograms: the mean from
-// _sum/_count, percentiles interpolated within buckets as Prometheus'
-// histogram_quantile does, with the bucket as the error bar [lower–upper].
+// matched requests, except ITL percentiles (its records keep only each
+// request's mean and maximum gap), which come from the router's sketches
+// of every gap (within 0.5%), or from its histogram's buckets when the router
+// has no sketches (an older gpurouter: the table says so). Engine cells
+// come from the engines' vLLM histograms: the mean from _sum/_count,
+// percentiles only as precisely as their bucket resolves them
+// (estimateCell).
 func WriteServerReport(w io.Writer, s *Summary, rep *ServerReport, ps []float64) error {
 	c := &consoleWriter{w: w}
 	title := " Client vs Router vs Engine Latency (ms) "
@@ -60,9 +66,10 @@ func WriteServerReport(w io.Writer, s *Summary, rep *ServerReport, ps []float64)
 		}
 	}
 	if rep.Router {
-		c.line("router: per-request records, exact (ITL percentiles: router histogram buckets)")
+		c.line(routerNote(rep))
 	}
-	c.line("engine: vLLM histogram deltas; [a–b] is the bucket holding the percentile")
+	c.line("engine: vLLM histogram deltas (means exact)")
+	c.line(BucketNote)
 	if rep.Router {
 		writeMatch(c, rep.Match, ps)
 		writeReplicas(c, rep.Match.ByReplica())
@@ -74,8 +81,25 @@ func WriteServerReport(w io.Writer, s *Summary, rep *ServerReport, ps []float64)
 	return WriteDecomposition(w, rep.Decomposition)
 }
 
+// routerNote says where the router column's numbers come from.
+func routerNote(rep *ServerReport) string {
+	if rep.RouterSketches != nil {
+		return fmt.Sprintf("router: per-request records, exact; ITL percentiles: its sketch of every gap (within %g%%)", 100*rep.RouterSketches.Accuracy)
+	}
+	why := "not read"
+	switch {
+	case errors.Is(rep.SketchErr, ErrNoLatencyEndpoint):
+		why = "this router has no /debug/latency"
+	case errors.Is(rep.SketchErr, ErrSketchRetention):
+		why = "the run outlasted the router's sketch windows"
+	case rep.SketchErr != nil:
+		why = rep.SketchErr.Error()
+	}
+	return "router: per-request records, exact; ITL percentiles: its histogram buckets (" + why + ")"
+}
+
 // routerCell is one router cell: an exact statistic from the records, or
-// for ITL percentiles an estimate from the router's histogram.
+// for ITL percentiles the router's sketch (else its histogram).
 func routerCell(d RouterDists, hist HistogramColumn, row string, p float64) string {
 	var dist *Dist
 	switch row {
@@ -110,10 +134,17 @@ func writeMatch(c *consoleWriter, m RouterMatch, ps []float64) {
 		return
 	}
 	ttft, e2e := m.Diffs(ps)
-	for _, x := range []struct {
+	diffs := []struct {
 		name string
 		d    Dist
-	}{{"TTFT", ttft}, {"E2E", e2e}} {
+	}{{"TTFT", ttft}, {"E2E", e2e}}
+	if itl := m.ITLDiffs(ps); itl.Count > 0 {
+		diffs = append(diffs, struct {
+			name string
+			d    Dist
+		}{"ITL", itl}) // each request's mean gap
+	}
+	for _, x := range diffs {
 		line := fmt.Sprintf("%-4s difference  mean %.3f  P50 %.3f", x.name, x.d.Mean, x.d.Median)
 		for _, p := range ps {
 			if p != 50 {
@@ -167,6 +198,10 @@ func (rep *ServerReport) JSON(ps []float64) map[string]any {
 	if h, ok := rep.RouterHist.Rows[RowITL]; ok {
 		router[RowITL].(map[string]any)["histogram"] = histJSON(h, ps)
 	}
+	if rs := rep.RouterSketches; rs != nil {
+		router[RowITL].(map[string]any)["sketch"] = sketchJSON(rs.ITL, rs.Accuracy, ps)
+		router[RowQueue].(map[string]any)["sketch"] = sketchJSON(rs.Queue, rs.Accuracy, ps)
+	}
 	out["gpurouter_router_latency_ms"] = router
 	ttft, e2e := rep.Match.Diffs(ps)
 	out["gpurouter_client_minus_router_ms"] = map[string]any{
@@ -175,6 +210,7 @@ func (rep *ServerReport) JSON(ps []float64) map[string]any {
 		"unmatched": len(rep.Match.Unmatched),
 		RowTTFT:     distJSON(ttft, ps),
 		RowE2E:      distJSON(e2e, ps),
+		RowITL:      distJSON(rep.Match.ITLDiffs(ps), ps), // per request: client mean gap − router mean gap
 	}
 	var reps []map[string]any
 	for _, r := range rep.Match.ByReplica() {
@@ -204,6 +240,21 @@ func histJSON(h Histogram, ps []float64) map[string]any {
 	for _, p := range ps {
 		e := h.Quantile(p / 100)
 		r["p"+percentileLabel(p)] = map[string]any{"value": msOrNil(e.Value), "lower": msOrNil(e.Lower), "upper": msOrNil(e.Upper)}
+	}
+	return r
+}
+
+// sketchJSON is a router sketch for a result file: count, exact mean and
+// extremes, and each percentile (within accuracy), in ms.
+func sketchJSON(s sketch.Snapshot, accuracy float64, ps []float64) map[string]any {
+	r := map[string]any{"count": s.Count, "relative_accuracy": accuracy}
+	if s.Count == 0 {
+		return r
+	}
+	r["mean"], r["min"], r["max"] = ms(s.Mean()), ms(time.Duration(s.MinNs)), ms(time.Duration(s.MaxNs))
+	for _, p := range ps {
+		v, _ := s.Quantile(p / 100)
+		r["p"+percentileLabel(p)] = ms(v)
 	}
 	return r
 }
