@@ -188,7 +188,7 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	}
 	if *f.report != "" {
 		in := bench.ReportInput{Notes: []string{runNote(meta, cfg)}, Result: res, Summary: sum,
-			Router: side.router, Engine: side.engine, Breakdown: side.breakdown}
+			Router: side.router, Engine: side.engine, RouterMatch: side.match, Breakdown: side.breakdown}
 		if code := writeReport(*f.report, in, stderr); code != 0 {
 			return code
 		}

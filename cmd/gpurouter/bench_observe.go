@@ -14,6 +14,7 @@ import (
 type serverSide struct {
 	report         *bench.ServerReport
 	router, engine *bench.HistogramColumn // nil when not measured
+	match          *bench.RouterMatch     // the run's requests joined to the router's records; nil without a router
 	breakdown      *bench.LatencyBreakdown
 	extra          map[string]any
 }
@@ -46,7 +47,7 @@ func observeAfter(ctx context.Context, obs *bench.Observer, res *bench.Result, s
 		return side, err
 	}
 	if rep.Router {
-		side.router = &rep.RouterHist
+		side.router, side.match = &rep.RouterHist, &rep.Match
 	}
 	if len(rep.Engine.Rows) > 0 {
 		side.engine = &rep.Engine

@@ -251,7 +251,7 @@ func writeDemoReport(o demoOptions, prof sim.Profile, res *bench.Result, sum *be
 	ps := demoPercentiles()
 	reportErr := bench.WriteReport(o.out, bench.ReportInput{
 		Title: "gpurouter demo", Notes: notes, Result: res, Summary: sum, Percentiles: ps,
-		Router: side.router, Engine: side.engine, Breakdown: side.breakdown,
+		Router: side.router, Engine: side.engine, RouterMatch: side.match, Breakdown: side.breakdown,
 	})
 	meta := bench.JSONMeta{Label: "gpurouter-demo", TokenizerID: "cl100k_base", NumPrompts: len(res.Records),
 		Dataset: bench.DatasetUseCase, Extra: side.extra}
