@@ -28,10 +28,16 @@ func TestDemoShortRun(t *testing.T) {
 		"Serving Benchmark Result", "Failed requests:                         0",
 		"Client vs Router vs Engine Latency", "Completed requests matched:              15 of 15",
 		"sim-1-speed-0.5", "Where the Mean Request's Time Goes", "Residual (ms):",
+		"ITL percentiles: its sketch of every gap", // exact router ITL (issue 19)
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("output lacks %q:\n%s", want, text)
 		}
+	}
+	// No percentile is interpolated inside a first bucket (0–b): those
+	// print as "≤ b".
+	if strings.Contains(text, "[0–") {
+		t.Errorf("a percentile interpolated inside a histogram's first bucket:\n%s", text)
 	}
 	for _, f := range []string{"report.md", "result.json"} {
 		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
