@@ -44,7 +44,7 @@ var (
 	soakSeed     = flag.Int64("soak.seed", 1, "soak: draws which replicas get which real-engine fault")
 )
 
-var soakOutcomes = []string{"ok", "canceled", "client_error", "no_replica", "shed", "upstream_error", "broken_stream", "timeout", "shutdown"}
+var soakOutcomes = []string{"ok", "migrated", "canceled", "client_error", "no_replica", "shed", "upstream_error", "broken_stream", "timeout", "shutdown"}
 
 // soakAccount is the client side's tally.
 type soakAccount struct {
@@ -252,9 +252,24 @@ func TestSoak(t *testing.T) {
 	if routerTotal > a.sent || routerTotal < a.sent-a.canceled {
 		t.Errorf("router recorded %d requests, clients sent %d (%d canceled)", routerTotal, a.sent, a.canceled)
 	}
-	if outcomes["ok"] < a.completed || outcomes["ok"] > a.completed+a.canceled {
-		t.Errorf("router ok %d, clients completed %d (+%d canceled)", outcomes["ok"], a.completed, a.canceled)
+	// A stream continued on another replica after r1 died is served
+	// whole: "migrated" counts with "ok".
+	if served := outcomes["ok"] + outcomes["migrated"]; served < a.completed || served > a.completed+a.canceled {
+		t.Errorf("router ok+migrated %d, clients completed %d (+%d canceled)", served, a.completed, a.canceled)
 	}
+	// Every stream r1's death cut could go on elsewhere (migration is on,
+	// one move each, and these requests can all be continued): none may
+	// end with bad_upstream for it, and none may find no replica to take
+	// it. Only a stream that can't be continued may still end so.
+	notContinuable := int(sumMetric(t, tr.base+"/metrics", "gpurouter_migrations_total", "result", "not_continuable"))
+	if n := sumMetric(t, tr.base+"/metrics", "gpurouter_migrations_total", "result", "failed"); n > 0 {
+		t.Errorf("%v streams found no replica to continue on", n)
+	}
+	if bad := a.failed["event/bad_upstream"]; bad > notContinuable {
+		t.Errorf("%d streams ended with bad_upstream, %d of them could not be continued", bad, notContinuable)
+	}
+	t.Logf("migration: %d streams moved (%v), %d could not be continued",
+		outcomes["migrated"], sumMetric(t, tr.base+"/metrics", "gpurouter_migrations_total", "result", "continued"), notContinuable)
 	// Every failure is a clear one: an OpenAI error with a status and a
 	// code, or an error event with a code before [DONE] — never a dropped
 	// connection, a stream without [DONE] or an unreadable answer. Sheds
