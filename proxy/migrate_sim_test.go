@@ -247,3 +247,105 @@ func TestMigrationSurvivesAKilledReplica(t *testing.T) {
 	t.Logf("%d of %d streams moved; stall p50 %v p99 %v max %v", moved, streams,
 		stalls[len(stalls)/2], stalls[(len(stalls)-1)*99/100], stalls[len(stalls)-1])
 }
+
+// runStreams sends n streams (migrationBody, seed 1000+i) at once and
+// returns what each client saw; seen counts the words as they arrive.
+func runStreams(url string, n, tokens int, seen *atomic.Int64) []streamSeen {
+	out := make([]streamSeen, n)
+	var wg sync.WaitGroup
+	for i := range out {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			path, body := migrationBody(i, tokens)
+			out[i] = streamOnce(url, path, body, seen)
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+func sameText(t *testing.T, got, want []streamSeen) {
+	t.Helper()
+	for i := range got {
+		if g := got[i]; !g.done || g.errEvent != "" || g.text != want[i].text || len(g.ids) != 1 {
+			t.Errorf("stream %d: done %v, error %q, text as uninterrupted %v, ids %v", i, g.done, g.errEvent, g.text == want[i].text, g.ids)
+		}
+	}
+}
+
+// A replica drained by its operator keeps its streams for the grace
+// period, then they move; when no other replica can take them they
+// finish where they are.
+func TestMigrationDrainedReplica(t *testing.T) {
+	const n, tokens, grace = 10, 200, 200 * time.Millisecond
+	f := simPair(t, 2, 2)
+	tr := startRouterWith(t, f.URLs(), withMigration(Migration{Max: 1, DrainGrace: grace}))
+	r0, r1 := tr.reps[0], tr.reps[1]
+	var seen atomic.Int64
+	want := runStreams(tr.url, n, tokens, &seen)
+
+	t.Run("moved after the grace period", func(t *testing.T) {
+		r1.SetDraining(true) // every stream starts on r0
+		since := time.Now().UnixNano()
+		seen.Store(0)
+		done := make(chan []streamSeen)
+		go func() { done <- runStreams(tr.url, n, tokens, &seen) }()
+		waitFor(t, "streams under way", func() bool { return seen.Load() >= n*20 })
+		r1.SetDraining(false)
+		r0.SetDraining(true)
+		drained := time.Now()
+		sameText(t, <-done, want)
+		r0.SetDraining(false)
+		for _, rec := range tr.srv.records.since(since, 0) {
+			if rec.Outcome != "migrated" || rec.ReplicaChain != "r0>r1" {
+				t.Errorf("record %+v", rec)
+			} else if d := time.Unix(0, rec.DoneNs).Sub(drained); d < grace {
+				t.Errorf("done %v after the drain, within the grace period", d)
+			}
+		}
+	})
+	t.Run("nowhere to go: finished where it is", func(t *testing.T) {
+		r1.SetDraining(true)
+		since := time.Now().UnixNano()
+		seen.Store(0)
+		done := make(chan []streamSeen)
+		go func() { done <- runStreams(tr.url, n, tokens, &seen) }()
+		waitFor(t, "streams under way", func() bool { return seen.Load() >= n*20 })
+		r0.SetDraining(true)
+		sameText(t, <-done, want)
+		for _, rec := range tr.srv.records.since(since, 0) {
+			if rec.Outcome != "ok" || rec.Replica != "r0" {
+				t.Errorf("record %+v", rec)
+			}
+		}
+	})
+}
+
+// A replica that stops sending mid-stream (alive, stuck) is left after
+// the idle timeout, and the stream goes on elsewhere.
+func TestMigrationIdleReplica(t *testing.T) {
+	const n, tokens = 4, 200
+	f := simPair(t, 2, 4)
+	tr := startRouterWith(t, f.URLs(), withMigration(Migration{Max: 1}), withConfig(func(c *Config) { c.IdleTimeout = 300 * time.Millisecond }))
+	var seen atomic.Int64
+	want := runStreams(tr.url, n, tokens, &seen)
+	seen.Store(0)
+	since := time.Now().UnixNano()
+	done := make(chan []streamSeen)
+	go func() { done <- runStreams(tr.url, n, tokens, &seen) }()
+	waitFor(t, "streams under way", func() bool { return seen.Load() >= n*30 })
+	if err := f.Replicas()[0].SetFaults(sim.Faults{Speed: 1e-6}); err != nil { // a step now takes hours
+		t.Fatal(err)
+	}
+	sameText(t, <-done, want)
+	moved := 0
+	for _, rec := range tr.srv.records.since(since, 0) {
+		if rec.Outcome == "migrated" {
+			moved++
+		}
+	}
+	if moved == 0 {
+		t.Error("no stream left the stuck replica")
+	}
+}
