@@ -60,7 +60,6 @@ const (
 // log says these).
 var (
 	errLeaving       = errors.New("replica drained or removed past its grace period")
-	errNotContinued  = errors.New("stream can't be continued")
 	errToolCall      = errors.New("a tool call was streaming")
 	errReasoning     = errors.New("reasoning text was streaming")
 	errTooLong       = errors.New("stream longer than migration max_seq_len")
@@ -72,13 +71,14 @@ var (
 // when the request may not be continued. Written by the relay's goroutine
 // only, apart from mu.
 type migration struct {
-	pol   Migration
-	left  int                  // continuations still allowed
-	body  []byte               // the request body as first sent upstream
-	ctx   *fasthttp.RequestCtx // the client's request: headers and connection for a continuation
-	chat  bool
-	strip bool  // the router asked for token ids: they are removed from what the client sees
-	off   error // why the stream can no longer be continued; nil while it can
+	pol     Migration
+	left    int                  // continuations still allowed
+	body    []byte               // the request body as first sent upstream
+	ctx     *fasthttp.RequestCtx // the client's request: headers and connection for a continuation
+	chat    bool
+	prefill bool  // the client's last message is a partial assistant one (continue_final_message): it grows
+	strip   bool  // the router asked for token ids: they are removed from what the client sees
+	off     error // why the stream can no longer be continued; nil while it can
 
 	buf *migBuffers // pooled: text, ids, prompt ids, id, created
 
@@ -132,13 +132,15 @@ func (b *migBuffers) reset() {
 // x.mig; body unchanged otherwise.
 func (s *Server) startMigration(ctx *fasthttp.RequestCtx, x *exchange, body []byte) []byte {
 	pol := x.route.Migration
-	if pol.Max <= 0 || !x.req.stream || x.req.cont&contNo != 0 || (x.ep != epChat && x.ep != epCompletions) {
+	if pol.Max <= 0 || !x.req.stream || x.req.cont&contNo != 0 || (x.ep != epChat && x.ep != epCompletions) ||
+		(x.req.cont&contPromptIDs != 0 && pol.NoTokenIDs) { // token ids in, and none will come back
 		return body
 	}
 	if pol.MaxSeqLen <= 0 {
 		pol.MaxSeqLen = DefaultMigrationMaxSeqLen
 	}
-	m := &migration{pol: pol, left: pol.Max, ctx: ctx, chat: x.ep == epChat, idsOK: true, promptEst: x.cost.PromptTokens}
+	m := &migration{pol: pol, left: pol.Max, ctx: ctx, chat: x.ep == epChat, prefill: x.req.cont&contFinal != 0,
+		idsOK: true, promptEst: x.cost.PromptTokens}
 	m.buf = migBufPool.Get().(*migBuffers)
 	m.buf.reset()
 	if !pol.NoTokenIDs && x.req.cont&contClientIDs == 0 {

@@ -37,7 +37,7 @@ func (m *migration) continuation() ([]byte, error) {
 		body, err = sjson.SetRawBytes(body, "prompt", ids)
 	case !m.chat:
 		body, err = appendToString(body, "prompt", m.buf.text)
-	case gjson.GetBytes(body, "continue_final_message").Type == gjson.True:
+	case m.prefill:
 		last := gjson.GetBytes(body, "messages.#").Int() - 1
 		body, err = appendToString(body, fmt.Sprintf("messages.%d.content", last), m.buf.text)
 	default:

@@ -170,7 +170,8 @@ func TestContinuationBody(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := &migration{body: []byte(tc.body), chat: tc.chat, tokens: tc.tokens, idsOK: tc.ids != "",
-				buf: &migBuffers{text: []byte(tc.text), ids: []byte(tc.ids), promptIDs: []byte(tc.prompt)}}
+				prefill: strings.Contains(tc.body, `"continue_final_message":true`),
+				buf:     &migBuffers{text: []byte(tc.text), ids: []byte(tc.ids), promptIDs: []byte(tc.prompt)}}
 			if tc.prompt != "" {
 				m.promptN = strings.Count(tc.prompt, ",") + 1
 			}
