@@ -166,6 +166,7 @@ func (r *relay) upstreamFailed(err error) {
 // process moves every complete event from in to out, recording timings.
 func (r *relay) process() {
 	now := r.x.s.now()
+	tracked := r.x.mig != nil
 	rest := r.in
 	for {
 		k := nextEvent(rest)
@@ -179,7 +180,7 @@ func (r *relay) process() {
 		}
 		payload := eventData(ev)
 		kind := classifyEvent(payload)
-		if r.x.mig != nil && (kind == evToken || kind == evUsageOnly) {
+		if tracked && (kind == evToken || kind == evUsageOnly) {
 			r.tracked(ev, payload, kind, now) // migrate_track.go
 			continue
 		}
