@@ -15,10 +15,6 @@ import (
 // so the benchmarks below measure the router.
 func trivialUpstream(b *testing.B, events int) string {
 	b.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
 	plain := []byte(`{"id":"cmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"total_tokens":6,"completion_tokens":1}}`)
 	var sse bytes.Buffer
 	for i := 0; i < events; i++ {
@@ -26,7 +22,7 @@ func trivialUpstream(b *testing.B, events int) string {
 	}
 	sse.WriteString(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":5,"total_tokens":5,"completion_tokens":0}}` + "\n\ndata: [DONE]\n\n")
 	stream := sse.Bytes()
-	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+	return serveBench(b, func(ctx *fasthttp.RequestCtx) {
 		if bytes.Contains(ctx.PostBody(), []byte(`"stream":true`)) {
 			ctx.SetContentType("text/event-stream")
 			ctx.SetBody(stream)
@@ -34,7 +30,18 @@ func trivialUpstream(b *testing.B, events int) string {
 		}
 		ctx.SetContentType("application/json")
 		ctx.SetBody(plain)
-	}}
+	})
+}
+
+// serveBench serves h on a loopback port until the benchmark ends and
+// returns its URL.
+func serveBench(b *testing.B, h fasthttp.RequestHandler) string {
+	b.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := &fasthttp.Server{Handler: h}
 	go srv.Serve(ln) //nolint:errcheck
 	b.Cleanup(func() { srv.Shutdown() })
 	return "http://" + ln.Addr().String()

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bytes"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -15,10 +14,6 @@ import (
 // in its choice. No per-request allocation of its own.
 func tokenIDUpstream(b *testing.B, events int) string {
 	b.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
 	var sse bytes.Buffer
 	sse.WriteString(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":[1,2,3,4,5]}` + "\n\n")
 	for i := 0; i < events-1; i++ {
@@ -26,13 +21,10 @@ func tokenIDUpstream(b *testing.B, events int) string {
 	}
 	sse.WriteString(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":5,"total_tokens":260,"completion_tokens":255}}` + "\n\ndata: [DONE]\n\n")
 	stream := sse.Bytes()
-	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+	return serveBench(b, func(ctx *fasthttp.RequestCtx) {
 		ctx.SetContentType("text/event-stream")
 		ctx.SetBody(stream)
-	}}
-	go srv.Serve(ln) //nolint:errcheck
-	b.Cleanup(func() { srv.Shutdown() })
-	return "http://" + ln.Addr().String()
+	})
 }
 
 // BenchmarkProxyStreamPerEventMigratable is BenchmarkProxyStreamPerEvent
