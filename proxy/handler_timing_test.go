@@ -82,7 +82,13 @@ func BenchmarkProxyNonStream(b *testing.B) {
 // router; ns/op and allocs/op are per relayed event.
 func BenchmarkProxyStreamPerEvent(b *testing.B) {
 	const events = 256
-	c := benchRouter(b, trivialUpstream(b, events))
+	benchStream(b, benchRouter(b, trivialUpstream(b, events)), events, nil)
+}
+
+// benchStream sends streamed chat requests through c until b.N events
+// have been relayed (events per response), checking each response ends
+// with [DONE] and, if check is set, what else it must hold.
+func benchStream(b *testing.B, c *fasthttp.HostClient, events int, check func(body []byte)) {
 	body := []byte(chatStream)
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
@@ -96,6 +102,9 @@ func BenchmarkProxyStreamPerEvent(b *testing.B) {
 		req.SetBody(body)
 		if err := c.DoTimeout(req, resp, 5*time.Second); err != nil || !bytes.HasSuffix(resp.Body(), doneEvent) {
 			b.Fatalf("%v %q", err, resp.Body())
+		}
+		if check != nil {
+			check(resp.Body())
 		}
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/valyala/fasthttp"
 )
@@ -43,24 +42,11 @@ func benchTokenIDStream(b *testing.B, max int) {
 	tr := startRouterWith(b, []string{tokenIDUpstream(b, events)}, withMigration(Migration{Max: max}), withPolicy("least_request"))
 	b.Cleanup(func() { tr.srv.Shutdown(b.Context()) }) //nolint:errcheck
 	c := &fasthttp.HostClient{Addr: strings.TrimPrefix(tr.url, "http://"), MaxConns: 64}
-	body := []byte(chatStream)
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	b.ReportAllocs()
-	for i := 0; i < b.N; i += events {
-		req.Reset()
-		req.Header.SetMethod("POST")
-		req.SetRequestURI("/v1/chat/completions")
-		req.Header.SetHost("router")
-		req.SetBody(body)
-		if err := c.DoTimeout(req, resp, 5*time.Second); err != nil || !bytes.HasSuffix(resp.Body(), doneEvent) {
-			b.Fatalf("%v %q", err, resp.Body())
+	benchStream(b, c, events, func(body []byte) {
+		if max > 0 && bytes.Contains(body, []byte("token_ids")) {
+			b.Fatalf("token ids reached the client: %.300s", body)
 		}
-		if max > 0 && bytes.Contains(resp.Body(), []byte("token_ids")) {
-			b.Fatalf("token ids reached the client: %.300s", resp.Body())
-		}
-	}
+	})
 }
 
 // BenchmarkMigrationTrack is one event through the tracking alone: find the
