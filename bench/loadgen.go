@@ -33,6 +33,12 @@ type Config struct {
 	// BaseURL is the server (router or engine): scheme, host, port and an
 	// optional path prefix, e.g. http://127.0.0.1:8000.
 	BaseURL string
+	// MoreBaseURLs are further servers of the same service, e.g. several
+	// routers behind one Kubernetes Service: request i (and warm-up i) goes
+	// to the (i mod n)-th of BaseURL followed by these, round-robin as a
+	// Service spreads connections. Empty (the zero value) means BaseURL
+	// alone.
+	MoreBaseURLs []string
 	// Endpoint is appended to BaseURL. "" means /v1/completions (vllm
 	// bench's default); a path ending in /chat/completions sends chat
 	// bodies.
@@ -96,11 +102,19 @@ func (c *Config) endpoint() string {
 	return c.Endpoint
 }
 
+// baseURLs is BaseURL followed by MoreBaseURLs: the servers requests are
+// spread over.
+func (c *Config) baseURLs() []string {
+	return append([]string{c.BaseURL}, c.MoreBaseURLs...)
+}
+
 // Validate reports every problem with c, joined.
 func (c *Config) Validate() error {
 	var errs []error
-	if u, err := url.Parse(c.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		errs = append(errs, fmt.Errorf("%w: base URL %q: want http(s)://host[:port]", ErrConfig, c.BaseURL))
+	for _, b := range c.baseURLs() {
+		if u, err := url.Parse(b); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			errs = append(errs, fmt.Errorf("%w: base URL %q: want http(s)://host[:port]", ErrConfig, b))
+		}
 	}
 	if !strings.HasPrefix(c.endpoint(), "/") {
 		errs = append(errs, fmt.Errorf("%w: endpoint %q must start with /", ErrConfig, c.Endpoint))
@@ -175,7 +189,11 @@ func Run(ctx context.Context, c Config) (*Result, error) {
 	}
 	stop := context.AfterFunc(ctx, g.conns.closeAll)
 	defer stop()
-	defer g.hc.CloseIdleConnections()
+	defer func() {
+		for _, t := range g.targets {
+			t.hc.CloseIdleConnections()
+		}
+	}()
 
 	res := &Result{
 		BaseURL: c.BaseURL, Endpoint: c.endpoint(), Model: c.Model,
@@ -212,9 +230,8 @@ func Run(ctx context.Context, c Config) (*Result, error) {
 type generator struct {
 	cfg      *Config
 	clock    Clock
-	hc       *fasthttp.HostClient
+	targets  []target // request i goes to targets[i mod len]
 	conns    *connTracker
-	url      string
 	chat     bool
 	prefix   string
 	sem      chan struct{}
@@ -224,19 +241,14 @@ type generator struct {
 	inFlight, maxInFlight atomic.Int64
 }
 
+// target is one server a run sends to: its connection pool and the
+// request URL.
+type target struct {
+	hc  *fasthttp.HostClient
+	url string
+}
+
 func newGenerator(ctx context.Context, c *Config) (*generator, error) {
-	u, err := url.Parse(c.BaseURL)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
-	}
-	addr := u.Host
-	if u.Port() == "" {
-		if u.Scheme == "https" {
-			addr += ":443"
-		} else {
-			addr += ":80"
-		}
-	}
 	maxConns := c.MaxConns
 	if maxConns == 0 {
 		maxConns = len(c.Requests) + c.NumWarmups
@@ -248,7 +260,6 @@ func newGenerator(ctx context.Context, c *Config) (*generator, error) {
 		cfg:    c,
 		clock:  c.Clock,
 		conns:  newConnTracker(ctx),
-		url:    strings.TrimRight(c.BaseURL, "/") + c.endpoint(),
 		chat:   strings.HasSuffix(c.endpoint(), "/chat/completions"),
 		prefix: c.RequestIDPrefix,
 	}
@@ -262,7 +273,32 @@ func newGenerator(ctx context.Context, c *Config) (*generator, error) {
 		g.sem = make(chan struct{}, c.MaxConcurrency)
 	}
 	g.bufs.New = func() any { b := make([]byte, 4096); return &b }
-	g.hc = &fasthttp.HostClient{
+	for _, b := range c.baseURLs() {
+		t, err := g.newTarget(b, maxConns)
+		if err != nil {
+			return nil, err
+		}
+		g.targets = append(g.targets, t)
+	}
+	return g, nil
+}
+
+// newTarget makes the connection pool for one base URL; each server may
+// get up to maxConns connections.
+func (g *generator) newTarget(baseURL string, maxConns int) (target, error) {
+	u, err := url.Parse(baseURL)
+	if err != nil {
+		return target{}, fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	addr := u.Host
+	if u.Port() == "" {
+		if u.Scheme == "https" {
+			addr += ":443"
+		} else {
+			addr += ":80"
+		}
+	}
+	hc := &fasthttp.HostClient{
 		Addr:               addr,
 		Name:               "gpurouter-bench",
 		IsTLS:              u.Scheme == "https",
@@ -277,7 +313,7 @@ func newGenerator(ctx context.Context, c *Config) (*generator, error) {
 		MaxConnWaitTimeout: 24 * time.Hour,
 		Dial:               g.conns.dial,
 	}
-	return g, nil
+	return target{hc: hc, url: strings.TrimRight(baseURL, "/") + g.cfg.endpoint()}, nil
 }
 
 // warmUp sends NumWarmups copies of the first request, at most

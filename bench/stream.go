@@ -35,7 +35,8 @@ func (g *generator) send(ctx context.Context, r *Request, rec *Record, start, sc
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI(g.url)
+	t := g.targets[rec.Index%len(g.targets)]
+	req.SetRequestURI(t.url)
 	req.Header.SetMethod(fasthttp.MethodPost)
 	req.Header.SetContentType("application/json")
 	req.Header.Set("Accept", "text/event-stream")
@@ -55,7 +56,7 @@ func (g *generator) send(ctx context.Context, r *Request, rec *Record, start, sc
 	defer g.leave()
 	defer func() { rec.End = g.clock.Now().Sub(start) }()
 
-	if err := g.hc.Do(req, resp); err != nil {
+	if err := t.hc.Do(req, resp); err != nil {
 		g.fail(ctx, rec, err)
 		return
 	}

@@ -153,7 +153,14 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	if len(rates) > 0 {
 		return runSweep(ctx, cfg, rates, mopts, meta, *f.saveResult, *f.resultDir, *f.report, stdout, stderr)
 	}
-	cfg.OnMeasureStart = func(ctx context.Context) { _ = obs.Before(ctx) }
+	if len(cfg.MoreBaseURLs) > 0 {
+		// Each router saw only its share of the run: its records and
+		// histograms cannot stand for the whole of it.
+		fmt.Fprintf(stderr, "bench: %d base URLs: no router or engine column (each router saw 1/%d of the run)\n", 1+len(cfg.MoreBaseURLs), 1+len(cfg.MoreBaseURLs))
+		obs = nil
+	} else {
+		cfg.OnMeasureStart = func(ctx context.Context) { _ = obs.Before(ctx) }
+	}
 	res, runErr := bench.Run(ctx, cfg)
 	if res == nil {
 		fmt.Fprintln(stderr, "bench:", runErr)
@@ -167,10 +174,13 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "bench:", err)
 		return 1
 	}
-	side, err := observeAfter(ctx, obs, res, sum, ps, stdout, stderr)
-	if err != nil {
-		fmt.Fprintln(stderr, "bench:", err)
-		return 1
+	side := serverSide{extra: map[string]any{}}
+	if obs != nil {
+		var err error
+		if side, err = observeAfter(ctx, obs, res, sum, ps, stdout, stderr); err != nil {
+			fmt.Fprintln(stderr, "bench:", err)
+			return 1
+		}
 	}
 	extra := side.extra
 	if *f.saveResult {

@@ -78,6 +78,9 @@ func runBenchAB(args []string, stdout, stderr io.Writer) int {
 	}
 	targets, terrs := parseTargets(targetsFlag)
 	errs = append(errs, terrs...)
+	if len(targets) > 0 && len(f.baseURLs) > 1 {
+		errs = append(errs, "give --targets or several --base-url, not both")
+	}
 	var arms []string
 	for _, a := range strings.Split(*armsFlag, ",") {
 		if a = strings.TrimSpace(a); a != "" {

@@ -23,7 +23,8 @@ import (
 type benchFlags struct {
 	fs *flag.FlagSet
 
-	baseURL, host, endpoint, backend, model   *string
+	host, endpoint, backend, model            *string
+	baseURLs                                  benchList
 	port, numPrompts, maxConcurrency          *int
 	requestRate, burstiness                   *float64
 	datasetName, datasetPath                  *string
@@ -52,7 +53,7 @@ func newBenchFlags(name string, stderr io.Writer, usage string) *benchFlags {
 		fs.PrintDefaults()
 	}
 	f := &benchFlags{fs: fs}
-	f.baseURL = fs.String("base-url", "", "server (router or engine) URL; default http://HOST:PORT")
+	fs.Var(&f.baseURLs, "base-url", "server (router or engine) URL; default http://HOST:PORT. Repeatable: several routers of one service, request i goes to the (i mod n)-th, round-robin as a Kubernetes Service spreads them (the router column then needs one router: it is left out)")
 	f.host = fs.String("host", "127.0.0.1", "server host when --base-url is not given")
 	f.port = fs.Int("port", 8000, "server port when --base-url is not given")
 	f.endpoint = fs.String("endpoint", "", "API path: /v1/completions (default) or /v1/chat/completions")
@@ -137,8 +138,8 @@ func (f *benchFlags) resolve(stderr io.Writer) (*benchSetup, []string) {
 	if *f.datasetName == bench.DatasetAzureTrace && !f.set["num-prompts"] {
 		*f.numPrompts = 0 // the whole trace
 	}
-	if *f.baseURL == "" {
-		*f.baseURL = fmt.Sprintf("http://%s:%d", *f.host, *f.port)
+	if len(f.baseURLs) == 0 {
+		f.baseURLs = benchList{fmt.Sprintf("http://%s:%d", *f.host, *f.port)}
 	}
 	if *f.endpoint == "" {
 		switch *f.backend {
@@ -206,7 +207,7 @@ func (f *benchFlags) resolve(stderr io.Writer) (*benchSetup, []string) {
 	}
 	s := &benchSetup{
 		cfg: bench.Config{
-			BaseURL: *f.baseURL, Endpoint: *f.endpoint, Model: *f.model,
+			BaseURL: f.baseURLs[0], MoreBaseURLs: f.baseURLs[1:], Endpoint: *f.endpoint, Model: *f.model,
 			RequestRate: *f.requestRate, Burstiness: *f.burstiness, Seed: *f.seed, MaxConcurrency: *f.maxConcurrency,
 			IgnoreEOS: *f.ignoreEOS, NumWarmups: *f.numWarmups, RequestIDPrefix: *f.requestIDPrefix, Headers: hdrs,
 			Timeout: *f.requestTimeout, CountEmptyChunks: *f.countEmpty, Estimator: est,

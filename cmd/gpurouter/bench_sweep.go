@@ -79,6 +79,9 @@ func runBenchSweep(args []string, stdout, stderr io.Writer) int {
 	}
 	targets, terrs := parseTargets(targetsFlag)
 	errs = append(errs, terrs...)
+	if len(targets) > 0 && len(f.baseURLs) > 1 {
+		errs = append(errs, "give --targets or several --base-url, not both")
+	}
 	var slos []bench.NamedSLO
 	for _, v := range sloFlags {
 		n, err := parseSLO(v)
