@@ -78,12 +78,15 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 			return runBenchSweep(args[1:], stdout, stderr)
 		case "ab":
 			return runBenchAB(args[1:], stdout, stderr)
+		case "proxy-cost":
+			return runBenchProxyCost(args[1:], stdout, stderr)
 		}
 	}
 	f := newBenchFlags("bench", stderr,
 		"usage: gpurouter bench [flags]   (vllm bench serve's flag names; --flag and -flag both work)\n"+
 			"       gpurouter bench sweep [flags]   (gpurouter bench sweep -h)\n"+
-			"       gpurouter bench ab [flags]      (gpurouter bench ab -h)")
+			"       gpurouter bench ab [flags]      (gpurouter bench ab -h)\n"+
+			"       gpurouter bench proxy-cost [flags]   (the data plane's CPU and memory next to HAProxy and nginx)")
 	sweepRates := f.fs.String("sweep-rates", "", "run once per request rate in this comma-separated list (inf allowed) and print a Markdown SLO matrix judged on --goodput at the highest --metric-percentiles")
 	var engineURLs, engineLabels benchList
 	f.fs.Var(&engineURLs, "engine-url", "engine whose /metrics to scrape before and after for the engine column (repeatable)")

@@ -1,0 +1,131 @@
+package proxycost
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseStatCPU(t *testing.T) {
+	// The command name holds a space and a parenthesis.
+	line := []byte("4242 (my (proc) x) S 1 4242 4242 0 -1 4194560 1000 0 0 0 250 75 0 0 20 0 8 0 100 0 0\n")
+	got, err := parseStatCPU(line)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := 325 * clockTick; got != want {
+		t.Fatalf("cpu = %s, want %s", got, want)
+	}
+	if _, err := parseStatCPU([]byte("4242 (x) S 1")); err == nil {
+		t.Fatal("short line: no error")
+	}
+}
+
+func TestParseRSSAndBusy(t *testing.T) {
+	rss, err := parseRSS([]byte("Name:\tx\nVmPeak:\t 9000 kB\nVmRSS:\t    1536 kB\n"))
+	if err != nil || rss != 1536<<10 {
+		t.Fatalf("rss = %d, %v", rss, err)
+	}
+	busy, err := parseBoxBusy([]byte("cpu  100 5 30 9999 7 1 2 3 0 0\ncpu0 1 2 3\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (100 + 5 + 30 + 1 + 2 + 3) * clockTick; busy != want {
+		t.Fatalf("busy = %s, want %s (idle and iowait left out)", busy, want)
+	}
+}
+
+func TestOwnProcessIsMeasurable(t *testing.T) {
+	m, err := startCPU(nil)
+	if err != nil {
+		t.Skipf("no /proc here: %v", err)
+	}
+	if _, _, err := m.stop(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestEventStampRoundTrip(t *testing.T) {
+	ev := appendEvent(nil, 1234567890123)
+	if !bytes.HasSuffix(ev, []byte("\n\n")) || len(ev) < 150 {
+		t.Fatalf("event %q", ev)
+	}
+	line, _, _ := bytes.Cut(ev, []byte("\n"))
+	got, ok := eventStamp(line)
+	if !ok || got != 1234567890123 {
+		t.Fatalf("stamp = %d, %v", got, ok)
+	}
+	for _, l := range []string{"data: [DONE]", "", `data: {"id":"chatcmpl-proxycost","choices":[]}`} {
+		if _, ok := eventStamp([]byte(l)); ok {
+			t.Fatalf("%q read as a stamped event", l)
+		}
+	}
+	if len(requestBody) != 300 || len(wholeReply) != 500 {
+		t.Fatalf("request %d B, reply %d B: want 300 and 500", len(requestBody), len(wholeReply))
+	}
+}
+
+func TestExternalTarget(t *testing.T) {
+	tg, err := ExternalTarget("envoy=127.0.0.1:10000,pid=77")
+	if err != nil || tg.Name != "envoy" || tg.Addr != "127.0.0.1:10000" || len(tg.PIDs) != 1 || tg.PIDs[0] != 77 {
+		t.Fatalf("%+v, %v", tg, err)
+	}
+	for _, bad := range []string{"x", "=a:1", "x=a:1,pid=no", "x=a:1,77"} {
+		if _, err := ExternalTarget(bad); err == nil {
+			t.Fatalf("%q accepted", bad)
+		}
+	}
+}
+
+func TestMedianAndPercentile(t *testing.T) {
+	if m := medianOf([]float64{3, 1, 2}); m != 2 {
+		t.Fatalf("median %v", m)
+	}
+	if m := medianOf([]float64{4, 1, 2, 3}); m != 2.5 {
+		t.Fatalf("median %v", m)
+	}
+	d := []time.Duration{5, 1, 4, 2, 3}
+	if p := percentile(d, 0.5); p != 3 {
+		t.Fatalf("p50 %v", p)
+	}
+	if d[0] != 5 {
+		t.Fatal("percentile sorted its input")
+	}
+}
+
+// TestRunDirectTiny runs the whole harness, tiny, against direct only: the
+// upstream, both closed loops and the SSE clients on loopback. It checks
+// that every figure was measured, not how fast anything was.
+func TestRunDirectTiny(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var progress bytes.Buffer
+	res, err := Run(ctx, Config{
+		Reps: 2, Duration: 200 * time.Millisecond, C1Duration: 100 * time.Millisecond,
+		Concurrency: 4, Streams: 4, Events: 10, Warmup: 100 * time.Millisecond,
+		Retries: -1, Progress: &progress,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := res.Figures()
+	if len(fs) != 1 || fs[0].Name != "direct" || fs[0].Measured {
+		t.Fatalf("figures %+v", fs)
+	}
+	d := fs[0]
+	if d.P50C1us <= 0 || d.ReqPerSec <= 0 || d.SSEDelayP50us <= 0 || d.InterArrivalMs <= 0 {
+		t.Fatalf("unmeasured figures: %+v\n%s", d, progress.String())
+	}
+	if res.Runs != 2*3 {
+		t.Fatalf("%d runs, want 6 (2 reps × c=1, c=64, sse; no retries)", res.Runs)
+	}
+	var out bytes.Buffer
+	res.WriteMarkdown(&out)
+	for _, want := range []string{"| | direct |", "proxy CPU per request", "extra RSS per idle stream", "6 runs"} {
+		if !strings.Contains(out.String(), want) {
+			t.Fatalf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+}

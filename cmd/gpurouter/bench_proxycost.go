@@ -1,0 +1,109 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/gpurouter/gpurouter/bench/proxycost"
+)
+
+// runBenchProxyCost is `gpurouter bench proxy-cost`: the data plane's CPU
+// per request and per SSE event, memory per idle stream and added latency,
+// next to direct, HAProxy and nginx (bench/proxycost).
+func runBenchProxyCost(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("bench proxy-cost", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: gpurouter bench proxy-cost [flags]\n\n"+
+			"Measures direct, this gpurouter (started with its defaults), and HAProxy and nginx when installed,\n"+
+			"with one upstream and the same clients; prints a Markdown table and the issue-15 acceptance checks.")
+		fs.PrintDefaults()
+	}
+	var cfg proxycost.Config
+	var targets benchList
+	noGpurouter := fs.Bool("no-gpurouter", false, "leave gpurouter out (measure only the other targets)")
+	gpurouterBin := fs.String("gpurouter-bin", "", "the gpurouter binary to measure (default: this one)")
+	fs.BoolVar(&cfg.HAProxy, "haproxy", true, "measure HAProxy when installed (1 thread, leastconn, option http-no-delay)")
+	fs.BoolVar(&cfg.Nginx, "nginx", true, "measure nginx when installed (1 worker, proxy_buffering off, upstream keepalive)")
+	fs.Var(&targets, "target", "NAME=HOST:PORT[,pid=PID]: a proxy already running in front of --upstream (repeatable); with pid= its CPU and memory are measured")
+	fs.StringVar(&cfg.UpstreamAddr, "upstream", "", "HOST:PORT for the harness's fake engine (default: a free loopback port); needed by --target proxies")
+	fs.IntVar(&cfg.Reps, "reps", 3, "interleaved repetitions; each figure is their median")
+	fs.DurationVar(&cfg.Duration, "duration", 3*time.Second, "one c=64 or SSE run")
+	fs.DurationVar(&cfg.C1Duration, "c1-duration", 2*time.Second, "one c=1 run")
+	fs.IntVar(&cfg.Concurrency, "concurrency", 64, "closed-loop clients of the throughput run")
+	fs.IntVar(&cfg.Streams, "streams", 64, "concurrent SSE streams")
+	fs.IntVar(&cfg.IdleStreams, "idle-streams", 1000, "idle streams held open for the memory figure")
+	fs.DurationVar(&cfg.Interval, "interval", 5*time.Millisecond, "between two events of a stream")
+	fs.IntVar(&cfg.Events, "events", 100, "events per SSE stream")
+	fs.DurationVar(&cfg.QuietCPU, "quiet-cpu", 150*time.Millisecond, "a run is noisy (rerun) when other processes used more CPU than this")
+	fs.IntVar(&cfg.Retries, "retries", 2, "reruns of a noisy run before keeping the quietest, marked noisy (-1: none)")
+	fs.DurationVar(&cfg.Warmup, "warmup", time.Second, "warm-up per target before the first rep")
+	jsonOut := fs.String("json", "", "also write the figures as JSON to this file")
+	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "bench proxy-cost: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	for _, spec := range targets {
+		t, err := proxycost.ExternalTarget(spec)
+		if err != nil {
+			fmt.Fprintf(stderr, "bench proxy-cost: %v\n", err)
+			return 2
+		}
+		cfg.External = append(cfg.External, t)
+	}
+	if len(cfg.External) > 0 && cfg.UpstreamAddr == "" {
+		fmt.Fprintln(stderr, "bench proxy-cost: --target needs --upstream HOST:PORT, the address its proxy forwards to")
+		return 2
+	}
+	if !*noGpurouter {
+		bin := *gpurouterBin
+		if bin == "" {
+			self, err := os.Executable()
+			if err != nil {
+				fmt.Fprintf(stderr, "bench proxy-cost: %v\n", err)
+				return 1
+			}
+			bin = self
+		}
+		cfg.Gpurouter = []string{bin}
+	}
+	if cfg.Retries < 0 {
+		cfg.Retries = -1
+	}
+	if !*quiet {
+		cfg.Progress = stderr
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	res, err := proxycost.Run(ctx, cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "bench proxy-cost: %v\n", err)
+		return 1
+	}
+	res.WriteMarkdown(stdout)
+	if *jsonOut != "" {
+		f, err := os.Create(*jsonOut)
+		if err == nil {
+			err = errors.Join(res.WriteJSON(f), f.Close())
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "bench proxy-cost: %v\n", err)
+			return 1
+		}
+	}
+	return 0
+}
