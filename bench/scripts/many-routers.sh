@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# Many routers vs one (issue 13): router replicas share no state, so N
+# routers in front of one fleet, the client spreading requests over them
+# round-robin as a Kubernetes Service would, should serve a workload as well
+# as one router does.
+#
+# The fleet: 4 simulated replicas (`gpurouter sim`), the last at half speed.
+# The workload: the first $PROMPTS requests of the Azure conversation trace
+# (shared/data/azure-llm-2023-conv.csv), replayed at its own arrival times,
+# time-scaled to $LOAD of the fleet's capacity. Capacity is probed first
+# (unless CAPACITY is given): the same requests sent all at once through one
+# router, and the throughput it sustains (admission holds the excess at the
+# router, so this is what the fleet can serve).
+#
+# Then it runs 1 router, $ROUTERS routers, 1, $ROUTERS ... ($ROUNDS rounds, so
+# a drift of the machine's load does not favour one side), and prints each
+# run's goodput and P99 TTFT, the means, and the ratios the issue asks for
+# (goodput within 5%, P99 TTFT within 10% of the single router).
+#
+#   bench/scripts/many-routers.sh                     # defaults below
+#   PROMPTS=600 ROUNDS=1 POLICY=p2c bench/scripts/many-routers.sh
+#
+# Everything runs on loopback; every process it starts is stopped on exit.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+TRACE=${TRACE:-../shared/data/azure-llm-2023-conv.csv}
+PROMPTS=${PROMPTS:-800}           # trace rows replayed per run
+ROUTERS=${ROUTERS:-4}             # routers on the many side
+ROUNDS=${ROUNDS:-2}               # (1 router, N routers) pairs
+LOAD=${LOAD:-0.85}                # fraction of capacity
+CAPACITY=${CAPACITY:-}            # req/s; probed when empty
+PROFILE=${PROFILE:-qwen2.5-7b}    # gpurouter sim profiles
+SPEEDS=${SPEEDS:-1,1,1,0.5}       # one entry per replica
+POLICY=${POLICY:-least_loaded}
+SLO=${SLO:-ttft:2000 tpot:100}    # goodput SLOs, ms
+BASE_PORT=${BASE_PORT:-19301}     # replicas; routers from BASE_PORT+100
+SEED=${SEED:-1}
+ROUTER_FLAGS=${ROUTER_FLAGS:-}    # extra `gpurouter serve` flags
+BIN=${BIN:-}                      # a gpurouter binary; built from this tree when empty
+
+[ -f "$TRACE" ] || { echo "trace $TRACE not found (TRACE=path)"; exit 2; }
+work=$(mktemp -d)
+bin=${BIN:-$work/gpurouter}
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+[ -n "$BIN" ] || go build -o "$bin" ./cmd/gpurouter
+
+IFS=, read -r -a speeds <<<"$SPEEDS"
+nrep=${#speeds[@]}
+replicas=""
+for i in $(seq 0 $((nrep - 1))); do replicas+="${replicas:+,}http://127.0.0.1:$((BASE_PORT + i))"; done
+
+wait_up() { # URL: poll until it answers 200, at most 20 s
+  for _ in $(seq 200); do curl -fsS -o /dev/null "$1" 2>/dev/null && return 0; sleep 0.1; done
+  echo "$1 did not come up"; exit 1
+}
+
+"$bin" sim --replicas "$nrep" --base-port "$BASE_PORT" --profile "$PROFILE" --speed "$SPEEDS" \
+  --served-model-name m --seed "$SEED" >"$work/sim.log" 2>&1 &
+pids+=($!)
+for i in $(seq 0 $((nrep - 1))); do wait_up "http://127.0.0.1:$((BASE_PORT + i))/health"; done
+
+rport=$((BASE_PORT + 100))
+# start_routers N: N routers on rport.., each scraping every replica;
+# sets flags to their base URLs as repeated --base-url flags.
+start_routers() {
+  flags=""
+  for i in $(seq 0 $(($1 - 1))); do
+    # shellcheck disable=SC2086
+    "$bin" serve --listen "127.0.0.1:$((rport + i))" --pool "m=$replicas" --policy "$POLICY" $ROUTER_FLAGS \
+      >"$work/router-$i.log" 2>&1 &
+    rpids+=($!)
+    wait_up "http://127.0.0.1:$((rport + i))/ready"
+    flags+=" --base-url http://127.0.0.1:$((rport + i))"
+  done
+}
+stop_routers() {
+  for p in "${rpids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${rpids[@]}"; do wait "$p" 2>/dev/null || true; done
+  rpids=()
+}
+rpids=()
+trap 'stop_routers; cleanup' EXIT
+
+common=(--model m --backend openai --dataset-name azure-trace --dataset-path "$TRACE" --num-prompts "$PROMPTS"
+  --seed "$SEED" --disable-tqdm --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 --goodput "$SLO")
+
+# The trace's own rate over the replayed rows (req/s).
+trace_rate=$(awk -F, -v n="$PROMPTS" 'NR==2{a=$1} NR==n+1{b=$1; exit} END{
+  split(a,x,/[ :]/); split(b,y,/[ :]/);
+  d=(y[2]*3600+y[3]*60+y[4])-(x[2]*3600+x[3]*60+x[4]); printf "%.4f", (n-1)/d}' "$TRACE")
+
+if [ -z "$CAPACITY" ]; then
+  start_routers 1
+  # shellcheck disable=SC2086
+  "$bin" bench sweep --request-rates inf $flags "${common[@]}" >"$work/probe.txt" 2>&1 || { cat "$work/probe.txt"; exit 1; }
+  stop_routers
+  # The sweep table's row: | target | inf | completed | failed | req/s | ...
+  CAPACITY=$(awk -F'|' '$3 ~ /inf/ && $4 ~ /[0-9]/ {gsub(/ /, "", $6); print $6; exit}' "$work/probe.txt")
+  [ -n "$CAPACITY" ] || { echo "capacity probe printed no throughput:"; cat "$work/probe.txt"; exit 1; }
+  sleep 5 # let the engines drain
+fi
+scale=$(awk -v c="$CAPACITY" -v l="$LOAD" -v r="$trace_rate" 'BEGIN{printf "%.4f", c*l/r}')
+echo "fleet: $nrep x $PROFILE, speeds $SPEEDS; policy $POLICY; capacity $CAPACITY req/s"
+echo "workload: first $PROMPTS rows of $(basename "$TRACE") (trace rate $trace_rate req/s) at time scale $scale = $(awk -v r="$trace_rate" -v s="$scale" 'BEGIN{printf "%.2f", r*s}') req/s ($LOAD of capacity); goodput SLO $SLO"
+printf '%-8s %-7s %12s %12s %14s %13s %13s %8s\n' run routers "goodput/s" "req/s" "P50 TTFT ms" "P99 TTFT ms" "P99 TPOT ms" failed
+
+results=$work/results.txt
+: >"$results"
+for round in $(seq 1 "$ROUNDS"); do
+  for n in 1 "$ROUTERS"; do
+    start_routers "$n"
+    # shellcheck disable=SC2086
+    "$bin" bench $flags "${common[@]}" --time-scale "$scale" >"$work/run.txt" 2>&1 || { cat "$work/run.txt"; exit 1; }
+    stop_routers
+    g=$(awk '/Request goodput \(req\/s\):/{print $NF}' "$work/run.txt")
+    t=$(awk '/Request throughput \(req\/s\):/{print $NF}' "$work/run.txt")
+    p50=$(awk '/P50 TTFT \(ms\):/{print $NF}' "$work/run.txt")
+    p99=$(awk '/P99 TTFT \(ms\):/{print $NF}' "$work/run.txt")
+    tp=$(awk '/P99 TPOT \(ms\):/{print $NF}' "$work/run.txt")
+    f=$(awk '/Failed requests:/{print $NF}' "$work/run.txt")
+    printf '%-8s %-7s %12s %12s %14s %13s %13s %8s\n' "$round" "$n" "$g" "$t" "$p50" "$p99" "$tp" "${f:-0}"
+    echo "$n $g $p99" >>"$results"
+    sleep 5 # let the engines drain before the next run
+  done
+done
+awk -v many="$ROUTERS" '
+  $1==1 {g1+=$2; t1+=$3; n1++} $1==many {gm+=$2; tm+=$3; nm++}
+  END {
+    g1/=n1; t1/=n1; gm/=nm; tm/=nm
+    printf "mean: 1 router goodput %.3f/s P99 TTFT %.1f ms; %d routers goodput %.3f/s P99 TTFT %.1f ms\n", g1, t1, many, gm, tm
+    dg=(gm-g1)/g1*100; dt=(tm-t1)/t1*100
+    printf "goodput %+.1f%% (want within 5%%): %s; P99 TTFT %+.1f%% (want within 10%%): %s\n", dg, (dg>=-5 && dg<=5)?"ok":"MISS", dt, (dt<=10)?"ok":"MISS"
+  }' "$results"
