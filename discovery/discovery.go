@@ -1,7 +1,8 @@
 // Package discovery owns where a pool's replicas come from when they are
 // not listed by hand: the addresses a DNS name resolves to, re-resolved
-// every interval (DNS), or Kubernetes pods, a Service's EndpointSlices or
-// an InferencePool, watched through client-go informers (Kube).
+// every interval (DNS, here), or Kubernetes pods, a Service's
+// EndpointSlices or an InferencePool, watched through client-go informers
+// (discovery/kube).
 //
 // Each source learns whole replica sets and hands every set that differs
 // from the last to a Sink (the command wires it to the fleet's one path
@@ -17,7 +18,6 @@ package discovery
 import (
 	"cmp"
 	"context"
-	"errors"
 	"slices"
 )
 
@@ -38,14 +38,15 @@ type Endpoint struct {
 	GPU GPU
 }
 
-// GPU names a replica's GPU telemetry source outside the router's host.
-// At most one URL is set; the zero value means engine telemetry only.
+// GPU names a replica's GPU telemetry source outside the router's host,
+// as a replica's gpu binding in the configuration file does: AgentURL with
+// UUID, or DCGMURL with Label or UUID. The zero value means engine
+// telemetry only.
 type GPU struct {
 	AgentURL string // a `gpurouter agent` beside the engine
 	DCGMURL  string // a DCGM exporter's /metrics
-	// Label selects the exporter's GPUs (gpu.ParseSelector's syntax, e.g.
-	// `pod="vllm-0"`); with AgentURL, a GPU UUID. "" means every GPU.
-	Label string
+	UUID     string // the replica's GPU
+	Label    string // the exporter's series of the replica's GPUs, e.g. `pod="vllm-0"`
 }
 
 // Sink receives a pool's replica set each time it changes: every endpoint
@@ -55,14 +56,10 @@ type Sink interface {
 	SetEndpoints(ctx context.Context, model string, eps []Endpoint) error
 }
 
-// Source is a discovery loop: *DNS, *Kube.
+// Source is a discovery loop: *DNS, *kube.Source.
 type Source interface {
 	Run(ctx context.Context) error
 }
-
-// ErrForbidden is what a Kubernetes source meets when its credentials lack
-// a permission it needs; the error wrapping it names each one.
-var ErrForbidden = errors.New("discovery: permission missing")
 
 // sortEndpoints orders eps by name, so that every router given the same
 // set holds it in the same order.

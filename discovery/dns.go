@@ -65,7 +65,7 @@ func ParseDNSURL(raw string) (name string, port int, err error) {
 type DNS struct {
 	cfg      DNSConfig
 	resolver Resolver
-	pub      *publisher
+	pub      *Publisher
 	log      *zap.Logger
 }
 
@@ -90,7 +90,7 @@ func NewDNS(cfg DNSConfig, r Resolver, sink Sink, m *Metrics, log *zap.Logger) (
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &DNS{cfg: cfg, resolver: r, pub: newPublisher(cfg.Model, "dns", sink, m, log), log: log}, nil
+	return &DNS{cfg: cfg, resolver: r, pub: NewPublisher(cfg.Model, "dns", sink, m, log), log: log}, nil
 }
 
 // Run resolves at once, then every interval, until ctx ends.
@@ -104,7 +104,7 @@ func (d *DNS) Run(ctx context.Context) error {
 		case ctx.Err() != nil:
 			return nil
 		case err != nil:
-			d.pub.metrics.failed(d.cfg.Model, "dns")
+			d.pub.Failed()
 			if !failing {
 				d.log.Warn("discovery: dns lookup failed; keeping the last replica set", zap.String("model", d.cfg.Model),
 					zap.String("name", d.cfg.Name), zap.Error(err))
@@ -115,7 +115,7 @@ func (d *DNS) Run(ctx context.Context) error {
 				d.log.Info("discovery: dns lookup works again", zap.String("model", d.cfg.Model), zap.String("name", d.cfg.Name))
 			}
 			failing = false
-			_ = d.pub.publish(ctx, eps) // logged there; offered again next interval
+			_ = d.pub.Publish(ctx, eps) // logged there; offered again next interval
 		}
 		select {
 		case <-ctx.Done():
@@ -151,8 +151,8 @@ func (d *DNS) resolve(ctx context.Context) ([]Endpoint, error) {
 	return eps, nil
 }
 
-// hostPort is host:port with IPv6 addresses bracketed.
-func hostPort(ip string, port int) string {
+// HostPort is ip:port, an IPv6 address bracketed.
+func HostPort(ip string, port int) string {
 	if strings.Contains(ip, ":") {
 		return "[" + ip + "]:" + strconv.Itoa(port)
 	}

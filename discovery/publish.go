@@ -55,10 +55,11 @@ func (m *Metrics) failed(model, source string) {
 	}
 }
 
-// publisher is what every source shares: it hands a pool's sets to the
+// Publisher is what every source shares: it hands a pool's sets to the
 // sink when they differ from the last one it accepted, and logs and
-// counts each change. Not safe for concurrent use: one per source loop.
-type publisher struct {
+// counts each change. Build with NewPublisher. Not safe for concurrent
+// use: one per source loop.
+type Publisher struct {
 	model, source string
 	sink          Sink
 	metrics       *Metrics
@@ -67,16 +68,22 @@ type publisher struct {
 	published     bool
 }
 
-func newPublisher(model, source string, sink Sink, m *Metrics, log *zap.Logger) *publisher {
+// NewPublisher builds the publisher of source (a metric label: "dns",
+// "kubernetes") for the pool serving model; nil m and log mean none.
+func NewPublisher(model, source string, sink Sink, m *Metrics, log *zap.Logger) *Publisher {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &publisher{model: model, source: source, sink: sink, metrics: m, log: log}
+	return &Publisher{model: model, source: source, sink: sink, metrics: m, log: log}
 }
 
-// publish offers eps (any order; it is sorted in place) to the sink unless
-// it equals the last set accepted.
-func (p *publisher) publish(ctx context.Context, eps []Endpoint) error {
+// Failed counts a failed discovery attempt (a lookup, a list or watch).
+func (p *Publisher) Failed() { p.metrics.failed(p.model, p.source) }
+
+// Publish offers eps (any order; it is sorted in place) to the sink unless
+// it equals the last set accepted; a refusal is logged and counted, and
+// returned.
+func (p *Publisher) Publish(ctx context.Context, eps []Endpoint) error {
 	sortEndpoints(eps)
 	if p.published && slices.Equal(eps, p.last) {
 		return nil

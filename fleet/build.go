@@ -116,6 +116,9 @@ func (f *Fleet) build(spec Spec, prev *state) (*state, error) {
 		}
 		pl.old.Pool.SetReplicas(pl.reps)
 	}
+	for i, pl := range plans {
+		applyDraining(spec.Pools[i], pl.reps, prev.draining(spec.Pools[i]))
+	}
 	return st, nil
 }
 

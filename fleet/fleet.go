@@ -37,7 +37,10 @@ type Options struct {
 	// AdmissionMetrics receives the admission controllers' series; nil
 	// means none are exported.
 	AdmissionMetrics *admission.Metrics
-	Log              *zap.Logger // nil means no logging
+	// DiscoveredGPU builds the GPU sources discovered endpoints name; nil
+	// means their GPU hints are ignored.
+	DiscoveredGPU DiscoveredGPU
+	Log           *zap.Logger // nil means no logging
 }
 
 // Fleet is the live configuration and what serves it. Build with New; the

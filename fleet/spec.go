@@ -55,6 +55,11 @@ type Pool struct {
 	// Migration continues the pool's streams on another replica when
 	// theirs fails mid-stream; the zero value is off.
 	Migration proxy.Migration
+	// Discovered means discovery sets the replicas (SetEndpoints), so the
+	// pool may have none (a Service scaled to zero, a name not yet
+	// resolving): its requests then get 503 until some appear. False
+	// means at least one replica is required.
+	Discovered bool
 }
 
 // Replica is one engine of a pool. Name, URL and Weight identify it: a
@@ -67,6 +72,12 @@ type Replica struct {
 	// GPU is where the replica's GPU telemetry comes from; nil means
 	// engine telemetry only.
 	GPU gpu.Source
+	// Draining is discovery's word that the endpoint is going away or not
+	// ready: no new requests, those in flight finish. It is applied when
+	// it changes, so an operator's drain of a replica discovery keeps
+	// ready stays; false means the replica takes requests unless an
+	// operator drained it.
+	Draining bool
 }
 
 // clone returns a copy of s that shares no slice with it, so a Change may

@@ -118,7 +118,7 @@ func (v *validator) pools(pools []Pool) {
 			v.add(at+".migration.max_seq_len", "must be > 0, got %d", p.Migration.MaxSeqLen)
 		}
 		v.arms(at, p.Arms)
-		v.replicas(at, p.Replicas)
+		v.replicas(at, p.Replicas, p.Discovered)
 	}
 }
 
@@ -148,8 +148,9 @@ func (v *validator) arms(at string, arms []balancer.Arm) {
 
 // replicas checks one pool's replicas; URLs and names must be unique in the
 // pool since both identify a replica in metrics, logs and the admin API.
-func (v *validator) replicas(pool string, rs []Replica) {
-	if len(rs) == 0 {
+// A discovered pool may have none.
+func (v *validator) replicas(pool string, rs []Replica, discovered bool) {
+	if len(rs) == 0 && !discovered {
 		v.add(pool+".replicas", "at least one replica is required")
 		return
 	}

@@ -1,7 +1,8 @@
-package discovery
+package kube
 
 import (
 	"context"
+	"github.com/gpurouter/gpurouter/discovery"
 
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -9,10 +10,10 @@ import (
 	"k8s.io/client-go/tools/cache"
 )
 
-// sliceWatcher is KubeConfig.Service: the endpoints of the Service's
+// sliceWatcher is Config.Service: the endpoints of the Service's
 // EndpointSlices.
 type sliceWatcher struct {
-	k   *Kube
+	k   *Source
 	inf cache.SharedIndexInformer
 	reg cache.ResourceEventHandlerRegistration
 }
@@ -37,9 +38,9 @@ func (w *sliceWatcher) start(ctx context.Context, changed func(), onErr func(str
 
 func (w *sliceWatcher) synced() bool { return w.reg != nil && w.reg.HasSynced() }
 
-func (w *sliceWatcher) endpoints() []Endpoint {
+func (w *sliceWatcher) endpoints() []discovery.Endpoint {
 	byName := map[string]int{} // name → index in eps
-	var eps []Endpoint
+	var eps []discovery.Endpoint
 	for _, obj := range w.inf.GetStore().List() {
 		s, ok := obj.(*discoveryv1.EndpointSlice)
 		if !ok {
@@ -53,7 +54,7 @@ func (w *sliceWatcher) endpoints() []Endpoint {
 			if len(e.Addresses) == 0 {
 				continue
 			}
-			host := hostPort(e.Addresses[0], port)
+			host := discovery.HostPort(e.Addresses[0], port)
 			name := host
 			if e.TargetRef != nil && e.TargetRef.Kind == "Pod" && e.TargetRef.Name != "" {
 				name = e.TargetRef.Name
@@ -62,7 +63,7 @@ func (w *sliceWatcher) endpoints() []Endpoint {
 			// endpoint is never ready for new requests.
 			ready := (e.Conditions.Ready == nil || *e.Conditions.Ready) &&
 				(e.Conditions.Terminating == nil || !*e.Conditions.Terminating)
-			ep := Endpoint{Name: name, URL: w.k.cfg.Scheme + "://" + host, Draining: !ready}
+			ep := discovery.Endpoint{Name: name, URL: w.k.cfg.Scheme + "://" + host, Draining: !ready}
 			// The same endpoint may sit in two slices while the
 			// controller moves it; the ready copy wins.
 			if i, dup := byName[name]; dup {
@@ -80,7 +81,7 @@ func (w *sliceWatcher) endpoints() []Endpoint {
 
 // slicePort is the port of s the pool uses: the one named cfg.PortName,
 // else the one numbered cfg.Port, else s's only port.
-func slicePort(s *discoveryv1.EndpointSlice, cfg KubeConfig) (int, bool) {
+func slicePort(s *discoveryv1.EndpointSlice, cfg Config) (int, bool) {
 	for _, p := range s.Ports {
 		if p.Port == nil {
 			continue

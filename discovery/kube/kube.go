@@ -1,9 +1,18 @@
-package discovery
+// Package kube is Kubernetes discovery: a pool's replicas from pods by
+// label selector, a Service's EndpointSlices, or an InferencePool (the
+// Gateway API Inference Extension's selector over model-server pods and
+// their target ports), watched through client-go informers. Ready
+// endpoints take requests; terminating or not-ready ones drain; deleted
+// ones are removed. RBAC needed: get, list and watch on the one resource
+// a pool watches (pods; endpointslices; inferencepools and pods), in its
+// namespace.
+package kube
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/gpurouter/gpurouter/discovery"
 	"os"
 	"strings"
 	"sync"
@@ -20,14 +29,18 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 )
 
+// ErrForbidden is what a source meets when its credentials lack a
+// permission it needs; the log line wrapping it names the permission.
+var ErrForbidden = errors.New("discovery: permission missing")
+
 // InferencePoolResource is the Gateway API Inference Extension's
 // InferencePool (sigs.k8s.io/gateway-api-inference-extension, v1): a label
 // selector over model-server pods and the ports they serve on.
 var InferencePoolResource = schema.GroupVersionResource{Group: "inference.networking.k8s.io", Version: "v1", Resource: "inferencepools"}
 
-// KubeConfig is a pool whose replicas come from the Kubernetes API. Exactly
+// Config is a pool whose replicas come from the Kubernetes API. Exactly
 // one of Selector, Service and InferencePool says which.
-type KubeConfig struct {
+type Config struct {
 	Model     string // the pool's model; required
 	Namespace string // where the pods, Service or InferencePool live; required
 
@@ -47,21 +60,23 @@ type KubeConfig struct {
 	// Scheme of the replicas' URLs; "" means http.
 	Scheme string
 	// GPUAnnotations reads each pod's GPU telemetry source from its
-	// annotations (AnnotationGPUAgent, AnnotationDCGM, AnnotationGPULabel);
-	// pods and InferencePool only (EndpointSlices carry no annotations).
+	// annotations (AnnotationGPUAgent or AnnotationDCGM, with
+	// AnnotationGPUUUID or AnnotationGPULabel); pods and InferencePool only
+	// (EndpointSlices carry no annotations).
 	GPUAnnotations bool
 }
 
 // Pod annotations naming a replica's GPU telemetry source, read with
-// KubeConfig.GPUAnnotations.
+// Config.GPUAnnotations.
 const (
-	AnnotationGPUAgent = "gpurouter.io/gpu-agent-url" // a `gpurouter agent` URL, e.g. http://10.0.0.7:9401
-	AnnotationDCGM     = "gpurouter.io/dcgm-url"      // a DCGM exporter's /metrics URL
-	AnnotationGPULabel = "gpurouter.io/gpu-label"     // which GPUs: a DCGM label selector, or an agent GPU UUID
+	AnnotationGPUAgent = "gpurouter.io/gpu-agent-url" // a `gpurouter agent` URL, e.g. http://10.0.0.7:9401; with a UUID
+	AnnotationDCGM     = "gpurouter.io/dcgm-url"      // a DCGM exporter's /metrics URL; with a label or a UUID
+	AnnotationGPUUUID  = "gpurouter.io/gpu-uuid"      // the pod's GPU
+	AnnotationGPULabel = "gpurouter.io/gpu-label"     // the exporter's series of the pod's GPUs, e.g. pod="vllm-0"
 )
 
 // Check reports what is wrong with c, or nil.
-func (c KubeConfig) Check() error {
+func (c Config) Check() error {
 	var errs []error
 	n := 0
 	for _, s := range []string{c.Selector, c.Service, c.InferencePool} {
@@ -95,7 +110,7 @@ func (c KubeConfig) Check() error {
 	return errors.Join(errs...)
 }
 
-// Clients are the API clients a Kube source uses; Dynamic is needed for
+// Clients are the API clients a Source uses; Dynamic is needed for
 // InferencePools only.
 type Clients struct {
 	Core    kubernetes.Interface
@@ -143,14 +158,14 @@ func InClusterNamespace() string {
 	return strings.TrimSpace(string(b))
 }
 
-// Kube watches the Kubernetes objects its KubeConfig names through
+// Source watches the Kubernetes objects its Config names through
 // informers and publishes the replica set each change makes: ready
 // endpoints take requests, terminating or not-ready ones drain, deleted
-// ones are removed. Build with NewKube; the zero value is unusable.
-type Kube struct {
-	cfg     KubeConfig
+// ones are removed. Build with New; the zero value is unusable.
+type Source struct {
+	cfg     Config
 	clients Clients
-	pub     *publisher
+	pub     *discovery.Publisher
 	log     *zap.Logger
 
 	// mu guards denied: the resources whose list or watch was refused,
@@ -159,9 +174,9 @@ type Kube struct {
 	denied map[string]bool
 }
 
-// NewKube builds the source (cfg checked); nil log means none. It starts
+// New builds the source (cfg checked); nil log means none. It starts
 // nothing.
-func NewKube(cfg KubeConfig, c Clients, sink Sink, m *Metrics, log *zap.Logger) (*Kube, error) {
+func New(cfg Config, c Clients, sink discovery.Sink, m *discovery.Metrics, log *zap.Logger) (*Source, error) {
 	if err := cfg.Check(); err != nil {
 		return nil, fmt.Errorf("discovery: kubernetes: %w", err)
 	}
@@ -177,7 +192,7 @@ func NewKube(cfg KubeConfig, c Clients, sink Sink, m *Metrics, log *zap.Logger) 
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Kube{cfg: cfg, clients: c, pub: newPublisher(cfg.Model, "kubernetes", sink, m, log), log: log, denied: map[string]bool{}}, nil
+	return &Source{cfg: cfg, clients: c, pub: discovery.NewPublisher(cfg.Model, "kubernetes", sink, m, log), log: log, denied: map[string]bool{}}, nil
 }
 
 // watcher is one way of turning watched objects into endpoints: pods,
@@ -190,13 +205,13 @@ type watcher interface {
 	// synced reports whether every informer has its initial list.
 	synced() bool
 	// endpoints computes the set from the informers' caches.
-	endpoints() []Endpoint
+	endpoints() []discovery.Endpoint
 }
 
 // Run watches until ctx ends. The first set is published once every
 // informer has listed; after that, each event recomputes the set and
 // publishes it if it differs.
-func (k *Kube) Run(ctx context.Context) error {
+func (k *Source) Run(ctx context.Context) error {
 	var w watcher
 	switch {
 	case k.cfg.Selector != "":
@@ -243,7 +258,7 @@ func (k *Kube) Run(ctx context.Context) error {
 			k.log.Info("discovery: watching", zap.String("model", k.cfg.Model), zap.String("namespace", k.cfg.Namespace),
 				zap.String("what", k.describe()))
 		}
-		if err := k.pub.publish(ctx, w.endpoints()); err == nil {
+		if err := k.pub.Publish(ctx, w.endpoints()); err == nil {
 			published = true
 			poll.Stop()
 		}
@@ -251,7 +266,7 @@ func (k *Kube) Run(ctx context.Context) error {
 }
 
 // describe names what the source watches, for logs.
-func (k *Kube) describe() string {
+func (k *Source) describe() string {
 	switch {
 	case k.cfg.Selector != "":
 		return "pods " + k.cfg.Selector
@@ -267,9 +282,9 @@ func (k *Kube) describe() string {
 // line on every retry): a refused list or watch is logged once, as the
 // permission that is missing, until events flow again; the informer keeps
 // retrying with its backoff meanwhile.
-func (k *Kube) onError(resource string) cache.WatchErrorHandlerWithContext {
+func (k *Source) onError(resource string) cache.WatchErrorHandlerWithContext {
 	return func(_ context.Context, _ *cache.Reflector, err error) {
-		k.pub.metrics.failed(k.cfg.Model, "kubernetes")
+		k.pub.Failed()
 		k.mu.Lock()
 		first := !k.denied[resource]
 		k.denied[resource] = true
@@ -289,7 +304,7 @@ func (k *Kube) onError(resource string) cache.WatchErrorHandlerWithContext {
 
 // working forgets the refusals logged: events flow again, so the next
 // refusal is news.
-func (k *Kube) working() {
+func (k *Source) working() {
 	k.mu.Lock()
 	n := len(k.denied)
 	clear(k.denied)

@@ -1,7 +1,8 @@
-package discovery
+package kube
 
 import (
 	"context"
+	"github.com/gpurouter/gpurouter/discovery"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -12,11 +13,11 @@ import (
 	"k8s.io/client-go/tools/cache"
 )
 
-// poolWatcher is KubeConfig.InferencePool: the pods its selector matches
+// poolWatcher is Config.InferencePool: the pods its selector matches
 // (all pods of the namespace are watched, so that a changed selector needs
 // no new watch), on each of its target ports.
 type poolWatcher struct {
-	k    *Kube
+	k    *Source
 	pods podInformer
 	inf  cache.SharedIndexInformer
 	reg  cache.ResourceEventHandlerRegistration
@@ -45,8 +46,8 @@ func (w *poolWatcher) start(ctx context.Context, changed func(), onErr func(stri
 
 func (w *poolWatcher) synced() bool { return w.reg != nil && w.reg.HasSynced() && w.pods.synced() }
 
-func (w *poolWatcher) endpoints() []Endpoint {
-	eps := []Endpoint{}
+func (w *poolWatcher) endpoints() []discovery.Endpoint {
+	eps := []discovery.Endpoint{}
 	obj, ok, _ := w.inf.GetStore().GetByKey(w.k.cfg.Namespace + "/" + w.k.cfg.InferencePool)
 	if !ok {
 		return eps

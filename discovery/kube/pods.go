@@ -1,7 +1,8 @@
-package discovery
+package kube
 
 import (
 	"context"
+	"github.com/gpurouter/gpurouter/discovery"
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
@@ -10,10 +11,10 @@ import (
 	"k8s.io/client-go/tools/cache"
 )
 
-// podWatcher is KubeConfig.Selector: the pods the selector matches, on
+// podWatcher is Config.Selector: the pods the selector matches, on
 // Port.
 type podWatcher struct {
-	k    *Kube
+	k    *Source
 	pods podInformer
 }
 
@@ -23,8 +24,8 @@ func (w *podWatcher) start(ctx context.Context, changed func(), onErr func(strin
 
 func (w *podWatcher) synced() bool { return w.pods.synced() }
 
-func (w *podWatcher) endpoints() []Endpoint {
-	var eps []Endpoint
+func (w *podWatcher) endpoints() []discovery.Endpoint {
+	var eps []discovery.Endpoint
 	ports := []int{w.k.cfg.Port}
 	for _, obj := range w.pods.inf.GetStore().List() {
 		if pod, ok := obj.(*corev1.Pod); ok {
@@ -41,7 +42,7 @@ type podInformer struct {
 	reg cache.ResourceEventHandlerRegistration
 }
 
-func (p *podInformer) start(ctx context.Context, k *Kube, selector string, changed func(), onErr func(string) cache.WatchErrorHandlerWithContext) (func(), error) {
+func (p *podInformer) start(ctx context.Context, k *Source, selector string, changed func(), onErr func(string) cache.WatchErrorHandlerWithContext) (func(), error) {
 	f := informers.NewSharedInformerFactoryWithOptions(k.clients.Core, 0,
 		informers.WithNamespace(k.cfg.Namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
@@ -71,21 +72,21 @@ func notify(changed func()) cache.ResourceEventHandler {
 // podEndpoints appends pod's endpoints, one per port, to eps: none while
 // it has no IP or has finished; draining while it is terminating or not
 // ready.
-func podEndpoints(eps []Endpoint, pod *corev1.Pod, ports []int, cfg KubeConfig) []Endpoint {
+func podEndpoints(eps []discovery.Endpoint, pod *corev1.Pod, ports []int, cfg Config) []discovery.Endpoint {
 	ip := pod.Status.PodIP
 	if ip == "" || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 		return eps
 	}
 	draining := pod.DeletionTimestamp != nil || !podReady(pod)
-	var g GPU
+	var g discovery.GPU
 	if cfg.GPUAnnotations {
 		a := pod.Annotations
-		g = GPU{AgentURL: a[AnnotationGPUAgent], DCGMURL: a[AnnotationDCGM], Label: a[AnnotationGPULabel]}
+		g = discovery.GPU{AgentURL: a[AnnotationGPUAgent], DCGMURL: a[AnnotationDCGM], UUID: a[AnnotationGPUUUID], Label: a[AnnotationGPULabel]}
 		if g.AgentURL != "" {
 			g.DCGMURL = "" // one source: the agent, which knows its own GPUs
 		}
 		if g.AgentURL == "" && g.DCGMURL == "" {
-			g = GPU{}
+			g = discovery.GPU{}
 		}
 	}
 	for _, port := range ports {
@@ -93,7 +94,7 @@ func podEndpoints(eps []Endpoint, pod *corev1.Pod, ports []int, cfg KubeConfig) 
 		if len(ports) > 1 {
 			name += ":" + strconv.Itoa(port)
 		}
-		eps = append(eps, Endpoint{Name: name, URL: cfg.Scheme + "://" + hostPort(ip, port), Draining: draining, GPU: g})
+		eps = append(eps, discovery.Endpoint{Name: name, URL: cfg.Scheme + "://" + discovery.HostPort(ip, port), Draining: draining, GPU: g})
 	}
 	return eps
 }
