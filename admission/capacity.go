@@ -73,3 +73,14 @@ func (p *poolCapacity) Admissible(c Cost) bool {
 	p.buf = p.pool.Loads(p.clock.Now(), p.buf[:0])
 	return p.sat.Admissible(p.buf, c)
 }
+
+// roomRule is the saturation rule as the balancer applies it per replica
+// when placing an admitted request (balancer.Request.Room), so the request
+// goes to a replica that Fits — the one whose room let it in — rather than
+// wherever the policy's own score points.
+type roomRule struct{ sat SaturationConfig }
+
+// FitsReplica implements balancer.Room.
+func (r *roomRule) FitsReplica(l *ReplicaLoad, promptTokens, outputTokens int) bool {
+	return r.sat.Fits(*l, Cost{PromptTokens: promptTokens, OutputTokens: outputTokens})
+}

@@ -41,6 +41,7 @@ type Controller struct {
 	clock Clock
 	m     *poolMetrics
 	est   *Estimator
+	room  *roomRule // the saturation rule per replica; nil with a Capacity of one's own
 
 	// nQueued mirrors queued for Poke's lock-free check.
 	nQueued atomic.Int64
@@ -98,6 +99,7 @@ func New(model string, cfg Config, d Deps) (*Controller, error) {
 	}
 	if c.cap == nil && d.Pool != nil {
 		c.cap = &poolCapacity{pool: d.Pool, sat: cfg.Saturation, clock: d.Clock}
+		c.room = &roomRule{sat: cfg.Saturation}
 	}
 	return c, nil
 }

@@ -1,6 +1,10 @@
 package admission
 
-import "time"
+import (
+	"time"
+
+	"github.com/gpurouter/gpurouter/balancer"
+)
 
 // Cost is what admitting one request will take from its pool, in tokens,
 // plus what the queue needs to order it. Build it with Estimator.Cost (or
@@ -111,6 +115,16 @@ func (t *Ticket) Cost() Cost { return t.cost }
 // running for this request to be placed there (balancer.Request's
 // LongPrefillCap): MaxLongPrefills for a long prompt, 0 (no cap) otherwise.
 func (t *Ticket) LongPrefillCap() int { return t.longCap }
+
+// Room is the pool's per-replica admission rule for placing the request
+// (balancer.Request.Room): nil for the zero Ticket and for a controller
+// judging by a Capacity of its own rather than its pool's loads.
+func (t *Ticket) Room() balancer.Room {
+	if t.c == nil || t.c.room == nil {
+		return nil
+	}
+	return t.c.room
+}
 
 // Waited is how long the request waited in the queue (0 if admitted at once).
 func (t *Ticket) Waited() time.Duration { return t.waited }

@@ -37,24 +37,31 @@ func (p *Pool) Loads(now time.Time, dst []ReplicaLoad) []ReplicaLoad {
 		if !r.Available(now) {
 			continue
 		}
-		l := ReplicaLoad{
-			OutstandingTokens: r.kvReserved.Load(),
-			LongPrefills:      int(r.longPrefills.Load()),
-			Resting:           r.Resting(now),
-		}
-		if e := r.tel.engine.Load(); e != nil {
-			switch {
-			case !p.stale(e, now):
-				l.Waiting, l.KVUsage, l.KVCapacityTokens = e.Waiting, e.KVUsage, int64(e.KVCapacityTokens)
-			case allStale:
-				l.KVCapacityTokens = int64(e.KVCapacityTokens)
-			default:
-				l.Stale = true
-			}
-		}
-		dst = append(dst, l)
+		dst = append(dst, r.loadAt(now, &p.score, allStale))
 	}
 	return dst
+}
+
+// loadAt is the replica's entry in Pool.Loads: its engine's last report
+// (when fresh under c's staleness rule) and the router's own counts.
+// allStale says every available replica of the pool is stale.
+func (r *Replica) loadAt(now time.Time, c *ScoreConfig, allStale bool) ReplicaLoad {
+	l := ReplicaLoad{
+		OutstandingTokens: r.kvReserved.Load(),
+		LongPrefills:      int(r.longPrefills.Load()),
+		Resting:           r.Resting(now),
+	}
+	if e := r.tel.engine.Load(); e != nil {
+		switch {
+		case !c.stale(e, now):
+			l.Waiting, l.KVUsage, l.KVCapacityTokens = e.Waiting, e.KVUsage, int64(e.KVCapacityTokens)
+		case allStale:
+			l.KVCapacityTokens = int64(e.KVCapacityTokens)
+		default:
+			l.Stale = true
+		}
+	}
+	return l
 }
 
 // stale applies the pool's staleness bound (ScoreConfig.stale).

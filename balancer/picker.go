@@ -19,12 +19,44 @@ type Request struct {
 	// prompt never queues behind another on one replica while short
 	// requests keep a free lane elsewhere.
 	LongPrefillCap int
-	Now            time.Time // when the router received the request; the clock pickers use
+	Now            time.Time // when the request is being placed; the clock pickers use
+
+	// PromptTokens and OutputTokens are the request's estimated size
+	// (0 = unknown): the predictive policy predicts its TTFT from the
+	// prompt, and Room judges whether a replica has room for both.
+	PromptTokens, OutputTokens int
+	// SLOTTFT and SLOTPOT are the request's latency objectives (its SLO
+	// headers); zero means the pool's defaults (ScoreConfig.SLOTTFT, SLOTPOT).
+	SLOTTFT, SLOTPOT time.Duration
+	// Room, when set, is the admission rule that let the request in: the
+	// pool first picks only among replicas where it Fits, so a request
+	// admitted because some replica had room goes to one that has room,
+	// not to whichever replica the policy's own score prefers (which may
+	// be saturated). When none fits, the policy picks as without it.
+	Room Room
+
+	roomOn    bool         // Pool.Pick is in its first, room-only pass
+	poolScore *ScoreConfig // the pool's staleness rule, for Room's loads
+}
+
+// Room is admission's per-replica rule, as the pool applies it when
+// picking (see Request.Room): whether a request of the given size may be
+// placed on a replica with load l without queueing in its engine. It must
+// not block or allocate.
+type Room interface {
+	FitsReplica(l *ReplicaLoad, promptTokens, outputTokens int) bool
 }
 
 // eligible reports whether a picker may choose c for r.
 func eligible(c *Replica, r *Request) bool {
-	return c.Available(r.Now) && !c.Resting(r.Now) && (r.LongPrefillCap <= 0 || c.longPrefills.Load() < int64(r.LongPrefillCap))
+	if !c.Available(r.Now) || c.Resting(r.Now) || (r.LongPrefillCap > 0 && c.longPrefills.Load() >= int64(r.LongPrefillCap)) {
+		return false
+	}
+	if r.roomOn {
+		l := c.loadAt(r.Now, r.poolScore, false)
+		return r.Room.FitsReplica(&l, r.PromptTokens, r.OutputTokens)
+	}
+	return true
 }
 
 // Picker chooses a replica for a request among candidates. It returns nil
@@ -49,7 +81,7 @@ type PickerOptions struct {
 
 // Policies lists the policy names NewPicker knows.
 func Policies() []string {
-	return []string{"least_loaded", "least_request", "round_robin", "random", "kv_aware", "p2c", "least_tokens", "prefix_affinity", "session_affinity"}
+	return []string{"predictive", "least_loaded", "least_request", "round_robin", "random", "kv_aware", "p2c", "least_tokens", "prefix_affinity", "session_affinity"}
 }
 
 // DefaultPolicy is the policy of a pool that names none.
@@ -70,6 +102,8 @@ func NewPickerWith(name string, o PickerOptions) (Picker, error) {
 		return &RoundRobin{}, nil
 	case "least_request":
 		return &LeastRequest{}, nil
+	case "predictive":
+		return &Predictive{cfg: &cfg}, nil
 	case "least_loaded", "":
 		return &scanPicker{s: loadScorer{&cfg}}, nil
 	case "kv_aware":

@@ -34,21 +34,27 @@ type scanPicker struct {
 }
 
 func (p *scanPicker) Pick(r *Request, candidates []*Replica) *Replica {
-	n := len(candidates)
+	n := uint64(len(candidates))
 	if n == 0 {
 		return nil
 	}
-	start := int(p.next.Add(1) % uint64(n))
+	start := p.next.Add(1) - 1
 	var best *Replica
 	var bestScore float64
-	for i := 0; i < n; i++ {
+	var bestAt uint64
+	for i := uint64(0); i < n; i++ {
 		c := candidates[(start+i)%n]
 		if !eligible(c, r) {
 			continue
 		}
 		if sc := p.s.score(c, r.Now); best == nil || sc < bestScore {
-			best, bestScore = c, sc
+			best, bestScore, bestAt = c, sc, i
 		}
+	}
+	if best != nil {
+		// As RoundRobin: among tied replicas the one after a skipped
+		// (ineligible) replica must not inherit its turn.
+		advancePast(&p.next, start, bestAt)
 	}
 	return best
 }

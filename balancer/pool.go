@@ -210,7 +210,21 @@ func (set *armSet) arm(r *Request) *armPicker {
 // Pick chooses a replica for r, or nil when none is available. It sets
 // r.Arm to the arm that decided.
 func (p *Pool) Pick(r *Request) *Replica {
-	return p.arms.Load().arm(r).p.Pick(r, *p.replicas.Load())
+	return p.pick(p.arms.Load().arm(r).p, r, *p.replicas.Load())
+}
+
+// pick runs the policy over candidates: first among those where the
+// request's Room says it fits, then, if none does, among all of them.
+func (p *Pool) pick(pk Picker, r *Request, candidates []*Replica) *Replica {
+	if r.Room != nil {
+		r.roomOn, r.poolScore = true, &p.score
+		c := pk.Pick(r, candidates)
+		r.roomOn = false
+		if c != nil {
+			return c
+		}
+	}
+	return pk.Pick(r, candidates)
 }
 
 // PickExcept is Pick over the replicas other than skip (used for retries so
@@ -227,7 +241,7 @@ func (p *Pool) PickExcept(r *Request, skip []*Replica) *Replica {
 			rest = append(rest, c)
 		}
 	}
-	return p.arms.Load().arm(r).p.Pick(r, rest)
+	return p.pick(p.arms.Load().arm(r).p, r, rest)
 }
 
 func contains(rs []*Replica, r *Replica) bool {

@@ -102,6 +102,8 @@ type Replica struct {
 	group atomic.Pointer[atomic.Int64]
 
 	tel telemetry
+	// pred is the replica's learned latency model (predict.go).
+	pred predictor
 
 	// alive is when (unix nanos) the replica last showed life through
 	// traffic: a token relayed or a request completed. It lets the health
@@ -293,6 +295,26 @@ type leaseState struct {
 	remaining int64 // estimated work not yet done, in decode-token equivalents
 	kv        int64 // KV-cache footprint reserved, in tokens
 	long      bool  // counted in the replica's long prefills (until the first token)
+
+	// The predictor's view of the request (predict.go): its prompt, still
+	// counted in the replica's queued prefill until the first token; when
+	// it was sent; the TTFT fit's x for it and the TTFT predicted then; the
+	// requests in flight it joined (the TPOT fit's x).
+	prompt     int64
+	prefilling bool
+	sentNs     int64
+	x          float64
+	predTTFT   float64
+	inFlight   float64
+}
+
+// LeaseCost is what a request brings to the replica it is placed on, for
+// AcquireRequest. The zero value is a request of unknown size.
+type LeaseCost struct {
+	Work         int64 // weighted prompt plus expected output, in decode-token equivalents (see AcquireCost)
+	KV           int64 // KV-cache footprint to reserve, in tokens (see AcquireCostKV)
+	Long         bool  // counted as a long prefill until PrefillDone
+	PromptTokens int64 // prefill work queued on the replica until the first token; 0 = unknown
 }
 
 // Acquire asks the breaker for permission and counts the request in flight.
@@ -310,20 +332,34 @@ func (r *Replica) AcquireCost(work int64) (Lease, error) { return r.AcquireCostK
 // it as a long prefill until PrefillDone when long is set: the numbers an
 // admission controller needs to tell whether the replica can take more.
 func (r *Replica) AcquireCostKV(work, kv int64, long bool) (Lease, error) {
+	return r.AcquireRequest(LeaseCost{Work: work, KV: kv, Long: long})
+}
+
+// AcquireRequest is AcquireCostKV that also queues the request's prompt
+// as prefill work on the replica until its first token, which teaches the
+// replica's latency predictor (PrefillDone, ObserveDecode) and lets the
+// predictive policy see the prefill a new request would wait behind.
+func (r *Replica) AcquireRequest(c LeaseCost) (Lease, error) {
 	done, err := r.breaker.Allow()
 	if err != nil {
 		return Lease{}, ErrBreakerOpen
 	}
-	r.inFlight.Add(1)
+	n := r.inFlight.Add(1)
 	if g := r.group.Load(); g != nil {
 		g.Add(1)
 	}
 	r.served.Add(1)
-	st := &leaseState{remaining: max(work, 0), kv: max(kv, 0), long: long}
+	st := &leaseState{remaining: max(c.Work, 0), kv: max(c.KV, 0), long: c.Long}
 	r.tel.outstanding.Add(st.remaining)
 	r.kvReserved.Add(st.kv)
-	if long {
+	if c.Long {
 		r.longPrefills.Add(1)
+	}
+	if c.PromptTokens > 0 {
+		st.prompt, st.prefilling = c.PromptTokens, true
+		st.x, st.predTTFT = r.startPrefill(c.PromptTokens)
+		st.sentNs = r.now().UnixNano()
+		st.inFlight = float64(n)
 	}
 	return Lease{r: r, done: done, st: st}, nil
 }
@@ -349,11 +385,44 @@ func (l Lease) Alive() {
 	}
 }
 
-// PrefillDone marks the end of the request's prefill (its first token).
+// PrefillDone marks the end of the request's prefill (its first token):
+// its prompt leaves the replica's queued prefill, and the time since it was
+// sent teaches the replica's TTFT fit. Further calls do nothing.
 func (l Lease) PrefillDone() {
-	if l.r != nil && l.st.long {
+	if l.r == nil {
+		return
+	}
+	if l.st.long {
 		l.st.long = false
 		l.r.longPrefills.Add(-1)
+	}
+	if l.st.prefilling {
+		l.st.prefilling = false
+		l.r.pred.prefillQueued.Add(-l.st.prompt)
+		ttft := time.Duration(l.r.now().UnixNano() - l.st.sentNs)
+		l.r.pred.ttft.observe(l.st.x, ttft.Seconds())
+	}
+}
+
+// PredictedTTFT is the TTFT the replica's predictor expected for the
+// request when it was placed (0 when its prompt size was not given): what
+// the router's records compare with the measured TTFT.
+func (l Lease) PredictedTTFT() time.Duration {
+	if l.st == nil {
+		return 0
+	}
+	return time.Duration(l.st.predTTFT * float64(time.Second))
+}
+
+// ObserveDecode teaches the replica's decode speed (Replica.ObserveDecode)
+// and its TPOT fit against the requests in flight the request joined.
+func (l Lease) ObserveDecode(tokens int, d time.Duration) {
+	if l.r == nil {
+		return
+	}
+	l.r.ObserveDecode(tokens, d)
+	if tokens >= 2 && d > 0 && l.st.inFlight > 0 {
+		l.r.pred.tpot.observe(l.st.inFlight, d.Seconds()/float64(tokens-1))
 	}
 }
 
@@ -363,6 +432,10 @@ func (l Lease) PrefillDone() {
 func (l Lease) Done(err error) {
 	if l.r == nil {
 		return
+	}
+	if l.st.prefilling { // ended before its first token: nothing to learn
+		l.st.prefilling = false
+		l.r.pred.prefillQueued.Add(-l.st.prompt)
 	}
 	l.PrefillDone()
 	l.r.inFlight.Add(-1)

@@ -39,6 +39,10 @@ type ScoreConfig struct {
 	// takes an affine request only while its load is at most (1+ε)× the
 	// mean [0.25].
 	Epsilon float64
+	// SLOTTFT and SLOTPOT are the pool's latency objectives, which the
+	// predictive policy picks to meet when a request brings none of its own
+	// (Request.SLOTTFT, SLOTPOT) [2s, 100ms].
+	SLOTTFT, SLOTPOT time.Duration
 }
 
 // Defaults for ScoreConfig's zero fields (see each field).
@@ -50,6 +54,8 @@ const (
 	DefaultPrefillWeight     = 0.25
 	DefaultLongPrefillWeight = 1000.0
 	DefaultEpsilon           = 0.25
+	DefaultSLOTTFT           = 2 * time.Second
+	DefaultSLOTPOT           = 100 * time.Millisecond
 )
 
 func (c ScoreConfig) withDefaults() ScoreConfig {
@@ -73,6 +79,12 @@ func (c ScoreConfig) withDefaults() ScoreConfig {
 	}
 	if c.Epsilon <= 0 {
 		c.Epsilon = DefaultEpsilon
+	}
+	if c.SLOTTFT <= 0 {
+		c.SLOTTFT = DefaultSLOTTFT
+	}
+	if c.SLOTPOT <= 0 {
+		c.SLOTPOT = DefaultSLOTPOT
 	}
 	return c
 }

@@ -89,6 +89,12 @@ type ServerReport struct {
 	Phases EnginePhases
 	// Decomposition is the mean request's time, component by component.
 	Decomposition Decomposition
+	// Capacity is each replica's capacity as the router measured it (its
+	// learned prefill rate, tokens/s, from GET /debug/pools after the run),
+	// by replica name; nil when the router exposes none. The per-replica
+	// table sets each replica's share of requests beside its share of it,
+	// so a misrouting shows in every report.
+	Capacity map[string]float64
 	// Err joins what could not be measured; the report is usable anyway.
 	Err error
 }
@@ -250,6 +256,7 @@ func (o *Observer) After(ctx context.Context, res *Result) *ServerReport {
 			rep.RouterHist, err = ColumnFromSnapshots("router", []Snapshot{o.routerBefore}, []Snapshot{ra}, RouterHistogramNames(), nil)
 		}
 		errs = append(errs, err)
+		rep.Capacity = o.capacity(ctx)
 		rep.RouterSketches, rep.SketchErr = o.runSketches(ctx)
 		if rs := rep.RouterSketches; rs != nil {
 			rep.RouterHist.Sketches = map[string]*sketch.Snapshot{RowITL: &rs.ITL, RowQueue: &rs.Queue}
@@ -262,6 +269,29 @@ func (o *Observer) After(ctx context.Context, res *Result) *ServerReport {
 	rep.Decomposition = Decompose(NewDecompositionInput(res, m, rep.Phases))
 	rep.Err = errors.Join(errs...)
 	return rep
+}
+
+// capacity reads each replica's measured prefill rate from the router's
+// predictor (nil when it has none or the read fails: the report just
+// lacks the column).
+func (o *Observer) capacity(ctx context.Context) map[string]float64 {
+	pools, err := o.api().Pools(ctx, o.BaseURL)
+	if err != nil {
+		return nil
+	}
+	var out map[string]float64
+	for _, p := range pools {
+		for _, r := range p.Replicas {
+			if r.Predictor == nil || r.Predictor.TTFTSamples == 0 || r.Predictor.TTFTPerToken <= 0 {
+				continue
+			}
+			if out == nil {
+				out = map[string]float64{}
+			}
+			out[r.Name] = 1 / r.Predictor.TTFTPerToken
+		}
+	}
+	return out
 }
 
 // runSketches reads the router's sketches from the window the run started
@@ -312,6 +342,35 @@ type ReplicaSummary struct {
 	Requests                    int
 	MeanTTFT, MeanTPOT, MeanE2E float64
 	MeanQueue, MeanOutputTokens float64
+}
+
+// PredictorErr is the router's TTFT predictor's error over a run: P50 and
+// P90 of |predicted − measured| in ms, and of that over the measured TTFT.
+type PredictorErr struct {
+	AbsMs50, AbsMs90, Rel50, Rel90 float64
+}
+
+// PredictorError compares, request by request, the TTFT the router
+// predicted when it sent each matched request with the one it measured over
+// the same span; n is how many requests had both.
+func (m RouterMatch) PredictorError() (e PredictorErr, n int) {
+	var abs, rel []float64
+	for _, p := range m.Pairs {
+		r := p.Router
+		if r.PredictedTTFTS <= 0 || r.PlacedTTFTS <= 0 {
+			continue
+		}
+		d := math.Abs(r.PredictedTTFTS - r.PlacedTTFTS)
+		abs = append(abs, d*1000)
+		rel = append(rel, d/r.PlacedTTFTS)
+	}
+	if len(abs) == 0 {
+		return e, 0
+	}
+	slices.Sort(abs)
+	slices.Sort(rel)
+	q := func(xs []float64, p float64) float64 { return xs[min(len(xs)-1, int(p*float64(len(xs))))] }
+	return PredictorErr{AbsMs50: q(abs, 0.5), AbsMs90: q(abs, 0.9), Rel50: q(rel, 0.5), Rel90: q(rel, 0.9)}, len(abs)
 }
 
 // ByReplica groups the matched requests by the replica that served them,

@@ -63,6 +63,11 @@ type RouterRecord struct {
 	Migrations      int     `json:"migrations"`
 	ReplicaChain    string  `json:"replica_chain"`
 	MigrationStallS float64 `json:"migration_stall_s"`
+	// The TTFT the router's latency predictor expected when it sent the
+	// request to its replica, and the TTFT measured over the same span
+	// (sent → first token); 0 when unknown.
+	PredictedTTFTS float64 `json:"predicted_ttft_s,omitempty"`
+	PlacedTTFTS    float64 `json:"placed_ttft_s,omitempty"`
 }
 
 // OK reports whether the router served the request to the end (a stream
@@ -97,6 +102,18 @@ type RouterReplica struct {
 	Breaker  string  `json:"breaker"`
 	InFlight int64   `json:"in_flight"`
 	Served   int64   `json:"served"`
+	// Predictor is the router's learned latency model of the replica
+	// (absent on routers without one).
+	Predictor *RouterPredictor `json:"predictor,omitempty"`
+}
+
+// RouterPredictor is the part of a replica's learned latency model bench
+// reads: the prefill cost per token (its inverse is the replica's measured
+// prefill rate, its capacity as the router measured it) and how many
+// requests taught it.
+type RouterPredictor struct {
+	TTFTPerToken float64 `json:"ttft_s_per_token"`
+	TTFTSamples  int64   `json:"ttft_samples"`
 }
 
 // RouterAPI reads a gpurouter's debug endpoints. The zero value is usable:

@@ -72,7 +72,11 @@ func WriteServerReport(w io.Writer, s *Summary, rep *ServerReport, ps []float64)
 	c.line(BucketNote)
 	if rep.Router {
 		writeMatch(c, rep.Match, ps)
-		writeReplicas(c, rep.Match.ByReplica())
+		writeReplicas(c, rep.Match.ByReplica(), rep.Capacity)
+		if e, n := rep.Match.PredictorError(); n > 0 {
+			c.line(fmt.Sprintf("Predictor |error| (predicted vs measured TTFT from send, %d requests): P50 %.0f ms  P90 %.0f ms  (P50 %.0f%%  P90 %.0f%% of measured)",
+				n, e.AbsMs50, e.AbsMs90, e.Rel50*100, e.Rel90*100))
+		}
 	}
 	c.line(strings.Repeat("=", tableWidth))
 	if c.err != nil {
@@ -158,19 +162,51 @@ func writeMatch(c *consoleWriter, m RouterMatch, ps []float64) {
 	}
 }
 
-func writeReplicas(c *consoleWriter, reps []ReplicaSummary) {
+func writeReplicas(c *consoleWriter, reps []ReplicaSummary, capacity map[string]float64) {
 	if len(reps) == 0 {
 		return
 	}
+	shares, capShares := Shares(reps, capacity)
 	c.line(center(" Per Replica (router records) ", '-', tableWidth))
-	c.line(fmt.Sprintf("%-22s %8s %10s %10s %10s %10s %9s", "replica", "requests", "TTFT ms", "TPOT ms", "E2E ms", "queue ms", "out tok"))
-	for _, r := range reps {
+	c.line(fmt.Sprintf("%-22s %8s %7s %7s %10s %10s %10s %10s %9s", "replica", "requests", "share", "cap", "TTFT ms", "TPOT ms", "E2E ms", "queue ms", "out tok"))
+	for i, r := range reps {
 		tpot := "-"
 		if !math.IsNaN(r.MeanTPOT) {
 			tpot = fmt.Sprintf("%.2f", r.MeanTPOT)
 		}
-		c.line(fmt.Sprintf("%-22s %8d %10.2f %10s %10.2f %10.3f %9.1f", r.Replica, r.Requests, r.MeanTTFT, tpot, r.MeanE2E, r.MeanQueue, r.MeanOutputTokens))
+		capCell := "-"
+		if !math.IsNaN(capShares[i]) {
+			capCell = fmt.Sprintf("%.1f%%", capShares[i]*100)
+		}
+		c.line(fmt.Sprintf("%-22s %8d %6.1f%% %7s %10.2f %10s %10.2f %10.3f %9.1f", r.Replica, r.Requests, shares[i]*100, capCell, r.MeanTTFT, tpot, r.MeanE2E, r.MeanQueue, r.MeanOutputTokens))
 	}
+	if capacity != nil {
+		c.line("share: of the requests served; cap: of the capacity the router measured (learned prefill rate)")
+	}
+}
+
+// Shares returns each replica's share of the requests and its share of the
+// measured capacity (NaN for each replica when any has no measurement).
+func Shares(reps []ReplicaSummary, capacity map[string]float64) (shares, capShares []float64) {
+	var n, total float64
+	complete := len(capacity) > 0
+	for _, r := range reps {
+		n += float64(r.Requests)
+		if v, ok := capacity[r.Replica]; ok {
+			total += v
+		} else {
+			complete = false
+		}
+	}
+	shares, capShares = make([]float64, len(reps)), make([]float64, len(reps))
+	for i, r := range reps {
+		shares[i] = float64(r.Requests) / max(n, 1)
+		capShares[i] = math.NaN()
+		if complete && total > 0 {
+			capShares[i] = capacity[r.Replica] / total
+		}
+	}
+	return shares, capShares
 }
 
 // JSON is the report for a result file's Extra keys: the router and engine
@@ -213,11 +249,17 @@ func (rep *ServerReport) JSON(ps []float64) map[string]any {
 		RowITL:      distJSON(rep.Match.ITLDiffs(ps), ps), // per request: client mean gap − router mean gap
 	}
 	var reps []map[string]any
-	for _, r := range rep.Match.ByReplica() {
+	byReplica := rep.Match.ByReplica()
+	shares, capShares := Shares(byReplica, rep.Capacity)
+	for i, r := range byReplica {
 		reps = append(reps, map[string]any{
 			"replica": r.Replica, "requests": r.Requests, "mean_ttft_ms": r.MeanTTFT, "mean_tpot_ms": finiteOrNil(r.MeanTPOT),
 			"mean_e2e_ms": r.MeanE2E, "mean_queue_ms": r.MeanQueue, "mean_output_tokens": r.MeanOutputTokens,
+			"request_share": shares[i], "capacity_share": finiteOrNil(capShares[i]),
 		})
+	}
+	if e, n := rep.Match.PredictorError(); n > 0 {
+		out["gpurouter_predictor_ttft_abs_error_ms"] = map[string]any{"n": n, "p50": e.AbsMs50, "p90": e.AbsMs90, "rel_p50": e.Rel50, "rel_p90": e.Rel90}
 	}
 	out["gpurouter_replicas"] = reps
 	return out

@@ -192,7 +192,7 @@ func (x *exchange) finish(err error, status int) {
 		if x.completionTokens > 1 && !x.firstTok.IsZero() && x.outcome == outcomeOK {
 			decode := x.lastTok.Sub(x.firstTok)
 			x.rm.tpot.Observe(decode.Seconds() / float64(x.completionTokens-1))
-			x.up.replica.ObserveDecode(x.completionTokens, decode)
+			x.lease.ObserveDecode(x.completionTokens, decode)
 		}
 	}
 	s.records.add(x.record(e2eEnd))

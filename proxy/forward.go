@@ -95,9 +95,17 @@ func (x *exchange) pickRequest() balancer.Request {
 		PrefixHash:  x.req.prefixHash,
 		ArmKey:      x.id,
 		Arm:         x.arm,
-		Now:         x.received,
+		// When it is placed, not when it arrived: a request that waited
+		// in the admission queue must be judged by the replicas' state now.
+		Now: x.received,
 		// A long prompt must not queue behind another on one replica.
 		LongPrefillCap: x.ticket.LongPrefillCap(),
+		PromptTokens:   x.cost.PromptTokens,
+		OutputTokens:   x.cost.OutputTokens,
+		Room:           x.ticket.Room(),
+	}
+	if !x.admitted.IsZero() {
+		r.Now = x.admitted
 	}
 	if x.req.user != "" {
 		r.ArmKey = x.req.user // a user stays in one arm across requests
@@ -157,7 +165,7 @@ func (s *Server) forward(rt *routeTable, x *exchange, rep *balancer.Replica, ure
 		return nil, true, nil
 	}
 	work, kv, long := x.leaseCost()
-	lease, err := rep.AcquireCostKV(work, kv, long)
+	lease, err := rep.AcquireRequest(balancer.LeaseCost{Work: work, KV: kv, Long: long, PromptTokens: int64(x.cost.PromptTokens)})
 	if err != nil {
 		// An open breaker is not an attempt: nothing was sent.
 		return nil, true, fmt.Errorf("%w for model %q (breakers open)", ErrNoReplica, x.route.Pool.Model())

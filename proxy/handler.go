@@ -146,8 +146,12 @@ func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint,
 	// 4–5. Pick a replica (the pool's policy) and forward to it; before
 	// any byte has reached the client, a connection failure or a
 	// 502/503/429 picks another, up to MaxAttempts (forward.go).
-	ureq := s.upstreamRequest(ctx, x, ep, body)
 	pick := x.pickRequest()
+	if err := sloOf(ctx, &pick); err != nil {
+		s.reject(ctx, x, err)
+		return
+	}
+	ureq := s.upstreamRequest(ctx, x, ep, body)
 	var triedArr [8]*balancer.Replica
 	tried := triedArr[:0]
 	var resp *fasthttp.Response

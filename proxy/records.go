@@ -41,6 +41,13 @@ type Record struct {
 	// learned ratio under admission), so the estimator's error can be read
 	// against PromptTokens.
 	EstPromptTokens int `json:"est_prompt_tokens"`
+	// PredictedTTFTS is the TTFT the replica's latency predictor expected
+	// when the request was sent to it, and PlacedTTFTS the TTFT measured
+	// over the same span (sent to the replica → first token, without the
+	// router's queue): the predictor's error, request by request. 0 when
+	// unknown.
+	PredictedTTFTS float64 `json:"predicted_ttft_s,omitempty"`
+	PlacedTTFTS    float64 `json:"placed_ttft_s,omitempty"`
 	// Migrations is how many times the stream moved to another replica
 	// after its own failed (outcome "migrated"); ReplicaChain is the
 	// replicas it ran on, in order ("r0>r1"; "" when it never moved);
@@ -86,6 +93,10 @@ func (x *exchange) record(end time.Time) Record {
 	}
 	if !x.firstTok.IsZero() {
 		r.TTFTS = x.firstTok.Sub(x.received).Seconds()
+		if !x.sent.IsZero() && x.sent.Before(x.firstTok) {
+			r.PlacedTTFTS = x.firstTok.Sub(x.sent).Seconds()
+			r.PredictedTTFTS = x.lease.PredictedTTFT().Seconds()
+		}
 	}
 	if x.itlCount > 0 {
 		r.ITLMeanS = x.itlSum.Seconds() / float64(x.itlCount)

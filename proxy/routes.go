@@ -136,18 +136,19 @@ func (s *Server) serveDebugRequests(ctx *fasthttp.RequestCtx) {
 // serveDebugPools shows pools, policies and every replica's live state.
 func (s *Server) serveDebugPools(ctx *fasthttp.RequestCtx) {
 	type replicaView struct {
-		Name              string               `json:"name"`
-		URL               string               `json:"url"`
-		Weight            float64              `json:"weight"`
-		Healthy           bool                 `json:"healthy"`
-		Draining          bool                 `json:"draining"`
-		Breaker           string               `json:"breaker"`
-		InFlight          int64                `json:"in_flight"`
-		Served            int64                `json:"served"`
-		OutstandingTokens int64                `json:"outstanding_tokens"`
-		DecodeTokensPerS  float64              `json:"decode_tokens_per_s"`
-		Engine            *balancer.EngineLoad `json:"engine,omitempty"`
-		GPU               *balancer.GPULoad    `json:"gpu,omitempty"`
+		Name              string                  `json:"name"`
+		URL               string                  `json:"url"`
+		Weight            float64                 `json:"weight"`
+		Healthy           bool                    `json:"healthy"`
+		Draining          bool                    `json:"draining"`
+		Breaker           string                  `json:"breaker"`
+		InFlight          int64                   `json:"in_flight"`
+		Served            int64                   `json:"served"`
+		OutstandingTokens int64                   `json:"outstanding_tokens"`
+		DecodeTokensPerS  float64                 `json:"decode_tokens_per_s"`
+		Predictor         balancer.PredictorState `json:"predictor"`
+		Engine            *balancer.EngineLoad    `json:"engine,omitempty"`
+		GPU               *balancer.GPULoad       `json:"gpu,omitempty"`
 	}
 	type poolView struct {
 		Model      string         `json:"model"`
@@ -167,7 +168,7 @@ func (s *Server) serveDebugPools(ctx *fasthttp.RequestCtx) {
 			pv.Replicas = append(pv.Replicas, replicaView{
 				Name: r.Name(), URL: r.URL(), Weight: r.Weight(), Healthy: r.Healthy(), Draining: r.Draining(),
 				Breaker: r.BreakerState(), InFlight: r.InFlight(), Served: r.Served(),
-				OutstandingTokens: r.OutstandingTokens(), DecodeTokensPerS: r.DecodeSpeed(),
+				OutstandingTokens: r.OutstandingTokens(), DecodeTokensPerS: r.DecodeSpeed(), Predictor: r.Predictor(),
 				Engine: r.EngineLoad(), GPU: r.GPULoad(),
 			})
 		}

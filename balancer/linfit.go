@@ -1,0 +1,73 @@
+package balancer
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+)
+
+// linFit learns y ≈ A + B·x online by least squares with exponential
+// forgetting, so the fit follows a replica whose speed changes (a newer
+// sample weighs 1, one n samples old λⁿ). Observations take a small mutex;
+// the coefficients are published as atomics so predictions (the pickers'
+// hot path) read them without locking. The zero value has no fit yet:
+// Coeffs reports ok = false until the first observation.
+type linFit struct {
+	mu                  sync.Mutex
+	w, sx, sy, sxx, sxy float64 // decayed sums of 1, x, y, x², xy (under mu)
+	a, b                atomic.Uint64
+	n                   atomic.Int64 // observations so far
+}
+
+// fitForget is λ: the weight left to the previous samples at each new one
+// (an effective window of about 1/(1−λ) = 40 requests), so a replica that
+// slows down is re-learned within a few dozen of its requests.
+const fitForget = 0.975
+
+// observe adds one sample. x ≥ 0, y ≥ 0 are expected; others are ignored.
+func (f *linFit) observe(x, y float64) {
+	if !(x >= 0) || !(y >= 0) || math.IsInf(x, 0) || math.IsInf(y, 0) {
+		return
+	}
+	f.mu.Lock()
+	f.w = f.w*fitForget + 1
+	f.sx = f.sx*fitForget + x
+	f.sy = f.sy*fitForget + y
+	f.sxx = f.sxx*fitForget + x*x
+	f.sxy = f.sxy*fitForget + x*y
+	a, b := solveFit(f.w, f.sx, f.sy, f.sxx, f.sxy)
+	f.a.Store(math.Float64bits(a))
+	f.b.Store(math.Float64bits(b))
+	f.mu.Unlock()
+	f.n.Add(1)
+}
+
+// solveFit is the weighted least-squares line through the sums, kept
+// physical: a non-negative intercept (a fixed cost) and a non-negative
+// slope (more work never takes less time). When the samples' x barely vary
+// the slope is not identifiable; then the line goes through the origin and
+// the mean point, a pure rate.
+func solveFit(w, sx, sy, sxx, sxy float64) (a, b float64) {
+	mx, my := sx/w, sy/w
+	varx := sxx/w - mx*mx
+	if varx > 1e-9*math.Max(1, mx*mx) && w >= 3 {
+		b = (sxy/w - mx*my) / varx
+		a = my - b*mx
+	}
+	if !(b > 0) || a < 0 {
+		// Through the origin: y = (Σxy/Σx²)·x, the rate alone.
+		a = 0
+		if sxx > 0 {
+			b = sxy / sxx
+		}
+	}
+	return max(a, 0), max(b, 0)
+}
+
+// coeffs returns the current fit; ok is false before any observation.
+func (f *linFit) coeffs() (a, b float64, ok bool) {
+	if f.n.Load() == 0 {
+		return 0, 0, false
+	}
+	return math.Float64frombits(f.a.Load()), math.Float64frombits(f.b.Load()), true
+}

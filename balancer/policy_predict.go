@@ -1,0 +1,97 @@
+package balancer
+
+import "sync/atomic"
+
+var _ Picker = (*Predictive)(nil)
+
+// Predictive is the latency-predictive policy ("predictive"): for each
+// candidate it predicts the request's TTFT — the prefill queued ahead of it
+// there plus its own prompt, at the replica's learned prefill rate — and
+// its TPOT in the batch it would join (predict.go), and picks the replica
+// most likely to meet the request's SLOs: first those predicted to meet
+// both, then one, then neither; within a group the lowest predicted
+// latency (each over its objective, summed); near-ties (within
+// tieMargin) go to the replica with the fewest requests in flight for its
+// capacity. What it learns comes from the router's own measurements of
+// every request, so a slow or throttled replica is seen as slow after a
+// few of its requests, without a profile or a weight.
+//
+// Build with NewPicker("predictive"); the zero value is not usable.
+type Predictive struct {
+	cfg  *ScoreConfig
+	next atomic.Uint64
+}
+
+// tieMargin is how close two predictions must be, relative to the better,
+// for load to decide instead: predictions are estimates, and a
+// difference this small is noise that would otherwise herd every request
+// onto one replica between measurements.
+const tieMargin = 0.02
+
+// Pick returns the replica with the best predicted SLO attainment.
+func (p *Predictive) Pick(r *Request, candidates []*Replica) *Replica {
+	n := uint64(len(candidates))
+	if n == 0 {
+		return nil
+	}
+	pr := priorOf(candidates)
+	sloT, sloP := r.SLOTTFT, r.SLOTPOT
+	if sloT <= 0 {
+		sloT = p.cfg.SLOTTFT
+	}
+	if sloP <= 0 {
+		sloP = p.cfg.SLOTPOT
+	}
+	st, sp := sloT.Seconds(), sloP.Seconds()
+	start := p.next.Add(1) - 1
+	var best *Replica
+	var bestMiss int
+	var bestCost, bestLoad float64
+	var bestAt uint64
+	for i := uint64(0); i < n; i++ {
+		c := candidates[(start+i)%n]
+		if !eligible(c, r) {
+			continue
+		}
+		miss, cost, load := p.rate(c, r, &pr, st, sp)
+		if best == nil || better(miss, cost, load, bestMiss, bestCost, bestLoad) {
+			best, bestMiss, bestCost, bestLoad, bestAt = c, miss, cost, load, i
+		}
+	}
+	if best != nil {
+		advancePast(&p.next, start, bestAt)
+	}
+	return best
+}
+
+// rate predicts c's SLO misses for r (0–2), its cost (predicted TTFT and
+// TPOT, each over its objective, summed; stale telemetry under the
+// fail-closed posture adds saturatedScore) and its load (in flight over
+// capacity).
+func (p *Predictive) rate(c *Replica, r *Request, pr *prior, st, sp float64) (miss int, cost, load float64) {
+	e, stale := p.cfg.freshEngine(c, r.Now)
+	ttft, tpot := c.predict(r.PromptTokens, e, pr)
+	if ttft > st {
+		miss++
+	}
+	if tpot > sp {
+		miss++
+	}
+	cost = ttft/st + tpot/sp
+	if stale && !p.cfg.FailOpen {
+		miss, cost = 3, saturatedScore+cost
+	}
+	return miss, cost, float64(c.inFlight.Load()+1) / c.capacity()
+}
+
+// better orders two ratings: fewer predicted misses, then a cost lower by
+// more than tieMargin, then less load.
+func better(miss int, cost, load float64, bMiss int, bCost, bLoad float64) bool {
+	if miss != bMiss {
+		return miss < bMiss
+	}
+	if d := cost - bCost; d < -tieMargin*bCost || d > tieMargin*cost {
+		return d < 0
+	}
+	return load < bLoad
+}

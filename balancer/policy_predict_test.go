@@ -1,0 +1,115 @@
+package balancer_test
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/gpurouter/gpurouter/balancer"
+)
+
+// teach sends n requests of prompt tokens through r one at a time, each
+// taking perToken·prompt + fixed to its first token on clock c, and tpot
+// per output token over 10 tokens.
+func teach(t *testing.T, r *balancer.Replica, c *fakeClock, n int, prompt int64, perToken, fixed, tpot time.Duration) {
+	t.Helper()
+	for range n {
+		l, err := r.AcquireRequest(balancer.LeaseCost{PromptTokens: prompt})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.advance(fixed + time.Duration(prompt)*perToken)
+		l.PrefillDone()
+		l.ObserveDecode(11, 10*tpot)
+		l.Done(nil)
+	}
+}
+
+// The predictor learns each replica's prefill rate from the router's own
+// TTFTs (no profile), and re-learns it when the replica slows down.
+func TestPredictorLearnsAndAdapts(t *testing.T) {
+	c := newFakeClock()
+	r := newReplica(t, "r", c, replicaOpts{})
+	// Prompts of varied size, so the fixed cost and the rate both show.
+	for _, p := range []int64{500, 2000, 4000, 1000, 8000, 3000} {
+		teach(t, r, c, 3, p, 200*time.Microsecond, 20*time.Millisecond, 30*time.Millisecond)
+	}
+	st := r.Predictor()
+	if math.Abs(st.TTFTPerToken-200e-6) > 2e-6 || math.Abs(st.TTFTFixedS-0.020) > 0.002 {
+		t.Fatalf("learned TTFT ≈ %.4f s + %.2e s/token, want 0.020 + 2.00e-04", st.TTFTFixedS, st.TTFTPerToken)
+	}
+	if got := r.PredictTTFT(2500); math.Abs(got.Seconds()-0.52) > 0.01 {
+		t.Errorf("PredictTTFT(2500) = %v, want ≈ 520ms", got)
+	}
+	// The replica halves its speed: within 60 requests the fit follows.
+	for _, p := range []int64{500, 2000, 4000, 1000, 8000, 3000} {
+		teach(t, r, c, 10, p, 400*time.Microsecond, 20*time.Millisecond, 30*time.Millisecond)
+	}
+	if st := r.Predictor(); math.Abs(st.TTFTPerToken-400e-6)/400e-6 > 0.05 {
+		t.Errorf("after slowing down: %.2e s/token, want ≈ 4.00e-04 (within 5%%)", st.TTFTPerToken)
+	}
+	if st := r.Predictor(); st.PrefillQueuedTokens != 0 {
+		t.Errorf("queued prefill %d after every request ended, want 0", st.PrefillQueuedTokens)
+	}
+}
+
+// The predictive policy sends a request where its first token comes
+// soonest — a half-speed replica gets it only while the full-speed one's
+// queued prefill would take longer — and picks for the request's own SLO.
+func TestPredictivePicksByPredictedTTFT(t *testing.T) {
+	c := newFakeClock()
+	fast, slow := newReplica(t, "fast", c, replicaOpts{}), newReplica(t, "slow", c, replicaOpts{})
+	for _, p := range []int64{500, 2000, 4000, 1000} {
+		teach(t, fast, c, 3, p, 200*time.Microsecond, 10*time.Millisecond, 30*time.Millisecond)
+		teach(t, slow, c, 3, p, 400*time.Microsecond, 10*time.Millisecond, 30*time.Millisecond)
+	}
+	p, err := balancer.NewPicker("predictive")
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &balancer.Request{Now: c.now(), PromptTokens: 2000}
+	cands := []*balancer.Replica{slow, fast}
+	if got := p.Pick(req, cands); got != fast {
+		t.Fatalf("both idle: picked %s, want fast", got.Name())
+	}
+	// 3,000 tokens queued on fast: 0.01 + 5000·200µs = 1.01 s there
+	// against 0.01 + 2000·400µs = 0.81 s on the idle slow one.
+	if _, err := fast.AcquireRequest(balancer.LeaseCost{PromptTokens: 3000}); err != nil {
+		t.Fatal(err)
+	}
+	if got := p.Pick(req, cands); got != slow {
+		t.Errorf("fast has 3000 tokens queued: picked %s, want slow", got.Name())
+	}
+}
+
+// The request's own SLOs decide between a replica that would start it
+// sooner and one whose batch decodes faster.
+func TestPredictivePicksForTheRequestsSLO(t *testing.T) {
+	c := newFakeClock()
+	fast, slow := newReplica(t, "fast", c, replicaOpts{}), newReplica(t, "slow", c, replicaOpts{})
+	for _, p := range []int64{500, 2000, 4000, 1000} {
+		teach(t, fast, c, 3, p, 200*time.Microsecond, 10*time.Millisecond, 30*time.Millisecond)
+		teach(t, slow, c, 3, p, 400*time.Microsecond, 10*time.Millisecond, 150*time.Millisecond)
+	}
+	if _, err := fast.AcquireRequest(balancer.LeaseCost{PromptTokens: 3000}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := balancer.NewPicker("predictive")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cands := []*balancer.Replica{fast, slow}
+	// fast: TTFT 1.01 s, TPOT 60 ms (two in flight); slow: 0.81 s, 150 ms.
+	for _, tc := range []struct {
+		tpot time.Duration
+		want *balancer.Replica
+	}{
+		{200 * time.Millisecond, slow}, // only slow meets both
+		{100 * time.Millisecond, fast}, // each misses one: fast misses by less
+	} {
+		req := &balancer.Request{Now: c.now(), PromptTokens: 2000, SLOTTFT: 900 * time.Millisecond, SLOTPOT: tc.tpot}
+		if got := p.Pick(req, cands); got != tc.want {
+			t.Errorf("SLO TTFT 900ms, TPOT %v: picked %s, want %s", tc.tpot, got.Name(), tc.want.Name())
+		}
+	}
+}

@@ -1,0 +1,164 @@
+package balancer
+
+import (
+	"math"
+	"sync/atomic"
+	"time"
+)
+
+// predictor is what a replica learns about its own latency, online, from
+// the router's measurements of the requests it sends there — no offline
+// profile — so that a picker can predict a new request's TTFT and TPOT on
+// each replica before choosing:
+//
+//   - TTFT ≈ a + b·(prefill tokens queued ahead of it on the replica + its
+//     own prompt). vLLM schedules prefills first come, first served, so a
+//     request's first token waits for every prompt token sent there before
+//     it; b is the replica's inverse prefill rate (seconds per token, what a
+//     half-speed or throttled replica shows as twice the slope), a the fixed
+//     cost (a step, the network).
+//   - TPOT ≈ c + d·(requests in flight on the replica once it joins): the
+//     batch it would decode in.
+//
+// Both fits forget old samples (linFit), so a replica that slows down is
+// re-learned within a few dozen requests. The zero value knows nothing:
+// predictions fall back to the pool's other replicas, then to defaults.
+type predictor struct {
+	// prefillQueued is the prompt tokens of the router's requests on the
+	// replica that have not produced a first token: the prefill work a new
+	// request would queue behind.
+	prefillQueued atomic.Int64
+	// meanPrompt is an EWMA of the prompt tokens sent to the replica
+	// (float64 bits), to size requests the engine reports that this router
+	// did not send (other routers').
+	meanPrompt atomic.Uint64
+	ttft       linFit // x: tokens ahead + own prompt; y: seconds, sent → first token
+	tpot       linFit // x: requests in flight at send, own included; y: seconds per output token
+}
+
+// DefaultPrefillSecondsPerToken is the prefill cost assumed for a replica
+// before any replica of its pool has been measured (≈ 5,000 tokens/s, an
+// 8B model on one mid-range GPU). It only orders replicas until the first
+// response: the fit replaces it.
+const DefaultPrefillSecondsPerToken = 1.0 / 5000
+
+// promptAlpha weights a new prompt in the meanPrompt EWMA.
+const promptAlpha = 0.05
+
+// PredictorState is a replica's learned latency model, for /debug views
+// and the bench report: TTFT ≈ TTFTFixed + TTFTPerToken·(queued + prompt),
+// TPOT ≈ TPOTFixed + TPOTPerRequest·in-flight. Zero fields with Samples 0
+// mean nothing is learned yet.
+type PredictorState struct {
+	PrefillQueuedTokens int64   `json:"prefill_queued_tokens"`
+	TTFTFixedS          float64 `json:"ttft_fixed_s"`
+	TTFTPerToken        float64 `json:"ttft_s_per_token"`
+	TTFTSamples         int64   `json:"ttft_samples"`
+	TPOTFixedS          float64 `json:"tpot_fixed_s"`
+	TPOTPerRequest      float64 `json:"tpot_s_per_request"`
+	TPOTSamples         int64   `json:"tpot_samples"`
+}
+
+// Predictor returns the replica's learned latency model.
+func (r *Replica) Predictor() PredictorState {
+	s := PredictorState{PrefillQueuedTokens: r.pred.prefillQueued.Load()}
+	s.TTFTFixedS, s.TTFTPerToken, _ = r.pred.ttft.coeffs()
+	s.TPOTFixedS, s.TPOTPerRequest, _ = r.pred.tpot.coeffs()
+	s.TTFTSamples, s.TPOTSamples = r.pred.ttft.n.Load(), r.pred.tpot.n.Load()
+	return s
+}
+
+// prefillAhead is the prefill work, in prompt tokens, a request sent to the
+// replica now would wait behind: the router's own requests still in
+// prefill, plus — from a fresh engine snapshot — requests the engine holds
+// that this router did not send (other routers' traffic), sized at the
+// replica's mean prompt.
+func (r *Replica) prefillAhead(e *EngineLoad) float64 {
+	ahead := float64(max(r.pred.prefillQueued.Load(), 0))
+	if e != nil {
+		if others := e.Running + e.Waiting - int(r.tel.inFlightAtScrape.Load()); others > 0 {
+			ahead += float64(others) * math.Float64frombits(r.pred.meanPrompt.Load())
+		}
+	}
+	return ahead
+}
+
+// prior is what a pick assumes for replicas not yet measured: the mean of
+// the measured candidates' fits (so a new replica is neither flooded nor
+// starved), else the defaults.
+type prior struct {
+	ttftA, ttftB, tpotA, tpotB float64
+}
+
+func priorOf(candidates []*Replica) prior {
+	var p prior
+	var nT, nP float64
+	for _, c := range candidates {
+		if a, b, ok := c.pred.ttft.coeffs(); ok {
+			p.ttftA, p.ttftB, nT = p.ttftA+a, p.ttftB+b, nT+1
+		}
+		if a, b, ok := c.pred.tpot.coeffs(); ok {
+			p.tpotA, p.tpotB, nP = p.tpotA+a, p.tpotB+b, nP+1
+		}
+	}
+	if nT > 0 {
+		p.ttftA, p.ttftB = p.ttftA/nT, p.ttftB/nT
+	} else {
+		p.ttftB = DefaultPrefillSecondsPerToken
+	}
+	if nP > 0 {
+		p.tpotA, p.tpotB = p.tpotA/nP, p.tpotB/nP
+	}
+	return p
+}
+
+// predict returns the replica's predicted TTFT and TPOT, in seconds, for a
+// request of prompt tokens sent now; e is the fresh engine snapshot or nil.
+func (r *Replica) predict(prompt int, e *EngineLoad, p *prior) (ttft, tpot float64) {
+	a, b, ok := r.pred.ttft.coeffs()
+	if !ok || b <= 0 {
+		a, b = p.ttftA, p.ttftB
+	}
+	ttft = a + b*(r.prefillAhead(e)+float64(max(prompt, 0)))
+	c, d, ok := r.pred.tpot.coeffs()
+	if !ok {
+		c, d = p.tpotA, p.tpotB
+	}
+	tpot = c + d*float64(r.inFlight.Load()+1)
+	return ttft, tpot
+}
+
+// PredictTTFT is the replica's predicted time to first token for a request
+// of prompt tokens sent now, from what it has learned alone (the pool's
+// prior is a picker's business): what a lease records to compare with the
+// measured TTFT.
+func (r *Replica) PredictTTFT(prompt int) time.Duration {
+	p := prior{ttftB: DefaultPrefillSecondsPerToken}
+	ttft, _ := r.predict(prompt, nil, &p)
+	return time.Duration(ttft * float64(time.Second))
+}
+
+// startPrefill counts a request's prompt as queued prefill work and
+// returns the fit's x for it (the tokens ahead plus its own) and its
+// predicted TTFT.
+func (r *Replica) startPrefill(prompt int64) (x, predicted float64) {
+	prompt = max(prompt, 0)
+	ahead := r.pred.prefillQueued.Add(prompt) - prompt
+	x = float64(max(ahead, 0) + prompt)
+	a, b, ok := r.pred.ttft.coeffs()
+	if !ok {
+		a, b = 0, DefaultPrefillSecondsPerToken
+	}
+	for {
+		old := r.pred.meanPrompt.Load()
+		cur := math.Float64frombits(old)
+		next := float64(prompt)
+		if cur > 0 {
+			next = cur + promptAlpha*(next-cur)
+		}
+		if r.pred.meanPrompt.CompareAndSwap(old, math.Float64bits(next)) {
+			break
+		}
+	}
+	return x, a + b*x
+}
