@@ -293,7 +293,7 @@ func (k *Source) onError(resource string) cache.WatchErrorHandlerWithContext {
 			return
 		}
 		if apierrors.IsForbidden(err) {
-			k.log.Error(fmt.Sprintf("discovery: %v: the router may not list and watch %s in namespace %q; grant get, list, watch on them (the chart's Role does)",
+			k.log.Error(fmt.Sprintf("%v: the router may not list and watch %s in namespace %q; grant get, list, watch on them (the chart's Role does)",
 				ErrForbidden, resource, k.cfg.Namespace),
 				zap.String("model", k.cfg.Model), zap.Error(err))
 			return
