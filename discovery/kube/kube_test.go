@@ -398,4 +398,3 @@ func inferencePool(name, ns, model string, ports ...int64) *unstructured.Unstruc
 		},
 	}}
 }
-
