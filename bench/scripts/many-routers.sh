@@ -8,9 +8,9 @@
 # The workload: the first $PROMPTS requests of the Azure conversation trace
 # (shared/data/azure-llm-2023-conv.csv), replayed at its own arrival times,
 # time-scaled to $LOAD of the fleet's capacity. Capacity is probed first
-# (unless CAPACITY is given): the same requests sent all at once through one
-# router, and the throughput it sustains (admission holds the excess at the
-# router, so this is what the fleet can serve).
+# (unless CAPACITY is given), as `gpurouter bench sweep` defines it: the
+# highest Poisson rate in $PROBE_RATES at which one router meets the SLO at
+# P99 ($PROBE_PROMPTS requests of the trace's lengths per rate).
 #
 # Then it runs 1 router, $ROUTERS routers, 1, $ROUTERS ... ($ROUNDS rounds, so
 # a drift of the machine's load does not favour one side), and prints each
@@ -30,6 +30,8 @@ ROUTERS=${ROUTERS:-4}             # routers on the many side
 ROUNDS=${ROUNDS:-2}               # (1 router, N routers) pairs
 LOAD=${LOAD:-0.85}                # fraction of capacity
 CAPACITY=${CAPACITY:-}            # req/s; probed when empty
+PROBE_RATES=${PROBE_RATES:-8,10,12,14,16,18,20,22}
+PROBE_PROMPTS=${PROBE_PROMPTS:-400}
 PROFILE=${PROFILE:-qwen2.5-7b}    # gpurouter sim profiles
 SPEEDS=${SPEEDS:-1,1,1,0.5}       # one entry per replica
 POLICY=${POLICY:-least_loaded}
@@ -98,12 +100,17 @@ trace_rate=$(awk -F, -v n="$PROMPTS" 'NR==2{a=$1} NR==n+1{b=$1; exit} END{
 
 if [ -z "$CAPACITY" ]; then
   start_routers 1
+  slo=$(echo "$SLO" | tr ' ' ',')
   # shellcheck disable=SC2086
-  "$bin" bench sweep --request-rates inf $flags "${common[@]}" >"$work/probe.txt" 2>&1 || { cat "$work/probe.txt"; exit 1; }
+  "$bin" bench sweep --request-rates "$PROBE_RATES" --slo "$slo" --cooldown 5s $flags "${common[@]}" \
+    --num-prompts "$PROBE_PROMPTS" >"$work/probe.txt" 2>&1 || { cat "$work/probe.txt"; exit 1; }
   stop_routers
-  # The sweep table's row: | target | inf | completed | failed | req/s | ...
-  CAPACITY=$(awk -F'|' '$3 ~ /inf/ && $4 ~ /[0-9]/ {gsub(/ /, "", $6); print $6; exit}' "$work/probe.txt")
-  [ -n "$CAPACITY" ] || { echo "capacity probe printed no throughput:"; cat "$work/probe.txt"; exit 1; }
+  # The capacity table's row: | target | max compliant rate | ...
+  CAPACITY=$(awk -F'|' '/max compliant rate/ {getline; getline; gsub(/ /, "", $3); print $3; exit}' "$work/probe.txt")
+  case $CAPACITY in
+  '' | none | -) echo "capacity probe: no rate in $PROBE_RATES met the SLO:"; cat "$work/probe.txt"; exit 1 ;;
+  esac
+  grep -E '^\| 127' "$work/probe.txt" | head -20
   sleep 5 # let the engines drain
 fi
 scale=$(awk -v c="$CAPACITY" -v l="$LOAD" -v r="$trace_rate" 'BEGIN{printf "%.4f", c*l/r}')
