@@ -139,7 +139,10 @@ type poolConfig struct {
 	PathPrefix string          `yaml:"path_prefix"` // optional route, e.g. /v1/chat/tinyllama; requests under it need no model field
 	Policy     string          `yaml:"policy"`      // a balancer policy name; default least_loaded
 	Arms       []armConfig     `yaml:"arms"`        // optional A/B experiment; replaces policy when set
-	Replicas   []replicaConfig `yaml:"replicas"`    // at least one
+	Replicas   []replicaConfig `yaml:"replicas"`    // at least one, unless discovery sets them
+	// Discovery finds the replicas instead (DNS or Kubernetes); nil means
+	// the replicas list.
+	Discovery *discoveryConfig `yaml:"discovery,omitempty"`
 
 	// MaxTokensLimit caps the output tokens a request may ask for: a larger
 	// (or absent) max_tokens / max_completion_tokens is rewritten to it;

@@ -260,6 +260,7 @@ func applyDefaults(cfg *fileConfig) {
 		}
 		setInt(&p.Migration.MaxSeqLen, proxy.DefaultMigrationMaxSeqLen)
 		setDuration(&p.Migration.DrainGrace, proxy.DefaultDrainGrace)
+		applyDiscoveryDefaults(p)
 		// "aliases: []" and no aliases are the same configuration; one
 		// spelling keeps printed-then-reloaded configs equal.
 		if len(p.Aliases) == 0 {
@@ -335,6 +336,16 @@ func configFromFlags(listen string, pools []string, policy string) (fileConfig, 
 			continue
 		}
 		seen[model] = spec
+		if strings.HasPrefix(strings.TrimSpace(list), "dns://") {
+			pool, err := dnsPool(model, strings.TrimSpace(list))
+			if err != nil {
+				errs = append(errs, fmt.Errorf("--pool %q: %w", spec, err))
+				continue
+			}
+			pool.Policy = policy
+			cfg.Pools = append(cfg.Pools, pool)
+			continue
+		}
 		pool := poolConfig{Model: model, Policy: policy}
 		for i, raw := range strings.Split(list, ",") {
 			raw = strings.TrimSpace(raw)

@@ -99,6 +99,7 @@ func validate(cfg fileConfig) error {
 		v.errs = append(v.errs, err)
 	}
 	v.gpus(cfg.Pools)
+	v.discovery(cfg.Pools)
 	return errors.Join(v.errs...)
 }
 

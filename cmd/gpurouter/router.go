@@ -26,6 +26,9 @@ type router struct {
 	log   *zap.Logger
 	reg   *prometheus.Registry
 	gpus  *gpuSources
+	// sources are the discovery loops of the pools with discovery, built
+	// from the configuration at start; run runs them.
+	sources []runner
 
 	// file is the configuration last applied from the file (or the
 	// flags), admin edits aside: the rest of what --print-config and the
@@ -64,9 +67,13 @@ func newRouterProbing(cfg fileConfig, log *zap.Logger, prober balancer.Prober) (
 		},
 		Prober:           prober,
 		AdmissionMetrics: am,
+		DiscoveredGPU:    r.discoveredGPU,
 		Log:              log,
 	})
 	if err != nil {
+		return nil, err
+	}
+	if r.sources, err = r.discoverySources(cfg); err != nil {
 		return nil, err
 	}
 	r.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), r.fleet.Collector())
@@ -124,7 +131,7 @@ func (r *router) reloadFrom(load func() (fileConfig, error)) error {
 	var cfg fileConfig
 	var applyKeys func()
 	return r.fleet.Update(fleet.Change{
-		Next: func(fleet.Spec) (fleet.Spec, error) {
+		Next: func(cur fleet.Spec) (fleet.Spec, error) {
 			var err error
 			if cfg, err = load(); err != nil {
 				return fleet.Spec{}, err
@@ -132,7 +139,9 @@ func (r *router) reloadFrom(load func() (fileConfig, error)) error {
 			if applyKeys, err = prepareKeys(r.srv, cfg); err != nil {
 				return fleet.Spec{}, err
 			}
-			return r.spec(cfg)
+			next, err := r.spec(cfg)
+			keepDiscovered(&next, cur)
+			return next, err
 		},
 		Applied: func() {
 			old := r.file.Swap(&cfg)
@@ -164,6 +173,9 @@ func restartOnly(a, b fileConfig) []string {
 			out = append(out, f.name)
 		}
 	}
+	if !sameDiscovery(a, b) {
+		out = append(out, "pools[].discovery")
+	}
 	return out
 }
 
@@ -180,7 +192,7 @@ type runner interface {
 func (r *router) run(ctx context.Context, ln net.Listener, drain time.Duration, side ...runner) error {
 	bg, stopBG := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	for _, l := range append([]runner{r.fleet}, side...) {
+	for _, l := range append(append([]runner{r.fleet}, r.sources...), side...) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

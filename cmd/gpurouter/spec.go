@@ -63,6 +63,7 @@ func specPools(pcs []poolConfig) []fleet.Pool {
 			PathPrefix: pc.PathPrefix,
 			Policy:     pc.Policy,
 			MaxTokens:  pc.MaxTokensLimit,
+			Discovered: pc.Discovery != nil,
 		}
 		// validate reports an unknown name; here it reads as auto.
 		p.Engine, _ = gpu.ParseEngine(pc.Engine)
@@ -84,7 +85,9 @@ func filePools(spec fleet.Spec, file []poolConfig) []poolConfig {
 	out := make([]poolConfig, 0, len(spec.Pools))
 	for _, p := range spec.Pools {
 		var bindings map[string]*gpuConfig
+		var disc *discoveryConfig
 		if i := slices.IndexFunc(file, func(pc poolConfig) bool { return pc.Model == p.Model }); i >= 0 {
+			disc = file[i].Discovery
 			bindings = map[string]*gpuConfig{}
 			for _, rc := range file[i].Replicas {
 				bindings[rc.Name] = rc.GPU
@@ -98,11 +101,15 @@ func filePools(spec fleet.Spec, file []poolConfig) []poolConfig {
 			MaxTokensLimit: p.MaxTokens,
 			Engine:         engineName(p.Engine),
 			Migration:      fileMigration(p.Migration),
+			Discovery:      disc,
 		}
 		for _, a := range p.Arms {
 			pc.Arms = append(pc.Arms, armConfig{Name: a.Name, Policy: a.Policy, Share: a.Share})
 		}
 		for _, r := range p.Replicas {
+			if p.Discovered {
+				break // discovery's, not the file's: /debug/pools shows them
+			}
 			pc.Replicas = append(pc.Replicas, replicaConfig{URL: r.URL, Name: r.Name, Weight: r.Weight, GPU: bindings[r.Name]})
 		}
 		out = append(out, pc)
