@@ -38,11 +38,19 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/*
 gpurouter.config: the router's configuration file as rendered into the
-ConfigMap: .Values.config with listen set to the container port.
+ConfigMap: .Values.config with listen set to the container port and every
+Kubernetes discovery source's namespace named (the release's by default).
 */}}
 {{- define "gpurouter.config" -}}
 {{- $cfg := deepCopy (.Values.config | default dict) }}
 {{- $_ := set $cfg "listen" (printf "0.0.0.0:%v" .Values.containerPort) }}
+{{- range $p := $cfg.pools | default list }}
+{{- $k := (($p | default dict).discovery | default dict).kubernetes }}
+{{- if and $k (not $k.namespace) }}
+{{- /* Named, so the file says where it looks, as the Role does. */}}
+{{- $_ := set $k "namespace" $.Release.Namespace }}
+{{- end }}
+{{- end }}
 {{- toYaml $cfg }}
 {{- end }}
 
