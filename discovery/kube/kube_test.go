@@ -315,6 +315,8 @@ func TestKubeAgainstAPIServer(t *testing.T) {
 		sink.expect(t, "pool deleted", "")
 	})
 
+	t.Run("streams", func(t *testing.T) { testStreams(t, c, cs) })
+
 	t.Run("forbidden", func(t *testing.T) {
 		for _, tc := range []struct {
 			cfg  kube.Config
