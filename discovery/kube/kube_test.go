@@ -342,14 +342,14 @@ func TestKubeAgainstAPIServer(t *testing.T) {
 			// Wait for a retry (the informers' backoff starts at 0.8 s),
 			// then count the lines.
 			deadline := time.Now().Add(20 * time.Second)
-			for failures(t, reg) < 3 && time.Now().Before(deadline) {
+			for failures(t, reg) < 2 && time.Now().Before(deadline) {
 				time.Sleep(50 * time.Millisecond)
 			}
 			cancel()
 			if err := <-done; err != nil {
 				t.Fatal(err)
 			}
-			if n := failures(t, reg); n < 3 {
+			if n := failures(t, reg); n < 2 {
 				t.Fatalf("%s: %v refusals in 20s; want retries", tc.want, n)
 			}
 			lines := logs.FilterMessageSnippet(tc.want).All()

@@ -1,0 +1,101 @@
+package kube_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/gpurouter/gpurouter/discovery/kube"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+)
+
+// What pods and slices become, through client-go's fake clientset (no API
+// server needed): GPU annotations, IPv6 addresses, finished pods, a slice
+// port picked by number, and an endpoint that sits in two slices while the
+// controller moves it.
+func TestTranslationWithFakeClientset(t *testing.T) {
+	ctx := context.Background()
+	ready := []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+	pod := func(name, ip string, phase corev1.PodPhase, ann map[string]string) *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", Labels: map[string]string{"app": "vllm"}, Annotations: ann},
+			Status:     corev1.PodStatus{Phase: phase, PodIP: ip, Conditions: ready},
+		}
+	}
+	cs := fake.NewClientset(
+		pod("agent", "10.0.0.1", corev1.PodRunning, map[string]string{
+			kube.AnnotationGPUAgent: "http://10.0.0.1:9401", kube.AnnotationGPUUUID: "GPU-1"}),
+		pod("dcgm", "fd00::2", corev1.PodRunning, map[string]string{
+			kube.AnnotationDCGM: "http://10.0.0.9:9400/metrics", kube.AnnotationGPULabel: `pod="dcgm"`}),
+		pod("plain", "10.0.0.3", corev1.PodRunning, nil),
+		pod("done", "10.0.0.4", corev1.PodSucceeded, nil),
+	)
+	sink := newLatest()
+	src, err := kube.New(kube.Config{Model: "m", Namespace: "ns", Selector: "app=vllm", Port: 8000, GPUAnnotations: true}, kube.Clients{Core: cs}, sink, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, src)
+	sink.expect(t, "pods", "agent=http://10.0.0.1:8000, dcgm=http://[fd00::2]:8000, plain=http://10.0.0.3:8000")
+	sink.mu.Lock()
+	gpus := map[string]string{}
+	for _, e := range sink.eps {
+		gpus[e.Name] = e.GPU.AgentURL + " " + e.GPU.UUID + " " + e.GPU.DCGMURL + " " + e.GPU.Label
+	}
+	sink.mu.Unlock()
+	for name, want := range map[string]string{
+		"agent": "http://10.0.0.1:9401 GPU-1  ",
+		"dcgm":  "  http://10.0.0.9:9400/metrics pod=\"dcgm\"",
+		"plain": "   ",
+	} {
+		if gpus[name] != want {
+			t.Errorf("%s: GPU %q, want %q", name, gpus[name], want)
+		}
+	}
+
+	yes, no := true, false
+	metricsPort, httpPort := int32(9090), int32(8000)
+	slice := func(name string, ready *bool) *discoveryv1.EndpointSlice {
+		return &discoveryv1.EndpointSlice{
+			ObjectMeta:  metav1.ObjectMeta{Name: name, Namespace: "ns", Labels: map[string]string{discoveryv1.LabelServiceName: "vllm"}},
+			AddressType: discoveryv1.AddressTypeIPv4,
+			Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.0.0.5"}, Conditions: discoveryv1.EndpointConditions{Ready: ready},
+				TargetRef: &corev1.ObjectReference{Kind: "Pod", Name: "vllm-0"}}},
+			Ports: []discoveryv1.EndpointPort{{Port: &metricsPort}, {Port: &httpPort}},
+		}
+	}
+	cs2 := fake.NewClientset(slice("old", &no), slice("new", &yes))
+	sink2 := newLatest()
+	src2, err := kube.New(kube.Config{Model: "m", Namespace: "ns", Service: "vllm", Port: 8000}, kube.Clients{Core: cs2}, sink2, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, src2)
+	sink2.expect(t, "one endpoint in two slices, the ready copy wins", "vllm-0=http://10.0.0.5:8000")
+	if err := cs2.DiscoveryV1().EndpointSlices("ns").Delete(ctx, "new", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	sink2.expect(t, "the ready copy gone", "vllm-0=http://10.0.0.5:8000 draining")
+}
+
+func TestConfigCheck(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  kube.Config
+		ok   bool
+	}{
+		{"pods", kube.Config{Namespace: "n", Selector: "app=x", Port: 80}, true},
+		{"service by name", kube.Config{Namespace: "n", Service: "s", PortName: "http"}, true},
+		{"pool", kube.Config{Namespace: "n", InferencePool: "p", GPUAnnotations: true}, true},
+		{"nothing", kube.Config{Namespace: "n"}, false},
+		{"no namespace", kube.Config{Service: "s"}, false},
+		{"two", kube.Config{Namespace: "n", Service: "s", InferencePool: "p"}, false},
+		{"bad port", kube.Config{Namespace: "n", Service: "s", Port: 70000}, false},
+	} {
+		if err := tc.cfg.Check(); (err == nil) != tc.ok {
+			t.Errorf("%s: Check() = %v", tc.name, err)
+		}
+	}
+}
