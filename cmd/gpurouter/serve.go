@@ -132,7 +132,9 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 
-	log, err := newLogger(cfg.Log, stderr)
+	// The log is buffered (logbuf.go): the deferred Sync writes what the
+	// drain logged after the flush loop stopped.
+	log, logBuf, err := newBufferedLogger(cfg.Log, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "serve: %v\n", err)
 		return 1
@@ -156,7 +158,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	// the fleet change, so it is applied as it is when the reload takes
 	// effect.
 	reload := func() error { return r.reloadFrom(load) }
-	var side []runner
+	side := []runner{logBuf}
 	if cfg.Admin.Listen != "" {
 		adminLn, err := net.Listen("tcp", cfg.Admin.Listen)
 		if err != nil {
@@ -180,6 +182,12 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 }
 
 func newLogger(lc logConfig, w io.Writer) (*zap.Logger, error) {
+	return newLoggerSync(lc, zapcore.Lock(zapcore.AddSync(w)))
+}
+
+// newLoggerSync is newLogger writing to ws, which must be safe for
+// concurrent use.
+func newLoggerSync(lc logConfig, ws zapcore.WriteSyncer) (*zap.Logger, error) {
 	level, err := zapcore.ParseLevel(lc.Level)
 	if err != nil {
 		return nil, err
@@ -192,5 +200,5 @@ func newLogger(lc logConfig, w io.Writer) (*zap.Logger, error) {
 	} else {
 		enc = zapcore.NewJSONEncoder(encCfg)
 	}
-	return zap.New(zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(w)), level)), nil
+	return zap.New(zapcore.NewCore(enc, ws, level)), nil
 }
