@@ -2,8 +2,8 @@ package proxy
 
 import (
 	"fmt"
-	"math"
 	"net"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -14,12 +14,21 @@ import (
 // total deadline), and aborts it. fasthttp reports a vanished client only
 // through a failed write, and during an engine's prefill nothing is
 // written, so a silent timer peeks at the client socket instead.
+//
+// Most requests end long before the first check, so a watch costs one
+// timer until then: the client connection is prepared for peeking (its
+// read deadline cleared, its socket looked up) by the first check, not
+// when the watch starts.
 type clientWatch struct {
-	x       *exchange
-	raw     syscall.RawConn // nil when the client conn is not a plain socket (TLS, in-memory)
-	abort   func(error)
-	every   time.Duration
+	x     *exchange
+	conn  net.Conn
+	abort func(error)
+	every time.Duration
+
+	mu      sync.Mutex // orders the first check's setup against stop
 	timer   Timer
+	raw     syscall.RawConn // nil when the client conn is not a plain socket (TLS, in-memory)
+	ready   bool            // the first check has prepared conn
 	stopped atomic.Bool
 }
 
@@ -42,28 +51,45 @@ func (s *Server) newTimer(d time.Duration, f func()) Timer {
 
 // startWatch arms a watch over conn that calls abort at most once.
 func (s *Server) startWatch(x *exchange, conn net.Conn, abort func(error)) *clientWatch {
-	w := &clientWatch{x: x, abort: abort, every: s.cfg.DisconnectCheck}
+	w := &clientWatch{x: x, conn: conn, abort: abort, every: s.cfg.DisconnectCheck}
+	// tick reads w.timer under mu: set it under mu too, for the race
+	// detector as for the CPU.
+	w.mu.Lock()
+	w.timer = s.newTimer(w.every, w.tick)
+	w.mu.Unlock()
+	return w
+}
+
+// prepare readies conn for peeking, once, unless the watch has stopped
+// (the request is over and fasthttp may be arming the next one's read
+// deadline): false then.
+func (w *clientWatch) prepare() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped.Load() {
+		return false
+	}
+	if w.ready {
+		return true
+	}
+	w.ready = true
 	// fasthttp arms a read deadline (the server's ReadTimeout) to read the
 	// request and re-arms it before reading the next one; left in place it
 	// would make every peek after it fail, so a long stream would look like
 	// a vanished client.
-	if conn != nil {
-		conn.SetReadDeadline(time.Time{}) //nolint:errcheck
+	if w.conn != nil {
+		w.conn.SetReadDeadline(time.Time{}) //nolint:errcheck
 	}
-	if sc, ok := conn.(syscall.Conn); ok {
+	if sc, ok := w.conn.(syscall.Conn); ok {
 		if raw, err := sc.SyscallConn(); err == nil {
 			w.raw = raw
 		}
 	}
-	// tick reads w.timer: arm it only once the field is set (Reset orders
-	// the write before the tick, for the race detector as for the CPU).
-	w.timer = s.newTimer(time.Duration(math.MaxInt64), w.tick)
-	w.timer.Reset(w.every)
-	return w
+	return true
 }
 
 func (w *clientWatch) tick() {
-	if w.stopped.Load() {
+	if !w.prepare() {
 		return
 	}
 	s := w.x.s
@@ -78,7 +104,10 @@ func (w *clientWatch) tick() {
 		w.abort(fmt.Errorf("%w: total request deadline %s", ErrTimeout, s.cfg.TotalTimeout))
 		return
 	}
-	w.timer.Reset(w.every)
+	w.mu.Lock()
+	t := w.timer
+	w.mu.Unlock()
+	t.Reset(w.every)
 }
 
 // stop ends the watch; safe to call more than once and on a nil watch.
@@ -86,6 +115,9 @@ func (w *clientWatch) stop() {
 	if w == nil {
 		return
 	}
+	w.mu.Lock()
 	w.stopped.Store(true)
-	w.timer.Stop()
+	t := w.timer
+	w.mu.Unlock()
+	t.Stop()
 }

@@ -49,8 +49,8 @@ func TestWatchInjectedTimer(t *testing.T) {
 	s := &Server{
 		cfg: Config{DisconnectCheck: time.Minute, TotalTimeout: 10 * time.Second},
 		now: func() time.Time { return now },
-		afterFunc: func(_ time.Duration, f func()) Timer {
-			h := &handTimer{f: f}
+		afterFunc: func(d time.Duration, f func()) Timer {
+			h := &handTimer{f: f, resets: []time.Duration{d}} // arming counts as the first reset
 			timers = append(timers, h)
 			return h
 		},
