@@ -173,14 +173,17 @@ func (c *Controller) admitSlow(ctx context.Context, cost Cost, tokens int64) (Ti
 	deadline, ownTimer := c.deadlineOf(ctx, cost, now)
 	if !deadline.IsZero() {
 		wait, known := c.estimateWait(e, now)
-		if !deadline.After(now) || known && now.Add(wait).After(deadline) {
+		// An SLO deadline (ExpireAtDeadline) is not judged by the queue's
+		// drain-rate estimate, which is coarse: a request that might still
+		// make it waits, and is shed the moment it no longer can.
+		if !deadline.After(now) || known && !cost.ExpireAtDeadline && now.Add(wait).After(deadline) {
 			c.dequeue(e)
 			c.dispatch(now)
 			err := c.shed(ReasonDeadline, class, wait)
 			c.mu.Unlock()
 			return Ticket{}, err
 		}
-		if ownTimer && c.cfg.ExpireQueued {
+		if ownTimer && (c.cfg.ExpireQueued || cost.ExpireAtDeadline) {
 			e.timer = c.clock.AfterFunc(deadline.Sub(now), func() { c.expire(e) })
 		}
 	}

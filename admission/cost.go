@@ -38,6 +38,13 @@ type Cost struct {
 
 	rawPrompt   int  // the uncorrected prompt estimate Estimator.Cost started from; 0 if none
 	learnOutput bool // OutputTokens came from the learned distribution (no max_tokens)
+
+	// ExpireAtDeadline makes Deadline a hard one for this request even
+	// without Config.ExpireQueued: still queued when it passes, the request
+	// is shed (ReasonExpired) — a deadline that comes from a latency
+	// objective (the TTFT SLO header), after which serving it is wasted work
+	// that would push requests that can still meet theirs past them.
+	ExpireAtDeadline bool
 }
 
 // Tokens is the request's total cost, prefill plus decode, at least 1 so

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/gpurouter/gpurouter/balancer"
 )
@@ -15,6 +16,7 @@ const (
 	DefaultLongPrefillTokens = 4096 // tokens
 	DefaultMaxLongPrefills   = 1
 	DefaultShortLanes        = 1
+	DefaultMaxPrefillWait    = time.Second
 )
 
 // Capacity is the one question the Controller asks of its pool: could some
@@ -68,6 +70,13 @@ type SaturationConfig struct {
 	// rather than take the last replica a short request could start on at
 	// once. Negative means none kept. Applied by Admissible, over the pool.
 	ShortLanes int
+	// MaxPrefillWait is how much prefill may be queued on a replica, in
+	// time at its learned prefill rate (ReplicaLoad.PrefillWait), before it
+	// is saturated (default 1s): enough to keep the engine busy until the
+	// router sends the next, not so much that a burst waits in the engine's
+	// first-come-first-served queue, where a short prompt sits behind long
+	// ones and no deadline is looked at. Negative ignores it.
+	MaxPrefillWait time.Duration
 }
 
 // WithDefaults returns s with every zero field set to its default.
@@ -86,6 +95,9 @@ func (s SaturationConfig) WithDefaults() SaturationConfig {
 	}
 	if s.ShortLanes == 0 {
 		s.ShortLanes = DefaultShortLanes
+	}
+	if s.MaxPrefillWait == 0 {
+		s.MaxPrefillWait = DefaultMaxPrefillWait
 	}
 	return s
 }
@@ -115,7 +127,8 @@ func (s SaturationConfig) TokenBudget(kvCapacityTokens int64) int64 {
 // Saturated reports whether the replica can take no request at all without
 // queueing inside the engine: telemetry stale, resting after a refusal,
 // requests waiting beyond
-// MaxWaiting, KV usage at the threshold, or the token budget used up.
+// MaxWaiting, KV usage at the threshold, prefill queued for MaxPrefillWait
+// or more, or the token budget used up.
 func (s SaturationConfig) Saturated(r ReplicaLoad) bool {
 	s = s.WithDefaults()
 	switch {
@@ -124,6 +137,8 @@ func (s SaturationConfig) Saturated(r ReplicaLoad) bool {
 	case s.MaxWaiting >= 0 && r.Waiting > s.MaxWaiting:
 		return true
 	case s.KVUsageThreshold >= 0 && r.KVUsage >= s.KVUsageThreshold:
+		return true
+	case s.MaxPrefillWait > 0 && r.PrefillWait >= s.MaxPrefillWait:
 		return true
 	}
 	b := s.TokenBudget(r.KVCapacityTokens)
@@ -170,6 +185,9 @@ func (s SaturationConfig) Level(r ReplicaLoad) float64 {
 	}
 	if b := s.TokenBudget(r.KVCapacityTokens); b > 0 {
 		l = max(l, float64(r.OutstandingTokens)/float64(b))
+	}
+	if s.MaxPrefillWait > 0 {
+		l = max(l, r.PrefillWait.Seconds()/s.MaxPrefillWait.Seconds())
 	}
 	return l
 }

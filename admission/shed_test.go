@@ -195,6 +195,8 @@ func TestDeadlineExpiresWhileQueued(t *testing.T) {
 	}{
 		{"cost deadline", Config{ExpireQueued: true}, Cost{PromptTokens: 1, Deadline: newFakeClock().Now().Add(5 * time.Second)}},
 		{"default timeout", Config{DefaultTimeout: 5 * time.Second, ExpireQueued: true}, tok(1, 0)},
+		// An SLO deadline expires on its own, whatever the pool's ExpireQueued.
+		{"slo deadline", Config{}, Cost{PromptTokens: 1, Deadline: newFakeClock().Now().Add(5 * time.Second), ExpireAtDeadline: true}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

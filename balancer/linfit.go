@@ -43,25 +43,42 @@ func (f *linFit) observe(x, y float64) {
 }
 
 // solveFit is the weighted least-squares line through the sums, kept
-// physical: a non-negative intercept (a fixed cost) and a non-negative
-// slope (more work never takes less time). When the samples' x barely vary
-// the slope is not identifiable; then the line goes through the origin and
-// the mean point, a pure rate.
+// physical: a non-negative slope (more work never takes less time) and an
+// intercept (a fixed cost) that is non-negative and at most half the mean
+// y — a few samples at similar x must not pass the whole cost off as fixed
+// and leave a slope that makes a slow replica look fast. Until there are
+// fitMinSamples, or when x barely varies, or when the intercept comes out
+// unphysical, the line goes through the origin: a pure rate, Σxy/Σx².
 func solveFit(w, sx, sy, sxx, sxy float64) (a, b float64) {
 	mx, my := sx/w, sy/w
 	varx := sxx/w - mx*mx
-	if varx > 1e-9*math.Max(1, mx*mx) && w >= 3 {
+	if w >= fitMinSamples && varx > 1e-6*mx*mx {
 		b = (sxy/w - mx*my) / varx
 		a = my - b*mx
 	}
-	if !(b > 0) || a < 0 {
-		// Through the origin: y = (Σxy/Σx²)·x, the rate alone.
-		a = 0
+	if !(b > 0) || a < 0 || a > my/2 {
+		a, b = 0, 0
 		if sxx > 0 {
 			b = sxy / sxx
 		}
 	}
-	return max(a, 0), max(b, 0)
+	return a, max(b, 0)
+}
+
+// fitMinSamples is how many (decayed) samples a fit needs before it
+// separates a fixed cost from the rate.
+const fitMinSamples = 10
+
+// rate is the samples' mean x over mean y (Σx/Σy; for the TTFT fit,
+// prompt tokens per second of TTFT): the replica's measured speed, robust
+// to how the line splits it into fixed cost and slope. 0 before any sample.
+func (f *linFit) rate() float64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.sy <= 0 {
+		return 0
+	}
+	return f.sx / f.sy
 }
 
 // coeffs returns the current fit; ok is false before any observation.

@@ -12,6 +12,11 @@ type ReplicaLoad struct {
 	KVCapacityTokens  int64   // KV capacity in tokens (num_gpu_blocks × block_size); 0 if unknown
 	OutstandingTokens int64   // KV footprint the router has placed there and not seen finish (prompt + expected output each)
 	LongPrefills      int     // router-side long-prompt requests not yet past prefill (no first token)
+	// PrefillWait is how long a request sent now would wait behind the
+	// prefill work already queued there: the router's requests not yet
+	// past their first token, at the replica's learned prefill rate
+	// (predict.go). It does not go stale: it is the router's own count.
+	PrefillWait time.Duration
 	// Resting marks a replica that refused a request (429/503) and asked
 	// for a pause (Replica.Rest): saturated until the pause ends.
 	Resting bool
@@ -50,6 +55,7 @@ func (r *Replica) loadAt(now time.Time, c *ScoreConfig, allStale bool) ReplicaLo
 		OutstandingTokens: r.kvReserved.Load(),
 		LongPrefills:      int(r.longPrefills.Load()),
 		Resting:           r.Resting(now),
+		PrefillWait:       r.prefillWait(),
 	}
 	if e := r.tel.engine.Load(); e != nil {
 		switch {

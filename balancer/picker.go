@@ -81,11 +81,11 @@ type PickerOptions struct {
 
 // Policies lists the policy names NewPicker knows.
 func Policies() []string {
-	return []string{"predictive", "least_loaded", "least_request", "round_robin", "random", "kv_aware", "p2c", "least_tokens", "prefix_affinity", "session_affinity"}
+	return []string{"least_loaded", "least_request", "round_robin", "random", "kv_aware", "p2c", "least_tokens", "prefix_affinity", "session_affinity", "predictive"}
 }
 
 // DefaultPolicy is the policy of a pool that names none.
-const DefaultPolicy = "least_loaded"
+const DefaultPolicy = "predictive"
 
 // NewPicker builds the named policy with default options.
 func NewPicker(name string) (Picker, error) { return NewPickerWith(name, PickerOptions{}) }
@@ -102,9 +102,9 @@ func NewPickerWith(name string, o PickerOptions) (Picker, error) {
 		return &RoundRobin{}, nil
 	case "least_request":
 		return &LeastRequest{}, nil
-	case "predictive":
+	case "predictive", "":
 		return &Predictive{cfg: &cfg}, nil
-	case "least_loaded", "":
+	case "least_loaded":
 		return &scanPicker{s: loadScorer{&cfg}}, nil
 	case "kv_aware":
 		return &scanPicker{s: kvScorer{&cfg}}, nil

@@ -54,9 +54,13 @@ type PredictorState struct {
 	TTFTFixedS          float64 `json:"ttft_fixed_s"`
 	TTFTPerToken        float64 `json:"ttft_s_per_token"`
 	TTFTSamples         int64   `json:"ttft_samples"`
-	TPOTFixedS          float64 `json:"tpot_fixed_s"`
-	TPOTPerRequest      float64 `json:"tpot_s_per_request"`
-	TPOTSamples         int64   `json:"tpot_samples"`
+	// PrefillTokensPerS is the replica's measured prefill speed: prompt
+	// tokens (its own and those queued ahead) per second of TTFT over the
+	// fit's samples — the capacity bench compares request shares with.
+	PrefillTokensPerS float64 `json:"prefill_tokens_per_s"`
+	TPOTFixedS        float64 `json:"tpot_fixed_s"`
+	TPOTPerRequest    float64 `json:"tpot_s_per_request"`
+	TPOTSamples       int64   `json:"tpot_samples"`
 }
 
 // Predictor returns the replica's learned latency model.
@@ -65,6 +69,7 @@ func (r *Replica) Predictor() PredictorState {
 	s.TTFTFixedS, s.TTFTPerToken, _ = r.pred.ttft.coeffs()
 	s.TPOTFixedS, s.TPOTPerRequest, _ = r.pred.tpot.coeffs()
 	s.TTFTSamples, s.TPOTSamples = r.pred.ttft.n.Load(), r.pred.tpot.n.Load()
+	s.PrefillTokensPerS = r.pred.ttft.rate()
 	return s
 }
 
@@ -81,6 +86,20 @@ func (r *Replica) prefillAhead(e *EngineLoad) float64 {
 		}
 	}
 	return ahead
+}
+
+// prefillWait is the time the router's own queued prefill on the replica
+// takes at its learned rate (the default rate before it has one).
+func (r *Replica) prefillWait() time.Duration {
+	q := r.pred.prefillQueued.Load()
+	if q <= 0 {
+		return 0
+	}
+	_, b, ok := r.pred.ttft.coeffs()
+	if !ok || b <= 0 {
+		b = DefaultPrefillSecondsPerToken
+	}
+	return time.Duration(float64(q) * b * float64(time.Second))
 }
 
 // prior is what a pick assumes for replicas not yet measured: the mean of
@@ -126,6 +145,27 @@ func (r *Replica) predict(prompt int, e *EngineLoad, p *prior) (ttft, tpot float
 	}
 	tpot = c + d*float64(r.inFlight.Load()+1)
 	return ttft, tpot
+}
+
+// PrefillTime is the shortest time any available replica of the pool
+// would take to prefill a prompt of n tokens with nothing queued ahead, at
+// what it has learned (the default rate before anything is learned): the
+// least of a request's TTFT that waiting at the router cannot save.
+func (p *Pool) PrefillTime(n int, now time.Time) time.Duration {
+	best := -1.0
+	for _, r := range *p.replicas.Load() {
+		if !r.Available(now) {
+			continue
+		}
+		a, b, ok := r.pred.ttft.coeffs()
+		if !ok || b <= 0 {
+			a, b = 0, DefaultPrefillSecondsPerToken
+		}
+		if t := a + b*float64(max(n, 0)); best < 0 || t < best {
+			best = t
+		}
+	}
+	return time.Duration(max(best, 0) * float64(time.Second))
 }
 
 // PredictTTFT is the replica's predicted time to first token for a request

@@ -282,13 +282,13 @@ func (o *Observer) capacity(ctx context.Context) map[string]float64 {
 	var out map[string]float64
 	for _, p := range pools {
 		for _, r := range p.Replicas {
-			if r.Predictor == nil || r.Predictor.TTFTSamples == 0 || r.Predictor.TTFTPerToken <= 0 {
+			if r.Predictor == nil || r.Predictor.TTFTSamples == 0 || r.Predictor.PrefillTokensPerS <= 0 {
 				continue
 			}
 			if out == nil {
 				out = map[string]float64{}
 			}
-			out[r.Name] = 1 / r.Predictor.TTFTPerToken
+			out[r.Name] = r.Predictor.PrefillTokensPerS
 		}
 	}
 	return out

@@ -108,12 +108,13 @@ type RouterReplica struct {
 }
 
 // RouterPredictor is the part of a replica's learned latency model bench
-// reads: the prefill cost per token (its inverse is the replica's measured
-// prefill rate, its capacity as the router measured it) and how many
-// requests taught it.
+// reads: the prefill cost per token, the measured prefill speed (prompt
+// tokens per second of TTFT: the replica's capacity as the router measured
+// it) and how many requests taught them.
 type RouterPredictor struct {
-	TTFTPerToken float64 `json:"ttft_s_per_token"`
-	TTFTSamples  int64   `json:"ttft_samples"`
+	TTFTPerToken      float64 `json:"ttft_s_per_token"`
+	TTFTSamples       int64   `json:"ttft_samples"`
+	PrefillTokensPerS float64 `json:"prefill_tokens_per_s"`
 }
 
 // RouterAPI reads a gpurouter's debug endpoints. The zero value is usable:

@@ -48,6 +48,23 @@ func (s *Server) steer(ctx *fasthttp.RequestCtx, x *exchange) error {
 		}
 		x.cost.Deadline = x.received.Add(d)
 	}
+	// A TTFT objective is a deadline too: a request still waiting at the
+	// router when it passes can no longer meet it, and serving it anyway
+	// would only push others past theirs; shed it then (at once when not
+	// even an idle replica could prefill it in time).
+	if v := ctx.Request.Header.Peek(headerSLOTTFT); len(v) > 0 {
+		d, err := parseTimeout(string(v))
+		if err != nil {
+			return badParam(headerSLOTTFT, err.Error())
+		}
+		// Admitted after received + SLO − its own prefill, the request
+		// cannot meet the SLO on any replica.
+		d -= x.route.Pool.PrefillTime(x.cost.PromptTokens, x.received)
+		if dl := x.received.Add(d); x.cost.Deadline.IsZero() || dl.Before(x.cost.Deadline) {
+			x.cost.Deadline = dl
+		}
+		x.cost.ExpireAtDeadline = true
+	}
 	return nil
 }
 

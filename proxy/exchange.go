@@ -133,6 +133,11 @@ func (x *exchange) tokenChunk(now time.Time) {
 		}
 		x.lease.Progress(x.prefillWork())
 		x.lease.PrefillDone()
+		// The replica's queued prefill just shrank (a saturation signal):
+		// a request held at the router may fit now. Free when none waits.
+		if x.route != nil && x.route.Admission != nil {
+			x.route.Admission.Poke()
+		}
 	} else {
 		gap := now.Sub(x.lastTok)
 		x.itlCount++

@@ -200,7 +200,7 @@ func TestConfigDefaults(t *testing.T) {
 		{"health.path", cfg.Health.Path, "/health"},
 		{"breaker.consecutive_failures", cfg.Breaker.ConsecutiveFailures, 5},
 		{"shutdown.drain_timeout", cfg.Shutdown.DrainTimeout, 30 * time.Second},
-		{"pool policy", cfg.Pools[0].Policy, "least_loaded"},
+		{"pool policy", cfg.Pools[0].Policy, "predictive"},
 		{"telemetry.interval", cfg.Telemetry.Interval, 200 * time.Millisecond},
 		{"telemetry.stale_after", cfg.Telemetry.StaleAfter, time.Second},
 		{"telemetry.fail_open", cfg.Telemetry.FailOpen, false},

@@ -1,0 +1,209 @@
+#!/usr/bin/env bash
+# gpurouter against HAProxy leastconn (issue 14): one rerunnable matrix.
+#
+# The fleet: 4 simulated llama3-8b-a10 replicas (`gpurouter sim`), the last at
+# half speed, started fresh for every run. Workloads:
+#   conv85    the first $CONV_PROMPTS rows of the Azure conversation trace at
+#             its own arrival times, time-scaled to ~85% of the fleet's capacity
+#   conv130   the same rows compressed to ~1.3x capacity
+#   burst     synthetic, prefill-heavy and bursty: prompts 1-8k tokens
+#             (4500 +-78%), outputs 10-60 (35 +-78%), gamma arrivals with
+#             burstiness $BURSTINESS (bursts well above capacity, lulls between)
+#             at a mean $BURST_RATE req/s (~85% of capacity)
+# Configurations per workload: round_robin; HAProxy 2.6 `balance leastconn`
+# (bench/scripts/haproxy.cfg); the router's default (no --policy flag); the
+# default with --admission off. Every client request carries its SLOs as
+# X-Gpurouter-Slo-Ttft/-Tpot headers (HAProxy and round_robin ignore them);
+# goodput is judged on the same SLOs.
+#
+# Capacity (req/s of a full-speed replica, from `gpurouter sim predict` at
+# saturation: 1.37 for the trace's lengths, 0.78 for the burst's) times 3.5
+# replica-equivalents: ~4.8 req/s for the trace, ~2.7 for the burst.
+#
+# It prints one table: per run P50/P99 TTFT, P99 TPOT, goodput, throughput,
+# failures, every replica's share of requests (counted by the engines) beside
+# its share of the capacity the router measured, and the router's TTFT
+# predictor |error| P50/P90; then the issue's acceptance ratios.
+#
+#   bench/scripts/vs-haproxy.sh                 # the whole matrix (~25 min)
+#   WORKLOADS=burst CONFIGS="haproxy default" bench/scripts/vs-haproxy.sh
+#
+# Needs haproxy (apt-get install -y haproxy) and python3. Everything runs on
+# loopback; every process it starts is stopped on exit.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+TRACE=${TRACE:-../shared/data/azure-llm-2023-conv.csv}
+WORKLOADS=${WORKLOADS:-conv85 conv130 burst}
+CONFIGS=${CONFIGS:-round_robin haproxy default default_admission_off}
+CONV_PROMPTS=${CONV_PROMPTS:-400}
+CONV85_SCALE=${CONV85_SCALE:-1.09}   # 3.76 req/s (the rows' own rate) x 1.09 = 4.1 req/s
+CONV130_SCALE=${CONV130_SCALE:-1.66} # 6.2 req/s
+CONV_SLO_TTFT=${CONV_SLO_TTFT:-2000} # ms
+CONV_SLO_TPOT=${CONV_SLO_TPOT:-100}  # ms
+BURST_PROMPTS=${BURST_PROMPTS:-250}
+BURST_RATE=${BURST_RATE:-2.3}
+BURSTINESS=${BURSTINESS:-0.15}
+BURST_SLO_TTFT=${BURST_SLO_TTFT:-6000}
+BURST_SLO_TPOT=${BURST_SLO_TPOT:-250}
+PROFILE=${PROFILE:-llama3-8b-a10}
+SPEEDS=${SPEEDS:-1,1,1,0.5}
+BASE_PORT=${BASE_PORT:-23401} # replicas; the router or HAProxy on BASE_PORT+100
+SEED=${SEED:-1}
+BIN=${BIN:-}                  # a gpurouter binary; built from this tree when empty
+OUT=${OUT:-}                  # keep every run's output here (default: a temp dir, removed)
+
+command -v haproxy >/dev/null || { echo "haproxy not found (apt-get install -y haproxy)"; exit 2; }
+[ -f "$TRACE" ] || { echo "trace $TRACE not found (TRACE=path)"; exit 2; }
+work=$(mktemp -d)
+out=${OUT:-$work/out}
+mkdir -p "$out"
+bin=${BIN:-$work/gpurouter}
+pids=()
+stop_all() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  pids=()
+}
+trap 'stop_all; rm -rf "$work"' EXIT
+[ -n "$BIN" ] || go build -o "$bin" ./cmd/gpurouter
+
+IFS=, read -r -a speeds <<<"$SPEEDS"
+nrep=${#speeds[@]}
+replicas=""
+engine_flags=()
+for i in $(seq 0 $((nrep - 1))); do
+  replicas+="${replicas:+,}http://127.0.0.1:$((BASE_PORT + i))"
+  engine_flags+=(--engine-url "http://127.0.0.1:$((BASE_PORT + i))")
+done
+fport=$((BASE_PORT + 100))
+
+wait_up() { # URL: poll until it answers 200, at most 20 s
+  for _ in $(seq 200); do curl -fsS -o /dev/null "$1" 2>/dev/null && return 0; sleep 0.1; done
+  echo "$1 did not come up"; exit 1
+}
+
+port_free() { # PORT: nothing may answer there, or the run would measure someone else's server
+  if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then
+    echo "port $1 is in use: pick another BASE_PORT"; exit 1
+  fi
+}
+
+start_fleet() {
+  for i in $(seq 0 $((nrep - 1))) 100; do port_free $((BASE_PORT + i)); done
+  "$bin" sim --replicas "$nrep" --base-port "$BASE_PORT" --profile "$PROFILE" --speed "$SPEEDS" \
+    --served-model-name m --seed "$SEED" >"$out/$1.sim.log" 2>&1 &
+  pids+=($!)
+  for i in $(seq 0 $((nrep - 1))); do wait_up "http://127.0.0.1:$((BASE_PORT + i))/health"; done
+}
+
+start_front() { # CONFIG RUN
+  case $1 in
+  haproxy)
+    sed -e "s/LISTEN_PORT/$fport/" $(for i in $(seq 0 $((nrep - 1))); do echo "-e s/REPLICA_PORT_$i\b/$((BASE_PORT + i))/"; done) \
+      bench/scripts/haproxy.cfg >"$work/haproxy.cfg"
+    haproxy -f "$work/haproxy.cfg" -db >"$out/$2.front.log" 2>&1 &
+    pids+=($!)
+    for _ in $(seq 200); do curl -fsS -o /dev/null "http://127.0.0.1:$fport/v1/models" 2>/dev/null && break; sleep 0.1; done
+    return ;;
+  round_robin) flags=(--policy round_robin) ;;
+  default) flags=() ;;
+  default_admission_off) flags=(--admission off) ;;
+  *) echo "unknown config $1"; exit 2 ;;
+  esac
+  "$bin" serve --listen "127.0.0.1:$fport" --pool "m=$replicas" "${flags[@]}" >"$out/$2.front.log" 2>&1 &
+  pids+=($!)
+  wait_up "http://127.0.0.1:$fport/ready"
+}
+
+# engine_counts RUN: each replica's finished requests, from its own metrics.
+engine_counts() {
+  for i in $(seq 0 $((nrep - 1))); do
+    curl -fsS "http://127.0.0.1:$((BASE_PORT + i))/metrics" |
+      awk '/^vllm:request_success_total/ {s += $NF} END {printf "%d ", s}'
+  done >"$out/$1.counts"
+}
+
+workload_flags() {
+  case $1 in
+  conv85 | conv130)
+    scale=$CONV85_SCALE
+    [ "$1" = conv130 ] && scale=$CONV130_SCALE
+    wl=(--dataset-name azure-trace --dataset-path "$TRACE" --num-prompts "$CONV_PROMPTS" --time-scale "$scale")
+    slo_ttft=$CONV_SLO_TTFT slo_tpot=$CONV_SLO_TPOT ;;
+  burst)
+    wl=(--dataset-name random --random-input-len 4500 --random-output-len 35 --random-range-ratio 0.78 --ignore-eos
+      --num-prompts "$BURST_PROMPTS" --request-rate "$BURST_RATE" --burstiness "$BURSTINESS")
+    slo_ttft=$BURST_SLO_TTFT slo_tpot=$BURST_SLO_TPOT ;;
+  *) echo "unknown workload $1"; exit 2 ;;
+  esac
+}
+
+echo "fleet: $nrep x $PROFILE, speeds $SPEEDS; fresh for every run; results in $out"
+for w in $WORKLOADS; do
+  workload_flags "$w"
+  for c in $CONFIGS; do
+    run=$w.$c
+    echo "$(date -u +%H:%M:%S) $run" >&2
+    start_fleet "$run"
+    start_front "$c" "$run"
+    "$bin" bench --base-url "http://127.0.0.1:$fport" --model m --backend openai "${wl[@]}" --seed "$SEED" \
+      --disable-tqdm --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,99 \
+      --goodput "ttft:$slo_ttft tpot:$slo_tpot" --request-timeout 600s "${engine_flags[@]}" \
+      --header "X-Gpurouter-Slo-Ttft=${slo_ttft}ms" --header "X-Gpurouter-Slo-Tpot=${slo_tpot}ms" \
+      --save-result --result-dir "$out" --result-filename "$run.json" >"$out/$run.txt" 2>&1 ||
+      { cat "$out/$run.txt"; exit 1; }
+    engine_counts "$run"
+    stop_all
+  done
+done
+
+python3 - "$out" "$WORKLOADS" "$CONFIGS" "$SPEEDS" "$BASE_PORT" <<'EOF'
+import json, os, sys
+out, workloads, configs, speeds = sys.argv[1], sys.argv[2].split(), sys.argv[3].split(), sys.argv[4].split(",")
+base_port = int(sys.argv[5])
+print()
+hdr = f"{'workload':8} {'config':22} {'P50 TTFT':>9} {'P99 TTFT':>9} {'P99 TPOT':>9} {'goodput':>8} {'req/s':>6} {'fail':>5}  {'share of requests (engines) / of capacity (router-measured)':60} {'pred |err| P50/P90':>19}"
+print(hdr); print("-" * len(hdr))
+res = {}
+for w in workloads:
+    for c in configs:
+        run = f"{w}.{c}"
+        try:
+            j = json.load(open(os.path.join(out, run + ".json")))
+        except OSError:
+            continue
+        counts = [int(x) for x in open(os.path.join(out, run + ".counts")).read().split()]
+        n = sum(counts) or 1
+        caps = {}
+        for r in j.get("gpurouter_replicas") or []:
+            if r.get("capacity_share") is not None:
+                caps[r["replica"]] = r["capacity_share"]
+        shares = []
+        for i, k in enumerate(counts):
+            cap = caps.get(f"127.0.0.1:{base_port + i}")
+            shares.append(f"{k / n * 100:.0f}%" + (f"/{cap * 100:.0f}%" if cap is not None else ""))
+        pe = j.get("gpurouter_predictor_ttft_abs_error_ms")
+        pes = f"{pe['p50']:.0f}/{pe['p90']:.0f} ms" if pe else "-"
+        g = j.get("request_goodput") or 0
+        res[(w, c)] = dict(p99=j["p99_ttft_ms"], tpot=j["p99_tpot_ms"], good=g, shares=[k / n for k in counts])
+        print(f"{w:8} {c:22} {j['median_ttft_ms']/1000:8.2f}s {j['p99_ttft_ms']/1000:8.2f}s {j['p99_tpot_ms']:7.0f}ms {g:8.2f} {j['request_throughput']:6.2f} {j['failed']:5d}  {' '.join(shares):60} {pes:>19}")
+print()
+sp = [float(s) for s in speeds]
+cap_share = [s / sum(sp) for s in sp]
+for w in workloads:
+    d, h, off = res.get((w, "default")), res.get((w, "haproxy")), res.get((w, "default_admission_off"))
+    if d and h:
+        r1 = h["p99"] / d["p99"] if d["p99"] else float("inf")
+        r2 = d["good"] / h["good"] if h["good"] else float("inf")
+        print(f"{w}: default vs HAProxy: P99 TTFT {r1:.2f}x lower (want >= 1.5: {'ok' if r1 >= 1.5 else 'MISS'}), goodput {r2:.2f}x (want >= 1.3: {'ok' if r2 >= 1.3 else 'MISS'})")
+    if d and off:
+        worse = []
+        if d["p99"] > off["p99"] * 1.05: worse.append(f"P99 TTFT {d['p99']/off['p99']:.2f}x")
+        if d["tpot"] > off["tpot"] * 1.05: worse.append(f"P99 TPOT {d['tpot']/off['tpot']:.2f}x")
+        if d["good"] < off["good"] * 0.95: worse.append(f"goodput {d['good']/off['good']:.2f}x")
+        print(f"{w}: admission on vs off: {'never worse (5% tolerance): ok' if not worse else 'worse: ' + ', '.join(worse)}")
+    if d:
+        dev = [abs(s / c - 1) for s, c in zip(d["shares"], cap_share)]
+        print(f"{w}: default's request shares vs nominal capacity shares ({', '.join(f'{c*100:.0f}%' for c in cap_share)}): max deviation {max(dev)*100:.0f}% (want <= 30%: {'ok' if max(dev) <= 0.3 else 'MISS'})")
+EOF
