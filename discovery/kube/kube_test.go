@@ -339,18 +339,22 @@ func TestKubeAgainstAPIServer(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)
 			go func() { done <- src.Run(ctx) }()
-			// Wait for a retry (the informers' backoff starts at 0.8 s),
-			// then count the lines.
+			// Wait for the line, then for a retry after it (the
+			// informers' backoff starts at 0.8 s), then count the lines.
 			deadline := time.Now().Add(20 * time.Second)
-			for failures(t, reg) < 2 && time.Now().Before(deadline) {
-				time.Sleep(50 * time.Millisecond)
+			for logs.FilterMessageSnippet(tc.want).Len() == 0 && time.Now().Before(deadline) {
+				time.Sleep(20 * time.Millisecond)
+			}
+			seen := failures(t, reg)
+			for failures(t, reg) == seen && time.Now().Before(deadline) {
+				time.Sleep(20 * time.Millisecond)
 			}
 			cancel()
 			if err := <-done; err != nil {
 				t.Fatal(err)
 			}
-			if n := failures(t, reg); n < 2 {
-				t.Fatalf("%s: %v refusals in 20s; want retries", tc.want, n)
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: no line and retry within 20s", tc.want)
 			}
 			lines := logs.FilterMessageSnippet(tc.want).All()
 			if len(lines) != 1 {
