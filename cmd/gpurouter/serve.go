@@ -29,7 +29,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	configPath := fs.String("config", "", "YAML configuration file (see configs/gpurouter.example.yaml)")
 	listen := fs.String("listen", "", "listen address for the flag-only quick start (default 0.0.0.0:8080); overrides the file's listen")
 	var pools stringList
-	fs.Var(&pools, "pool", "MODEL=URL[,URL...]: a pool for the flag-only quick start (repeatable)")
+	fs.Var(&pools, "pool", "MODEL=URL[,URL...] or MODEL=dns://NAME:PORT (every address NAME resolves to, re-resolved every 5s): a pool for the flag-only quick start (repeatable)")
 	policy := fs.String("policy", "", "policy of the --pool pools: "+strings.Join(balancer.Policies(), ", "))
 	admissionFlag := fs.String("admission", "", "on|off: length-aware admission (queue at the router while pools are saturated); overrides the file (default on)")
 	adminListen := fs.String("admin-listen", "", "admin API address (e.g. 127.0.0.1:8081); overrides the file's admin.listen")
