@@ -44,7 +44,7 @@ type Request struct {
 // placed on a replica with load l without queueing in its engine. It must
 // not block or allocate.
 type Room interface {
-	FitsReplica(l *ReplicaLoad, promptTokens, outputTokens int) bool
+	FitsReplica(l ReplicaLoad, promptTokens, outputTokens int) bool
 }
 
 // eligible reports whether a picker may choose c for r.
@@ -53,8 +53,7 @@ func eligible(c *Replica, r *Request) bool {
 		return false
 	}
 	if r.roomOn {
-		l := c.loadAt(r.Now, r.poolScore, false)
-		return r.Room.FitsReplica(&l, r.PromptTokens, r.OutputTokens)
+		return r.Room.FitsReplica(c.loadAt(r.Now, r.poolScore, false), r.PromptTokens, r.OutputTokens)
 	}
 	return true
 }

@@ -1,6 +1,7 @@
 package balancer_test
 
 import (
+	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -111,5 +112,46 @@ func TestPredictivePicksForTheRequestsSLO(t *testing.T) {
 		if got := p.Pick(req, cands); got != tc.want {
 			t.Errorf("SLO TTFT 900ms, TPOT %v: picked %s, want %s", tc.tpot, got.Name(), tc.want.Name())
 		}
+	}
+}
+
+// roomAll is a Room that admits everywhere but still reads the load.
+type roomAll struct{}
+
+func (roomAll) FitsReplica(l balancer.ReplicaLoad, _, _ int) bool { return l.PrefillWait >= 0 }
+
+// BenchmarkPredictivePickLearned is the predictive policy's decision with
+// every replica's fits learned, prefill queued and admission's Room
+// applied: the path a request takes in a busy pool. It must not allocate.
+func BenchmarkPredictivePickLearned(b *testing.B) {
+	for _, n := range []int{4, 64} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			c := newFakeClock()
+			rs := make([]*balancer.Replica, n)
+			for i := range rs {
+				rs[i] = newReplica(b, fmt.Sprintf("r%d", i), c, replicaOpts{})
+				for k := range 12 {
+					l, _ := rs[i].AcquireRequest(balancer.LeaseCost{PromptTokens: int64(500 + 300*k)})
+					c.advance(time.Duration(500+300*k) * time.Duration(100+20*(i%5)) * time.Microsecond)
+					l.PrefillDone()
+					l.ObserveDecode(20, 19*30*time.Millisecond)
+					l.Done(nil)
+				}
+				rs[i].AcquireRequest(balancer.LeaseCost{PromptTokens: int64((i * 977) % 4000)}) //nolint:errcheck // held: queued prefill
+			}
+			pool, err := balancer.NewPool(balancer.PoolConfig{Model: "m", Policy: "predictive"}, rs)
+			if err != nil {
+				b.Fatal(err)
+			}
+			req := &balancer.Request{Now: c.now(), PromptTokens: 2000, OutputTokens: 100, Room: roomAll{}}
+			b.ReportAllocs()
+			var picked *balancer.Replica
+			for b.Loop() {
+				picked = pool.Pick(req)
+			}
+			if picked == nil {
+				b.Fatal("no pick")
+			}
+		})
 	}
 }
