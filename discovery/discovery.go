@@ -46,7 +46,7 @@ type GPU struct {
 	AgentURL string // a `gpurouter agent` beside the engine
 	DCGMURL  string // a DCGM exporter's /metrics
 	UUID     string // the replica's GPU
-	Label    string // the exporter's series of the replica's GPUs, e.g. `pod="vllm-0"`
+	Label    string // which of the exporter's GPUs: indexes or UUIDs, e.g. "0,1" (gpu.ParseSelector)
 }
 
 // Sink receives a pool's replica set each time it changes: every endpoint

@@ -129,3 +129,24 @@ func TestDiscoveryWiring(t *testing.T) {
 		assertErrContains(t, err, []string{"pools[0].discovery.kubernetes", "/nonexistent/kubeconfig"})
 	}
 }
+
+// A pod's GPU annotations are held to a gpu binding's rules before a
+// source is built from them.
+func TestDiscoveredGPU(t *testing.T) {
+	r := &router{gpus: newGPUSources(zap.NewNop())}
+	for _, tc := range []struct {
+		g  discovery.GPU
+		ok bool
+	}{
+		{discovery.GPU{AgentURL: "http://10.0.0.1:9401", UUID: "GPU-1"}, true},
+		{discovery.GPU{DCGMURL: "http://10.0.0.1:9400/metrics", Label: "0,1"}, true},
+		{discovery.GPU{AgentURL: "http://10.0.0.1:9401"}, false}, // an agent needs the UUID
+		{discovery.GPU{DCGMURL: "ftp://x"}, false},
+		{discovery.GPU{AgentURL: "http://a:1", DCGMURL: "http://b:2", UUID: "GPU-1"}, false},
+	} {
+		src, err := r.discoveredGPU(tc.g)
+		if (err == nil) != tc.ok || (tc.ok && src == nil) {
+			t.Errorf("%+v: source %v, error %v", tc.g, src, err)
+		}
+	}
+}

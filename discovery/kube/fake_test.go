@@ -28,7 +28,7 @@ func TestTranslationWithFakeClientset(t *testing.T) {
 		pod("agent", "10.0.0.1", corev1.PodRunning, map[string]string{
 			kube.AnnotationGPUAgent: "http://10.0.0.1:9401", kube.AnnotationGPUUUID: "GPU-1"}),
 		pod("dcgm", "fd00::2", corev1.PodRunning, map[string]string{
-			kube.AnnotationDCGM: "http://10.0.0.9:9400/metrics", kube.AnnotationGPULabel: `pod="dcgm"`}),
+			kube.AnnotationDCGM: "http://10.0.0.9:9400/metrics", kube.AnnotationGPULabel: "3"}),
 		pod("plain", "10.0.0.3", corev1.PodRunning, nil),
 		pod("done", "10.0.0.4", corev1.PodSucceeded, nil),
 	)
@@ -47,7 +47,7 @@ func TestTranslationWithFakeClientset(t *testing.T) {
 	sink.mu.Unlock()
 	for name, want := range map[string]string{
 		"agent": "http://10.0.0.1:9401 GPU-1  ",
-		"dcgm":  "  http://10.0.0.9:9400/metrics pod=\"dcgm\"",
+		"dcgm":  "  http://10.0.0.9:9400/metrics 3",
 		"plain": "   ",
 	} {
 		if gpus[name] != want {

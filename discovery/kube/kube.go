@@ -72,7 +72,7 @@ const (
 	AnnotationGPUAgent = "gpurouter.io/gpu-agent-url" // a `gpurouter agent` URL, e.g. http://10.0.0.7:9401; with a UUID
 	AnnotationDCGM     = "gpurouter.io/dcgm-url"      // a DCGM exporter's /metrics URL; with a label or a UUID
 	AnnotationGPUUUID  = "gpurouter.io/gpu-uuid"      // the pod's GPU
-	AnnotationGPULabel = "gpurouter.io/gpu-label"     // the exporter's series of the pod's GPUs, e.g. pod="vllm-0"
+	AnnotationGPULabel = "gpurouter.io/gpu-label"     // which of the exporter's GPUs are the pod's: indexes or UUIDs, e.g. "0,1"
 )
 
 // Check reports what is wrong with c, or nil.
