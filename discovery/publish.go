@@ -66,6 +66,7 @@ type Publisher struct {
 	log           *zap.Logger
 	last          []Endpoint // the last set the sink accepted, sorted; nil before the first
 	published     bool
+	refused       string // the last refusal logged, so a repeated one is not logged again
 }
 
 // NewPublisher builds the publisher of source (a metric label: "dns",
@@ -81,8 +82,8 @@ func NewPublisher(model, source string, sink Sink, m *Metrics, log *zap.Logger) 
 func (p *Publisher) Failed() { p.metrics.failed(p.model, p.source) }
 
 // Publish offers eps (any order; it is sorted in place) to the sink unless
-// it equals the last set accepted; a refusal is logged and counted, and
-// returned.
+// it equals the last set accepted; a refusal is counted, logged unless it
+// repeats the last one, and returned.
 func (p *Publisher) Publish(ctx context.Context, eps []Endpoint) error {
 	sortEndpoints(eps)
 	if p.published && slices.Equal(eps, p.last) {
@@ -90,9 +91,13 @@ func (p *Publisher) Publish(ctx context.Context, eps []Endpoint) error {
 	}
 	if err := p.sink.SetEndpoints(ctx, p.model, eps); err != nil {
 		p.metrics.failed(p.model, p.source)
-		p.log.Error("discovery: replica set refused", zap.String("model", p.model), zap.String("source", p.source), zap.Error(err))
+		if err.Error() != p.refused {
+			p.refused = err.Error()
+			p.log.Error("discovery: replica set refused", zap.String("model", p.model), zap.String("source", p.source), zap.Error(err))
+		}
 		return err
 	}
+	p.refused = ""
 	for _, c := range diff(p.last, eps) {
 		p.metrics.change(p.model, p.source, c.kind)
 		p.log.Info("discovery: replica "+c.kind, zap.String("model", p.model), zap.String("source", p.source),

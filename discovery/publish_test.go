@@ -62,7 +62,7 @@ func TestDiff(t *testing.T) {
 
 // The publisher offers only sets that differ from the last one accepted,
 // sorted, and logs and counts one change per replica; a refused set is
-// offered again.
+// offered again, and a repeated refusal logged once.
 func TestPublisher(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m, err := NewMetrics(reg)
@@ -87,8 +87,13 @@ func TestPublisher(t *testing.T) {
 	}
 	sink.fail = errors.New("no")
 	b.Draining = true
-	if err := p.Publish(ctx, []Endpoint{a, b}); err == nil {
-		t.Fatal("refusal not returned")
+	for range 3 {
+		if err := p.Publish(ctx, []Endpoint{a, b}); err == nil {
+			t.Fatal("refusal not returned")
+		}
+	}
+	if n := logs.FilterMessage("discovery: replica set refused").Len(); n != 1 {
+		t.Errorf("%d lines for one refusal repeated, want 1", n)
 	}
 	sink.fail = nil
 	if err := p.Publish(ctx, []Endpoint{a, b}); err != nil {
@@ -102,8 +107,8 @@ func TestPublisher(t *testing.T) {
 			t.Errorf("changes{%s} = %v, want %v", change, got, want)
 		}
 	}
-	if got := testutil.ToFloat64(m.errors.WithLabelValues("m", "dns")); got != 1 {
-		t.Errorf("errors = %v, want 1", got)
+	if got := testutil.ToFloat64(m.errors.WithLabelValues("m", "dns")); got != 3 {
+		t.Errorf("errors = %v, want 3", got)
 	}
 	if n := logs.FilterMessage("discovery: replica added").Len(); n != 2 {
 		t.Errorf("%d 'added' lines, want 2", n)

@@ -2,8 +2,11 @@ package kube_test
 
 import (
 	"context"
+	"errors"
 	"testing"
+	"time"
 
+	"github.com/gpurouter/gpurouter/discovery"
 	"github.com/gpurouter/gpurouter/discovery/kube"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -98,4 +101,33 @@ func TestConfigCheck(t *testing.T) {
 			t.Errorf("%s: Check() = %v", tc.name, err)
 		}
 	}
+}
+
+// refusing is a Sink that refuses its first n sets.
+type refusing struct {
+	*latest
+	n int
+}
+
+func (r *refusing) SetEndpoints(ctx context.Context, model string, eps []discovery.Endpoint) error {
+	if r.n > 0 {
+		r.n--
+		return errors.New("not now")
+	}
+	return r.latest.SetEndpoints(ctx, model, eps)
+}
+
+// A set the sink refuses is offered again without waiting for an event.
+func TestRefusedSetOfferedAgain(t *testing.T) {
+	cs := fake.NewClientset(&corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "a", Namespace: "ns", Labels: map[string]string{"app": "vllm"}},
+		Status:     corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.0.0.1", Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}},
+	})
+	sink := &refusing{latest: newLatest(), n: 2}
+	src, err := kube.New(kube.Config{Model: "m", Namespace: "ns", Selector: "app=vllm", Port: 8000, RetryInterval: 50 * time.Millisecond}, kube.Clients{Core: cs}, sink, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, src)
+	sink.expect(t, "after two refusals", "a=http://10.0.0.1:8000")
 }

@@ -64,6 +64,9 @@ type Config struct {
 	// AnnotationGPUUUID or AnnotationGPULabel); pods and InferencePool only
 	// (EndpointSlices carry no annotations).
 	GPUAnnotations bool
+	// RetryInterval is how long a set the sink refused waits to be offered
+	// again when no event comes first; zero means DefaultRetryInterval.
+	RetryInterval time.Duration
 }
 
 // Pod annotations naming a replica's GPU telemetry source, read with
@@ -189,6 +192,9 @@ func New(cfg Config, c Clients, sink discovery.Sink, m *discovery.Metrics, log *
 	if cfg.Scheme == "" {
 		cfg.Scheme = "http"
 	}
+	if cfg.RetryInterval <= 0 {
+		cfg.RetryInterval = DefaultRetryInterval
+	}
 	if log == nil {
 		log = zap.NewNop()
 	}
@@ -235,35 +241,42 @@ func (k *Source) Run(ctx context.Context) error {
 		return err
 	}
 	defer wait()
-	// Until the first publish, poll for the initial lists too: the last
-	// initial event may come before the informer counts as synced.
+	// Until the informers have listed, poll for it too: the last initial
+	// event may come before they count as synced. A set the sink refuses
+	// is offered again after cfg.RetryInterval if no event comes first.
 	poll := time.NewTicker(50 * time.Millisecond)
 	defer poll.Stop()
-	published := false
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
+	watching := false
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-wake:
+		case <-retry.C:
 		case <-poll.C:
-			if published {
-				continue
-			}
 		}
 		if !w.synced() {
 			continue
 		}
 		k.working()
-		if !published {
+		if !watching {
+			watching = true
+			poll.Stop()
 			k.log.Info("discovery: watching", zap.String("model", k.cfg.Model), zap.String("namespace", k.cfg.Namespace),
 				zap.String("what", k.describe()))
 		}
-		if err := k.pub.Publish(ctx, w.endpoints()); err == nil {
-			published = true
-			poll.Stop()
+		retry.Stop()
+		if err := k.pub.Publish(ctx, w.endpoints()); err != nil {
+			retry.Reset(k.cfg.RetryInterval)
 		}
 	}
 }
+
+// DefaultRetryInterval is Config.RetryInterval's default.
+const DefaultRetryInterval = 10 * time.Second
 
 // describe names what the source watches, for logs.
 func (k *Source) describe() string {
