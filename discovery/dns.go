@@ -93,7 +93,8 @@ func NewDNS(cfg DNSConfig, r Resolver, sink Sink, m *Metrics, log *zap.Logger) (
 	return &DNS{cfg: cfg, resolver: r, pub: NewPublisher(cfg.Model, "dns", sink, m, log), log: log}, nil
 }
 
-// Run resolves at once, then every interval, until ctx ends.
+// Run resolves at once, then every interval, until ctx ends. One Run at
+// a time: a second would publish beside the first.
 func (d *DNS) Run(ctx context.Context) error {
 	t := time.NewTicker(d.cfg.Interval)
 	defer t.Stop()

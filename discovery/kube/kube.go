@@ -12,12 +12,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/gpurouter/gpurouter/discovery"
 	"os"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/gpurouter/gpurouter/discovery"
 	"go.uber.org/zap"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
@@ -45,8 +45,11 @@ type Config struct {
 	Namespace string // where the pods, Service or InferencePool live; required
 
 	// Selector selects the engines' pods by label (`app=vllm,tier in
-	// (a,b)`); Port is the port they serve on, required with it.
+	// (a,b)`), on Port (required with it).
 	Selector string
+	// Port is the pods' port with Selector; with Service, the number of
+	// the slice port to use (0: by PortName, or the slice's only port).
+	Port int
 	// Service takes the endpoints of this Service's EndpointSlices (label
 	// kubernetes.io/service-name). The slice port used is the one named
 	// PortName, else the one numbered Port, else the slice's only port.
@@ -55,7 +58,6 @@ type Config struct {
 	// InferencePool takes the pods its selector matches, on each of its
 	// target ports.
 	InferencePool string
-	Port          int
 
 	// Scheme of the replicas' URLs; "" means http.
 	Scheme string
@@ -100,8 +102,7 @@ func (c Config) Check() error {
 		if c.Port < 1 || c.Port > 65535 {
 			errs = append(errs, fmt.Errorf("port: 1-65535 required with selector, got %d", c.Port))
 		}
-	}
-	if c.Port < 0 || c.Port > 65535 {
+	} else if c.Port < 0 || c.Port > 65535 {
 		errs = append(errs, fmt.Errorf("port: must be 0-65535, got %d", c.Port))
 	}
 	if c.PortName != "" && c.Service == "" {
@@ -216,7 +217,8 @@ type watcher interface {
 
 // Run watches until ctx ends. The first set is published once every
 // informer has listed; after that, each event recomputes the set and
-// publishes it if it differs.
+// publishes it if it differs. One Run at a time: a second would publish
+// beside the first.
 func (k *Source) Run(ctx context.Context) error {
 	var w watcher
 	switch {
