@@ -117,7 +117,9 @@ type migBuffers struct {
 	scratch   []byte // a continuation's usage chunk, rewritten
 }
 
-var migBufPool = sync.Pool{New: func() any { return &migBuffers{text: make([]byte, 0, 4096), ids: make([]byte, 0, 2048)} }}
+// Small at first (a stream holds them while it waits): they grow with the
+// text and ids as they come.
+var migBufPool = sync.Pool{New: func() any { return &migBuffers{text: make([]byte, 0, 512), ids: make([]byte, 0, 256)} }}
 
 // maxPooledBuf is the most a buffer may hold and still be reused: one
 // very long stream must not pin its memory in the pool.

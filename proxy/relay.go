@@ -49,7 +49,12 @@ type relay struct {
 	closeOnce sync.Once
 }
 
-var relayBufs = sync.Pool{New: func() any { b := make([]byte, 0, 16<<10); return &b }}
+// relayBufs hold a stream's unsplit upstream bytes. They start small —
+// most events are a few hundred bytes, and a buffer is held for as long
+// as its stream waits for the next one — and grow on demand (fill).
+var relayBufs = sync.Pool{New: func() any { b := make([]byte, 0, relayBufSize); return &b }}
+
+const relayBufSize = 2 << 10
 
 func newRelay(x *exchange, resp *fasthttp.Response, strip bool) *relay {
 	bp := relayBufs.Get().(*[]byte)
@@ -83,7 +88,37 @@ func (r *relay) abort(err error) {
 	r.body.CloseWithError(err)
 }
 
-// Read implements io.Reader for fasthttp's body writer.
+// WriteTo hands fasthttp's chunked body writer the processed events
+// directly, each read's worth as one chunk: no copy into fasthttp's own
+// 4 KiB copy buffer, which a waiting stream would otherwise hold too. An
+// error ends the stream (the client is gone); fasthttp then calls
+// CloseWithError with it.
+func (r *relay) WriteTo(w io.Writer) (int64, error) {
+	var total int64
+	for {
+		if r.outPos < len(r.out) {
+			n, err := w.Write(r.out[r.outPos:])
+			total += int64(n)
+			r.outPos += n
+			if err != nil {
+				return total, err
+			}
+		}
+		r.out, r.outPos = r.out[:0], 0
+		if r.eof {
+			return total, nil
+		}
+		if err := r.fill(); err != nil {
+			return total, err
+		}
+	}
+}
+
+// SupportsBodyWriteTo tells fasthttp to use WriteTo (fasthttp.BodyWriterTo).
+func (r *relay) SupportsBodyWriteTo() bool { return true }
+
+// Read implements io.Reader, for readers other than fasthttp's chunked
+// body writer.
 func (r *relay) Read(p []byte) (int, error) {
 	for {
 		if r.outPos < len(r.out) {
@@ -109,7 +144,7 @@ func (r *relay) fill() error {
 			r.fail(fmt.Errorf("%w: event larger than %d bytes", ErrUpstream, maxEventBytes))
 			return nil
 		}
-		grown := make([]byte, len(r.in), 2*cap(r.in)+4096)
+		grown := make([]byte, len(r.in), 2*cap(r.in)+relayBufSize)
 		copy(grown, r.in)
 		r.buf, r.in = grown, grown
 	}
@@ -258,7 +293,7 @@ func (r *relay) CloseWithError(err error) error {
 			m.release()
 		}
 		b := r.buf[:0]
-		if cap(b) <= 64<<10 {
+		if cap(b) <= 8*relayBufSize { // a grown one is not kept for streams that need little
 			relayBufs.Put(&b)
 		}
 		r.buf, r.in, r.out = nil, nil, nil

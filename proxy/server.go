@@ -168,7 +168,10 @@ func New(o Options) (*Server, error) {
 		NoDefaultServerHeader:         true,
 		DisableHeaderNamesNormalizing: true,
 		CloseOnShutdown:               true,
-		ReduceMemoryUsage:             false,
+		// Release the connection's read buffer (MaxHeaderBytes, 16 KiB by
+		// default) once the request is read, and the write buffer between
+		// responses: a stream would otherwise hold both for its whole life.
+		ReduceMemoryUsage: true,
 		// Parse errors must not quote the request: its headers may hold
 		// an API key.
 		SecureErrorLogMessage: true,
