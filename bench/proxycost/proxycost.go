@@ -46,6 +46,9 @@ type Config struct {
 	QuietCPU    time.Duration // a run is noisy when other processes used more CPU than this [150ms]
 	Retries     int           // reruns of a noisy run before keeping the quietest [2]
 	Warmup      time.Duration // per target before the first rep [1s]
+	// IdleHold keeps the idle streams open this long after their RSS is
+	// read, to inspect the proxy (a heap profile) while they are [0].
+	IdleHold time.Duration
 
 	Progress io.Writer // one line per run; nil means none
 }
@@ -161,6 +164,18 @@ type measurer struct {
 // billed to the first run, and reads its warmed-up size for the memory
 // figure.
 func (m *measurer) warm(ctx context.Context, t *Target, tr *TargetResult) error {
+	// A proxy may take a while to see the upstream healthy (a user's
+	// proxy started before the harness's upstream): wait up to 30 s for a
+	// first answer.
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if r := closedLoop(ctx, t.Addr, 1, 50*time.Millisecond); r.requests > 0 {
+			break
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return errors.New("no answer from the target within 30 s")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 	r := closedLoop(ctx, t.Addr, m.cfg.Concurrency, m.cfg.Warmup/2)
 	if r.requests == 0 {
 		return fmt.Errorf("no request got through in the warm-up (%d errors)", r.errors)
@@ -244,6 +259,10 @@ func (m *measurer) rep(ctx context.Context, t *Target, tr *TargetResult, rep int
 	idle := idleStreams(ctx, t.Addr, m.cfg.IdleStreams, func() {
 		time.Sleep(200 * time.Millisecond) // let the last ones settle in the proxy
 		rss, rerr = sumRSS(t.PIDs)
+		if m.cfg.IdleHold > 0 {
+			fmt.Fprintf(m.cfg.Progress, "rep %d %-10s idle  holding %d streams for %s\n", rep+1, t.Name, m.cfg.IdleStreams, m.cfg.IdleHold)
+			time.Sleep(m.cfg.IdleHold)
+		}
 		m.up.release()
 	})
 	if rerr != nil {

@@ -45,6 +45,7 @@ func runBenchProxyCost(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&cfg.QuietCPU, "quiet-cpu", 150*time.Millisecond, "a run is noisy (rerun) when other processes used more CPU than this")
 	fs.IntVar(&cfg.Retries, "retries", 2, "reruns of a noisy run before keeping the quietest, marked noisy (-1: none)")
 	fs.DurationVar(&cfg.Warmup, "warmup", time.Second, "warm-up per target before the first rep")
+	fs.DurationVar(&cfg.IdleHold, "idle-hold", 0, "keep the idle streams open this long after reading the RSS (to profile the proxy meanwhile)")
 	jsonOut := fs.String("json", "", "also write the figures as JSON to this file")
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
 	if err := fs.Parse(args); err != nil {
