@@ -155,3 +155,53 @@ func BenchmarkPredictivePickLearned(b *testing.B) {
 		})
 	}
 }
+
+// A request the engine holds in its waiting queue (KV cache full) waits
+// longer than its prefill: the predictor learns that from the engine's
+// reported queue, and the policy then avoids a replica whose engine has
+// requests waiting, as fast as it otherwise is.
+func TestPredictorLearnsEngineQueueWait(t *testing.T) {
+	c := newFakeClock()
+	r := newReplica(t, "r", c, replicaOpts{})
+	for _, p := range []int64{500, 2000, 4000, 1000, 8000, 3000} {
+		teach(t, r, c, 3, p, 200*time.Microsecond, 10*time.Millisecond, 30*time.Millisecond)
+	}
+	// Two requests wait in the engine: each one sent now waits 2 × 500 ms
+	// more than its prefill.
+	for _, p := range []int64{500, 2000, 4000, 1000, 8000, 3000} {
+		for range 5 {
+			r.SetEngineLoad(balancer.EngineLoad{Running: 4, Waiting: 2, At: c.now()})
+			l, err := r.AcquireRequest(balancer.LeaseCost{PromptTokens: p})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.advance(10*time.Millisecond + time.Duration(p)*200*time.Microsecond + time.Second)
+			l.PrefillDone()
+			l.Done(nil)
+		}
+	}
+	st := r.Predictor()
+	if math.Abs(st.EngineWaitPerRequestS-0.5) > 0.05 {
+		t.Errorf("learned %.3f s per waiting request, want ≈ 0.5", st.EngineWaitPerRequestS)
+	}
+	if math.Abs(st.TTFTPerToken-200e-6)/200e-6 > 0.05 {
+		t.Errorf("prefill fit %.2e s/token after the queued requests, want ≈ 2.00e-04", st.TTFTPerToken)
+	}
+
+	// A second replica as fast with an empty engine queue wins.
+	other := newReplica(t, "other", c, replicaOpts{})
+	for _, p := range []int64{500, 2000, 4000, 1000, 8000, 3000} {
+		teach(t, other, c, 3, p, 200*time.Microsecond, 10*time.Millisecond, 30*time.Millisecond)
+	}
+	r.SetEngineLoad(balancer.EngineLoad{Running: 4, Waiting: 2, At: c.now()})
+	other.SetEngineLoad(balancer.EngineLoad{Running: 4, At: c.now()})
+	p, err := balancer.NewPicker("predictive")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 4 {
+		if got := p.Pick(&balancer.Request{Now: c.now(), PromptTokens: 1000}, []*balancer.Replica{r, other}); got != other {
+			t.Fatalf("picked %s, want other (r has 2 waiting in its engine)", got.Name())
+		}
+	}
+}

@@ -32,8 +32,13 @@ type predictor struct {
 	// (float64 bits), to size requests the engine reports that this router
 	// did not send (other routers').
 	meanPrompt atomic.Uint64
-	ttft       linFit // x: tokens ahead + own prompt; y: seconds, sent → first token
-	tpot       linFit // x: requests in flight at send, own included; y: seconds per output token
+	ttft       linFit // x: tokens ahead + own prompt; y: seconds, sent → first token (less the engine-queue term)
+	// waitPer is the TTFT each request waiting in the engine's queue ahead
+	// adds (float64 bits, seconds): vLLM holds new requests there while
+	// its KV cache is full, a wait the prefill queue does not show. An EWMA
+	// of the TTFT beyond the prefill fit over the requests queued at send.
+	waitPer atomic.Uint64
+	tpot    linFit // x: requests in flight at send, own included; y: seconds per output token
 }
 
 // DefaultPrefillSecondsPerToken is the prefill cost assumed for a replica
@@ -58,9 +63,12 @@ type PredictorState struct {
 	// tokens (its own and those queued ahead) per second of TTFT over the
 	// fit's samples — the capacity bench compares request shares with.
 	PrefillTokensPerS float64 `json:"prefill_tokens_per_s"`
-	TPOTFixedS        float64 `json:"tpot_fixed_s"`
-	TPOTPerRequest    float64 `json:"tpot_s_per_request"`
-	TPOTSamples       int64   `json:"tpot_samples"`
+	// EngineWaitPerRequestS is the TTFT each request already waiting in
+	// the engine's queue adds (its KV cache full).
+	EngineWaitPerRequestS float64 `json:"engine_wait_per_request_s"`
+	TPOTFixedS            float64 `json:"tpot_fixed_s"`
+	TPOTPerRequest        float64 `json:"tpot_s_per_request"`
+	TPOTSamples           int64   `json:"tpot_samples"`
 }
 
 // Predictor returns the replica's learned latency model.
@@ -70,6 +78,7 @@ func (r *Replica) Predictor() PredictorState {
 	s.TPOTFixedS, s.TPOTPerRequest, _ = r.pred.tpot.coeffs()
 	s.TTFTSamples, s.TPOTSamples = r.pred.ttft.n.Load(), r.pred.tpot.n.Load()
 	s.PrefillTokensPerS = r.pred.ttft.rate()
+	s.EngineWaitPerRequestS = r.waitPer()
 	return s
 }
 
@@ -138,7 +147,7 @@ func (r *Replica) predict(prompt int, e *EngineLoad, p *prior) (ttft, tpot float
 	if !ok || b <= 0 {
 		a, b = p.ttftA, p.ttftB
 	}
-	ttft = a + b*(r.prefillAhead(e)+float64(max(prompt, 0)))
+	ttft = a + b*(r.prefillAhead(e)+float64(max(prompt, 0))) + r.waitPer()*r.engineQueued(e, 0)
 	c, d, ok := r.pred.tpot.coeffs()
 	if !ok {
 		c, d = p.tpotA, p.tpotB
@@ -178,13 +187,59 @@ func (r *Replica) PredictTTFT(prompt int) time.Duration {
 	return time.Duration(ttft * float64(time.Second))
 }
 
+// waitAlpha weights a new sample in the waitPer EWMA.
+const waitAlpha = 0.1
+
+func (r *Replica) waitPer() float64 { return math.Float64frombits(r.pred.waitPer.Load()) }
+
+// engineQueued is how many requests a new one would find ahead of it in
+// the engine's waiting queue: none while the engine reported none waiting
+// (e nil: no fresh report), else those it reported plus what the router
+// sent since (they queued behind them), less self (a request already
+// counted in flight).
+func (r *Replica) engineQueued(e *EngineLoad, self int64) float64 {
+	if e == nil || e.Waiting <= 0 {
+		return 0
+	}
+	sent := r.inFlight.Load() - self - r.tel.inFlightAtScrape.Load()
+	return float64(int64(e.Waiting) + max(sent, 0))
+}
+
+// freshEngine is the engine snapshot when it is at most
+// DefaultStaleAfter old on the replica's clock, else nil.
+func (r *Replica) freshEngine() *EngineLoad {
+	e := r.tel.engine.Load()
+	if e == nil || r.now().Sub(e.At) > DefaultStaleAfter {
+		return nil
+	}
+	return e
+}
+
+// learnTTFT teaches the TTFT model one request's measured TTFT y: the
+// engine-queue term learns what the prefill fit does not explain for a
+// request that found others waiting, and the prefill fit learns the rest.
+func (r *Replica) learnTTFT(x, waitX, y float64) {
+	a, b, ok := r.pred.ttft.coeffs()
+	w := r.waitPer()
+	if waitX >= 1 && ok {
+		sample := max(y-(a+b*x), 0) / waitX
+		next := sample
+		if w > 0 {
+			next = w + waitAlpha*(sample-w)
+		}
+		r.pred.waitPer.Store(math.Float64bits(next))
+	}
+	r.pred.ttft.observe(x, max(y-w*waitX, 0))
+}
+
 // startPrefill counts a request's prompt as queued prefill work and
-// returns the fit's x for it (the tokens ahead plus its own) and its
-// predicted TTFT.
-func (r *Replica) startPrefill(prompt int64) (x, predicted float64) {
+// returns the fit's x for it (the tokens ahead plus its own), the requests
+// it finds in the engine's waiting queue, and its predicted TTFT.
+func (r *Replica) startPrefill(prompt int64) (x, waitX, predicted float64) {
 	prompt = max(prompt, 0)
 	ahead := r.pred.prefillQueued.Add(prompt) - prompt
 	x = float64(max(ahead, 0) + prompt)
+	waitX = r.engineQueued(r.freshEngine(), 1)
 	a, b, ok := r.pred.ttft.coeffs()
 	if !ok {
 		a, b = 0, DefaultPrefillSecondsPerToken
@@ -200,5 +255,5 @@ func (r *Replica) startPrefill(prompt int64) (x, predicted float64) {
 			break
 		}
 	}
-	return x, a + b*x
+	return x, waitX, a + b*x + r.waitPer()*waitX
 }

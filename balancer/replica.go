@@ -304,6 +304,7 @@ type leaseState struct {
 	prefilling bool
 	sentNs     int64
 	x          float64
+	waitX      float64 // requests waiting in the engine ahead of it at send
 	predTTFT   float64
 	inFlight   float64
 }
@@ -357,7 +358,7 @@ func (r *Replica) AcquireRequest(c LeaseCost) (Lease, error) {
 	}
 	if c.PromptTokens > 0 {
 		st.prompt, st.prefilling = c.PromptTokens, true
-		st.x, st.predTTFT = r.startPrefill(c.PromptTokens)
+		st.x, st.waitX, st.predTTFT = r.startPrefill(c.PromptTokens)
 		st.sentNs = r.now().UnixNano()
 		st.inFlight = float64(n)
 	}
@@ -400,7 +401,7 @@ func (l Lease) PrefillDone() {
 		l.st.prefilling = false
 		l.r.pred.prefillQueued.Add(-l.st.prompt)
 		ttft := time.Duration(l.r.now().UnixNano() - l.st.sentNs)
-		l.r.pred.ttft.observe(l.st.x, ttft.Seconds())
+		l.r.learnTTFT(l.st.x, l.st.waitX, ttft.Seconds())
 	}
 }
 
