@@ -187,7 +187,7 @@ func New(o Options) (*Server, error) {
 func (s *Server) Handler() fasthttp.RequestHandler { return s.handle }
 
 // Serve accepts connections on ln until Shutdown.
-func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(ln) }
+func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(prefetchListener{ln}) }
 
 // Shutdown stops accepting, lets requests in progress finish until ctx
 // ends, then ends the streams still running (their clients get an error

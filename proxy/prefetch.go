@@ -1,0 +1,79 @@
+package proxy
+
+import (
+	"errors"
+	"net"
+	"sync"
+	"syscall"
+)
+
+// prefetchListener hands fasthttp connections whose small reads read
+// ahead. With ReduceMemoryUsage (server.go) fasthttp waits for a keep-alive
+// connection's next request with a one-byte read, so that an idle
+// connection or a stream holds no read buffer, and then reads the rest:
+// two read(2) calls per request where one would do. A prefetchConn answers
+// that one-byte read with one read(2) of up to prefetchSize into a pooled
+// buffer — a request usually arrives whole — and serves the rest from it,
+// returning the buffer as soon as it is drained, so nothing is held while
+// the connection waits.
+type prefetchListener struct{ net.Listener }
+
+func (l prefetchListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &prefetchConn{Conn: c}, nil
+}
+
+// prefetchSize is how much a small read reads ahead: a chat request with
+// its headers is typically under 2 KiB; a larger one is read on from the
+// socket by fasthttp's own buffer.
+const prefetchSize = 2 << 10
+
+var prefetchBufs = sync.Pool{New: func() any { b := make([]byte, prefetchSize); return &b }}
+
+// prefetchConn is a net.Conn whose reads may be served from bytes read
+// ahead. Only the goroutine serving the connection reads from it.
+type prefetchConn struct {
+	net.Conn
+	buf  *[]byte // read ahead and not yet consumed; nil when none (the usual state)
+	r, w int     // the unread bytes are (*buf)[r:w]
+}
+
+func (c *prefetchConn) Read(p []byte) (int, error) {
+	if c.buf != nil {
+		n := copy(p, (*c.buf)[c.r:c.w])
+		c.r += n
+		if c.r == c.w {
+			prefetchBufs.Put(c.buf)
+			c.buf = nil
+		}
+		return n, nil
+	}
+	if len(p) >= prefetchSize/2 {
+		return c.Conn.Read(p) // a buffer of its own: read straight into it
+	}
+	b := prefetchBufs.Get().(*[]byte)
+	n, err := c.Conn.Read(*b)
+	k := copy(p, (*b)[:n])
+	if k == n {
+		prefetchBufs.Put(b)
+		return k, err
+	}
+	// The rest is served by the next reads; an error that came with the
+	// bytes comes back when they are used up and the socket is read again.
+	c.buf, c.r, c.w = b, k, n
+	return k, nil
+}
+
+// SyscallConn exposes the socket for the client watch's peeks (watch.go).
+func (c *prefetchConn) SyscallConn() (syscall.RawConn, error) {
+	sc, ok := c.Conn.(syscall.Conn)
+	if !ok {
+		return nil, errNotSocket
+	}
+	return sc.SyscallConn()
+}
+
+var errNotSocket = errors.New("proxy: connection is not a socket")
