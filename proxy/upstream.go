@@ -116,6 +116,7 @@ type deadlineConn struct {
 	uses      int         // requests written on the connection, this one included
 	cur       *pendingReq // the request being written or awaited; nil if not the router's
 	pending   *pendingSet // where the request being written is expected
+	armed     time.Time   // the read deadline set on Conn (armRead); zero if none
 }
 
 func (c *deadlineConn) Write(p []byte) (int, error) {
@@ -154,10 +155,8 @@ func (c *deadlineConn) Read(p []byte) (int, error) {
 	if c.awaiting {
 		d = c.firstByte
 	}
-	if d > 0 {
-		if err := c.Conn.SetReadDeadline(time.Now().Add(d)); err != nil {
-			return 0, err
-		}
+	if err := c.armRead(d); err != nil {
+		return 0, err
 	}
 	n, err := c.Conn.Read(p)
 	if n > 0 {
@@ -170,6 +169,29 @@ func (c *deadlineConn) Read(p []byte) (int, error) {
 		c.markStale() // closed after the request, before any response byte
 	}
 	return n, err
+}
+
+// armRead makes the read deadline fall between d and d+slack from now.
+// A stream reads once per event; setting the deadline on each read (the
+// runtime's timer lock, a clock read) cost more than the event's own
+// bookkeeping, so while the armed deadline stays within that window it is
+// left alone: it moves about once per slack, and fires at most slack late
+// (a sixteenth of the limit, at most a second). d = 0 clears it.
+func (c *deadlineConn) armRead(d time.Duration) error {
+	if d <= 0 {
+		if c.armed.IsZero() {
+			return nil
+		}
+		c.armed = time.Time{}
+		return c.Conn.SetReadDeadline(c.armed)
+	}
+	want := time.Now().Add(d)
+	slack := min(d/16, time.Second)
+	if !c.armed.Before(want) && !c.armed.After(want.Add(slack)) {
+		return nil
+	}
+	c.armed = want.Add(slack)
+	return c.Conn.SetReadDeadline(c.armed)
 }
 
 // bodyIn follows the response head's end through b and reports whether b
