@@ -180,7 +180,11 @@ func (x *exchange) finish(err error, status int) {
 	if x.last != nil {
 		replica = x.last.Name()
 	}
-	s.m.requests.WithLabelValues(model, replica, x.arm, statusText(status), x.outcome.String()).Inc()
+	if x.rm != nil && status == 200 && x.outcome == outcomeOK && x.rm.arm == x.arm && x.last == x.up.replica {
+		x.rm.ok.Inc()
+	} else {
+		s.m.requests.WithLabelValues(model, replica, x.arm, statusText(status), x.outcome.String()).Inc()
+	}
 
 	e2eEnd := end
 	if !x.lastTok.IsZero() {

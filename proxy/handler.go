@@ -177,7 +177,7 @@ func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint,
 	}
 	fasthttp.ReleaseRequest(ureq)
 	if a := x.admittedAt(); !a.IsZero() {
-		s.m.queue.WithLabelValues(x.route.Pool.Model()).Observe(a.Sub(x.received).Seconds())
+		x.route.queue.Observe(a.Sub(x.received).Seconds())
 		x.recordQueue(a)
 	}
 	if err != nil {

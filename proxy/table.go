@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus"
 	"sort"
 	"strings"
 	"time"
@@ -34,7 +35,8 @@ type Route struct {
 // never learns and so keeps its defaults.
 type poolRoute struct {
 	Route
-	est *admission.Estimator
+	est   *admission.Estimator
+	queue prometheus.Observer // the pool's queue-time histogram child, resolved once
 }
 
 // SetRoutes replaces what the router serves, atomically and whole: pools,
@@ -95,7 +97,7 @@ func buildRoutes(routes []Route, plain *admission.Estimator, cfg Config, m *metr
 		if p == nil {
 			return nil, errors.New("proxy: a route without a pool")
 		}
-		pr := &poolRoute{Route: r, est: plain}
+		pr := &poolRoute{Route: r, est: plain, queue: m.queue.WithLabelValues(p.Model())}
 		if r.Admission != nil {
 			pr.est = r.Admission.Estimator()
 		}
