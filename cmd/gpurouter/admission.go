@@ -21,6 +21,7 @@ func admissionFrom(a admissionConfig) admission.Config {
 			LongPrefillTokens: a.Saturation.LongPrefillTokens,
 			MaxLongPrefills:   a.Saturation.MaxLongPrefills,
 			ShortLanes:        a.Saturation.ShortLanes,
+			MaxPrefillWait:    a.Saturation.MaxPrefillWait,
 		},
 	}
 }

@@ -67,6 +67,9 @@ type saturationConfig struct {
 	LongPrefillTokens int     `yaml:"long_prefill_tokens"` // prompt tokens that make a long prefill, -1 = no cap; default 4096
 	MaxLongPrefills   int     `yaml:"max_long_prefills"`   // concurrent long prefills per replica; default 1
 	ShortLanes        int     `yaml:"short_lanes"`         // replicas kept free of long prefills, -1 = none; default 1
+	// MaxPrefillWait: the router's queued prefill on a replica, in time at
+	// its learned rate, that saturates it; negative = ignore; default 1s.
+	MaxPrefillWait time.Duration `yaml:"max_prefill_wait"`
 }
 
 // routingConfig tunes how load-based policies score replicas.
@@ -137,7 +140,7 @@ type poolConfig struct {
 	Model      string          `yaml:"model"`       // served model name; required, unique across pools incl. aliases
 	Aliases    []string        `yaml:"aliases"`     // other names routed to this pool
 	PathPrefix string          `yaml:"path_prefix"` // optional route, e.g. /v1/chat/tinyllama; requests under it need no model field
-	Policy     string          `yaml:"policy"`      // a balancer policy name; default least_loaded
+	Policy     string          `yaml:"policy"`      // a balancer policy name; default predictive
 	Arms       []armConfig     `yaml:"arms"`        // optional A/B experiment; replaces policy when set
 	Replicas   []replicaConfig `yaml:"replicas"`    // at least one, unless discovery sets them
 	// Discovery finds the replicas instead (DNS or Kubernetes); nil means
