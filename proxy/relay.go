@@ -54,7 +54,7 @@ type relay struct {
 // as its stream waits for the next one — and grow on demand (fill).
 var relayBufs = sync.Pool{New: func() any { b := make([]byte, 0, relayBufSize); return &b }}
 
-const relayBufSize = 2 << 10
+const relayBufSize = 1 << 10
 
 func newRelay(x *exchange, resp *fasthttp.Response, strip bool) *relay {
 	bp := relayBufs.Get().(*[]byte)
