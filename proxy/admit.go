@@ -82,6 +82,13 @@ func (s *Server) admit(ctx *fasthttp.RequestCtx, x *exchange) error {
 	if x.route.Pool.Available(x.received) == 0 {
 		return fmt.Errorf("%w for model %q", ErrNoReplica, x.route.Pool.Model())
 	}
+	// A pool with room admits at once: what only a wait needs — a
+	// cancelable context, a watch on the client — is not made.
+	if t, ok := ctl.TryAdmit(x.cost); ok {
+		x.admitted = s.now()
+		x.ticket = t
+		return nil
+	}
 	actx, cancel := context.WithCancelCause(s.base)
 	defer cancel(nil)
 	w := s.startWatch(x, ctx.Conn(), cancel)
