@@ -25,6 +25,10 @@ type Config struct {
 	// Gpurouter is the command that runs gpurouter (its "serve" arguments
 	// are appended); nil leaves gpurouter out.
 	Gpurouter []string
+	// GpurouterProcs, when positive, adds a second gpurouter column run
+	// with GOMAXPROCS set to it ("gpurouter-pN"): HAProxy and nginx are
+	// measured with one thread, the Go runtime with one P per core.
+	GpurouterProcs int
 	// HAProxy and Nginx add those proxies when installed (a note says so
 	// when they are not).
 	HAProxy, Nginx bool
@@ -110,6 +114,14 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			return nil, err
 		}
 		targets = append(targets, t)
+		if cfg.GpurouterProcs > 0 {
+			name := fmt.Sprintf("gpurouter-p%d", cfg.GpurouterProcs)
+			t, err := startGpurouter(ctx, name, cfg.Gpurouter, []string{fmt.Sprintf("GOMAXPROCS=%d", cfg.GpurouterProcs)}, up.addr())
+			if err != nil {
+				return nil, err
+			}
+			targets = append(targets, t)
+		}
 	}
 	starts := []struct {
 		on    bool

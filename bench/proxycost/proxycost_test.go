@@ -129,3 +129,43 @@ func TestRunDirectTiny(t *testing.T) {
 		}
 	}
 }
+
+// fakeTarget is a TargetResult with one sample per workload.
+func fakeTarget(name string, measured bool, c1, cpuReq, cpuEv, gap time.Duration, rss float64) *TargetResult {
+	t := &TargetResult{Name: name, measured: measured}
+	t.add("c=1", &sample{count: 100, elapsed: time.Second, p50: c1})
+	t.add("c=64", &sample{count: 1000, elapsed: time.Second, proxyCPU: 1000 * cpuReq})
+	t.add("sse", &sample{count: 1000, elapsed: time.Second, p50: c1, gapP50: gap, proxyCPU: 1000 * cpuEv})
+	if measured {
+		t.idleRSS = []float64{rss}
+	}
+	return t
+}
+
+func TestAcceptanceJudgesEachGpurouterColumn(t *testing.T) {
+	us := time.Microsecond
+	r := &Result{Config: Config{}.withDefaults(), Targets: []*TargetResult{
+		fakeTarget("direct", false, 100*us, 0, 0, 5000*us, 0),
+		fakeTarget("gpurouter", true, 210*us, 30*us, 9*us, 5200*us, 20),
+		fakeTarget("gpurouter-p1", true, 200*us, 20*us, 12*us, 5800*us, 10),
+		fakeTarget("haproxy", true, 190*us, 15*us, 8*us, 5000*us, 5),
+		fakeTarget("nginx", true, 200*us, 14*us, 10*us, 5000*us, 16),
+	}}
+	got := strings.Join(r.Acceptance(), "\n")
+	for _, want := range []string{
+		"FAIL gpurouter 1. CPU per request 30.0 µs = 2.00× HAProxy's 15.0",
+		"PASS gpurouter 2. CPU per event 9.0 µs = 0.90× nginx's 10.0",
+		"PASS gpurouter 2. inter-arrival p50 5.20 ms, +4.0%",
+		"FAIL gpurouter 3. RSS per idle stream 20.0 KiB vs nginx's 16.0 (≤ nginx's); 4.0× HAProxy's 5.0",
+		"PASS gpurouter 4. added p50 at c=1 +110 µs = 1.10× nginx's +100 (≤ 1.2×)",
+		"PASS gpurouter-p1 1. CPU per request 20.0 µs = 1.33×",
+		"FAIL gpurouter-p1 2. CPU per event 12.0 µs = 1.20×",
+		"FAIL gpurouter-p1 2. inter-arrival p50 5.80 ms, +16.0%",
+		"PASS gpurouter-p1 3. RSS per idle stream 10.0 KiB",
+		"PASS gpurouter-p1 4. added p50 at c=1 +100 µs = 1.00×",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("acceptance lacks %q:\n%s", want, got)
+		}
+	}
+}

@@ -210,10 +210,18 @@ func (r *Result) Acceptance() []string {
 	for _, f := range fs {
 		by[f.Name] = f
 	}
-	g, ok := by["gpurouter"]
-	if !ok {
-		return nil
+	var out []string
+	for _, g := range fs {
+		if strings.HasPrefix(g.Name, "gpurouter") {
+			out = append(out, acceptance(g, fs[0], by)...)
+		}
 	}
+	return out
+}
+
+// acceptance judges one gpurouter column g against direct d and the
+// comparison proxies in by.
+func acceptance(g, d Figures, by map[string]Figures) []string {
 	var out []string
 	verdict := func(ok bool) string {
 		if ok {
@@ -223,19 +231,18 @@ func (r *Result) Acceptance() []string {
 	}
 	if h, ok := by["haproxy"]; ok && h.CPUPerReqUs > 0 {
 		x := g.CPUPerReqUs / h.CPUPerReqUs
-		out = append(out, fmt.Sprintf("%s 1. CPU per request %.1f µs = %.2f× HAProxy's %.1f (≤ 1.5×)", verdict(x <= 1.5), g.CPUPerReqUs, x, h.CPUPerReqUs))
+		out = append(out, fmt.Sprintf("%s %s 1. CPU per request %.1f µs = %.2f× HAProxy's %.1f (≤ 1.5×)", verdict(x <= 1.5), g.Name, g.CPUPerReqUs, x, h.CPUPerReqUs))
 	}
-	d := fs[0]
 	if n, ok := by["nginx"]; ok && n.CPUPerEventUs > 0 {
 		x := g.CPUPerEventUs / n.CPUPerEventUs
-		out = append(out, fmt.Sprintf("%s 2. CPU per event %.1f µs = %.2f× nginx's %.1f (≤ 1.1×)", verdict(x <= 1.1), g.CPUPerEventUs, x, n.CPUPerEventUs))
+		out = append(out, fmt.Sprintf("%s %s 2. CPU per event %.1f µs = %.2f× nginx's %.1f (≤ 1.1×)", verdict(x <= 1.1), g.Name, g.CPUPerEventUs, x, n.CPUPerEventUs))
 	}
 	if d.InterArrivalMs > 0 {
 		x := g.InterArrivalMs/d.InterArrivalMs - 1
-		out = append(out, fmt.Sprintf("%s 2. inter-arrival p50 %.2f ms, %+.1f%% from direct's %.2f (within 10%%)", verdict(x <= 0.1 && x >= -0.1), g.InterArrivalMs, 100*x, d.InterArrivalMs))
+		out = append(out, fmt.Sprintf("%s %s 2. inter-arrival p50 %.2f ms, %+.1f%% from direct's %.2f (within 10%%)", verdict(x <= 0.1 && x >= -0.1), g.Name, g.InterArrivalMs, 100*x, d.InterArrivalMs))
 	}
 	if n, ok := by["nginx"]; ok && n.RSSPerStream > 0 {
-		line := fmt.Sprintf("%s 3. RSS per idle stream %.1f KiB vs nginx's %.1f (≤ nginx's)", verdict(g.RSSPerStream <= n.RSSPerStream), g.RSSPerStream, n.RSSPerStream)
+		line := fmt.Sprintf("%s %s 3. RSS per idle stream %.1f KiB vs nginx's %.1f (≤ nginx's)", verdict(g.RSSPerStream <= n.RSSPerStream), g.Name, g.RSSPerStream, n.RSSPerStream)
 		if h, ok := by["haproxy"]; ok && h.RSSPerStream > 0 {
 			line += fmt.Sprintf("; %.1f× HAProxy's %.1f", g.RSSPerStream/h.RSSPerStream, h.RSSPerStream)
 		}
@@ -243,7 +250,7 @@ func (r *Result) Acceptance() []string {
 	}
 	if n, ok := by["nginx"]; ok && n.AddedP50C1us > 0 {
 		x := g.AddedP50C1us / n.AddedP50C1us
-		out = append(out, fmt.Sprintf("%s 4. added p50 at c=1 %+.0f µs = %.2f× nginx's %+.0f (≤ 1.2×)", verdict(x <= 1.2), g.AddedP50C1us, x, n.AddedP50C1us))
+		out = append(out, fmt.Sprintf("%s %s 4. added p50 at c=1 %+.0f µs = %.2f× nginx's %+.0f (≤ 1.2×)", verdict(x <= 1.2), g.Name, g.AddedP50C1us, x, n.AddedP50C1us))
 	}
 	return out
 }

@@ -82,7 +82,7 @@ func freePort() (string, error) {
 
 // startProcess runs argv with its output in dir/name.log and waits until
 // addr accepts connections.
-func startProcess(ctx context.Context, name string, argv []string, dir, addr string) (Target, error) {
+func startProcess(ctx context.Context, name string, argv, env []string, dir, addr string) (Target, error) {
 	t := Target{Name: name, Addr: addr, dir: dir}
 	f, err := os.Create(filepath.Join(dir, name+".log"))
 	if err != nil {
@@ -92,6 +92,9 @@ func startProcess(ctx context.Context, name string, argv []string, dir, addr str
 	t.cmd = exec.Command(argv[0], argv[1:]...)
 	t.cmd.Stdout, t.cmd.Stderr = f, f
 	t.cmd.Dir = dir
+	if env != nil {
+		t.cmd.Env = append(os.Environ(), env...)
+	}
 	if err := t.cmd.Start(); err != nil {
 		t.stop()
 		return Target{}, fmt.Errorf("%s: %w", name, err)
@@ -123,6 +126,12 @@ func tail(b []byte, n int) []byte {
 // StartGpurouter starts `argv0 serve` with its defaults (admission,
 // telemetry, the JSON access log written to a file) in front of upstream.
 func StartGpurouter(ctx context.Context, argv0 []string, upstream string) (Target, error) {
+	return startGpurouter(ctx, "gpurouter", argv0, nil, upstream)
+}
+
+// startGpurouter is StartGpurouter under another column name, with env
+// added to the harness's environment.
+func startGpurouter(ctx context.Context, name string, argv0, env []string, upstream string) (Target, error) {
 	dir, err := os.MkdirTemp("", "proxycost-gpurouter-")
 	if err != nil {
 		return Target{}, err
@@ -132,7 +141,7 @@ func StartGpurouter(ctx context.Context, argv0 []string, upstream string) (Targe
 		return Target{}, err
 	}
 	argv := append(append([]string(nil), argv0...), "serve", "--listen", addr, "--pool", "m=http://"+upstream)
-	t, err := startProcess(ctx, "gpurouter", argv, dir, addr)
+	t, err := startProcess(ctx, name, argv, env, dir, addr)
 	if err != nil {
 		os.RemoveAll(dir)
 	}
@@ -178,7 +187,7 @@ func StartHAProxy(ctx context.Context, upstream string) (Target, error) {
 	if err := os.WriteFile(cfg, fmt.Appendf(nil, haproxyConfig, addr, upstream), 0o644); err != nil {
 		return Target{}, err
 	}
-	t, err := startProcess(ctx, "haproxy", []string{bin, "-db", "-f", cfg}, dir, addr)
+	t, err := startProcess(ctx, "haproxy", []string{bin, "-db", "-f", cfg}, nil, dir, addr)
 	if err != nil {
 		os.RemoveAll(dir)
 	}
@@ -236,7 +245,7 @@ func StartNginx(ctx context.Context, upstream string) (Target, error) {
 	if err := os.WriteFile(cfg, fmt.Appendf(nil, nginxConfig, dir, addr, upstream), 0o644); err != nil {
 		return Target{}, err
 	}
-	t, err := startProcess(ctx, "nginx", []string{bin, "-p", dir, "-c", cfg, "-e", filepath.Join(dir, "error.log")}, dir, addr)
+	t, err := startProcess(ctx, "nginx", []string{bin, "-p", dir, "-c", cfg, "-e", filepath.Join(dir, "error.log")}, nil, dir, addr)
 	if err != nil {
 		os.RemoveAll(dir)
 	}

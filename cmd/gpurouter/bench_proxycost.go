@@ -30,6 +30,7 @@ func runBenchProxyCost(args []string, stdout, stderr io.Writer) int {
 	var targets benchList
 	noGpurouter := fs.Bool("no-gpurouter", false, "leave gpurouter out (measure only the other targets)")
 	gpurouterBin := fs.String("gpurouter-bin", "", "the gpurouter binary to measure (default: this one)")
+	fs.IntVar(&cfg.GpurouterProcs, "gpurouter-gomaxprocs", 0, "also measure gpurouter with GOMAXPROCS=N, as column gpurouter-pN (HAProxy and nginx run one thread)")
 	fs.BoolVar(&cfg.HAProxy, "haproxy", true, "measure HAProxy when installed (1 thread, leastconn, option http-no-delay)")
 	fs.BoolVar(&cfg.Nginx, "nginx", true, "measure nginx when installed (1 worker, proxy_buffering off, upstream keepalive)")
 	fs.Var(&targets, "target", "NAME=HOST:PORT[,pid=PID]: a proxy already running in front of --upstream (repeatable); with pid= its CPU and memory are measured")
