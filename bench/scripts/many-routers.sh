@@ -74,10 +74,26 @@ wait_up() { # URL: poll until it answers 200, at most 20 s
   echo "$1 did not come up"; exit 1
 }
 
-"$bin" sim --replicas "$nrep" --base-port "$BASE_PORT" --profile "$PROFILE" --speed "$SPEEDS" \
-  --served-model-name m --seed "$SEED" >"$work/sim.log" 2>&1 &
-pids+=($!)
-for i in $(seq 0 $((nrep - 1))); do wait_up "http://127.0.0.1:$((BASE_PORT + i))/health"; done
+# start_fleet: a fresh simulated fleet for every run. The engines cache
+# prompt prefixes, and every run replays the same prompts: a fleet kept
+# from run to run would serve later runs from its cache, and whichever side
+# ran second would look faster.
+simpid=""
+start_fleet() {
+  stop_fleet
+  "$bin" sim --replicas "$nrep" --base-port "$BASE_PORT" --profile "$PROFILE" --speed "$SPEEDS" \
+    --served-model-name m --seed "$SEED" >"$work/sim.log" 2>&1 &
+  simpid=$!
+  pids+=("$simpid")
+  for i in $(seq 0 $((nrep - 1))); do wait_up "http://127.0.0.1:$((BASE_PORT + i))/health"; done
+}
+stop_fleet() {
+  if [ -n "$simpid" ]; then
+    kill "$simpid" 2>/dev/null || true
+    wait "$simpid" 2>/dev/null || true
+    simpid=""
+  fi
+}
 
 rport=$((BASE_PORT + 100))
 # start_routers N: N routers on rport.., each scraping every replica;
@@ -126,6 +142,7 @@ trace_rate=$(awk -F, -v n="$PROMPTS" 'NR==2{a=$1} NR==n+1{b=$1; exit} END{
   d=(y[2]*3600+y[3]*60+y[4])-(x[2]*3600+x[3]*60+x[4]); printf "%.4f", (n-1)/d}' "$TRACE")
 
 if [ -z "$CAPACITY" ]; then
+  start_fleet
   start_routers 1
   slo=$(echo "$SLO" | tr ' ' ',')
   # shellcheck disable=SC2086
@@ -138,7 +155,6 @@ if [ -z "$CAPACITY" ]; then
   '' | none | -) echo "capacity probe: no rate in $PROBE_RATES met the SLO:"; cat "$work/probe.txt"; exit 1 ;;
   esac
   grep -E '^\| 127' "$work/probe.txt" | head -20
-  sleep 5 # let the engines drain
 fi
 scale=$(awk -v c="$CAPACITY" -v l="$LOAD" -v r="$trace_rate" 'BEGIN{printf "%.4f", c*l/r}')
 echo "fleet: $nrep x $PROFILE, speeds $SPEEDS; policy $POLICY; scrape ${SCRAPE:-default}; capacity $CAPACITY req/s"
@@ -156,6 +172,7 @@ results=$work/results.txt
 : >"$results"
 for round in $(seq 1 "$ROUNDS"); do
   for n in 1 "$ROUTERS"; do
+    start_fleet
     start_routers "$n"
     before=$(served)
     # shellcheck disable=SC2086
@@ -176,7 +193,6 @@ for round in $(seq 1 "$ROUNDS"); do
     slo_pct=$(awk -v g="$g" -v t="$t" 'BEGIN{printf "%.1f%%", t ? 100 * g / t : 0}')
     printf '%-5s %-7s %10s %8s %7s %12s %12s %12s %7s  %s\n' "$round" "$n" "$g" "$t" "$slo_pct" "$p50" "$p99" "$tp" "${f:-0}" "$share"
     echo "$n $g $p99 $t" >>"$results"
-    sleep 5 # let the engines drain before the next run
   done
 done
 awk -v many="$ROUTERS" '
