@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"strconv"
 	"time"
 
@@ -66,9 +67,21 @@ func (s *Server) upstreamRequest(ctx *fasthttp.RequestCtx, x *exchange, ep endpo
 	x.seq = s.seq.Add(1)
 	var num [20]byte
 	u.Header.SetBytesV(seqHeader, strconv.AppendUint(num[:0], x.seq, 10))
-	u.Header.Set("X-Forwarded-For", ctx.RemoteIP().String())
+	var ipText [46]byte // the longest IPv6 text form with an IPv4 tail
+	u.Header.SetBytesV("X-Forwarded-For", appendIP(ipText[:0], ctx.RemoteIP()))
 	u.SetBodyRaw(body)
 	return u
+}
+
+// appendIP appends ip's text form, as net.IP.String writes it, without
+// allocating: an IPv4 address in its dotted form, whether it is held in 4
+// or 16 bytes.
+func appendIP(b []byte, ip net.IP) []byte {
+	a, ok := netip.AddrFromSlice(ip)
+	if !ok {
+		return append(b, ip.String()...)
+	}
+	return a.Unmap().AppendTo(b)
 }
 
 // listsToken reports whether a comma-separated header value names tok.

@@ -109,7 +109,8 @@ func readUsage(payload []byte) (prompt, completion int, ok bool) {
 	if !hasUsage(payload) {
 		return 0, 0, false
 	}
-	u := gjson.GetBytes(payload, "usage")
+	// A view, not a copy: only numbers are taken from it.
+	u := gjson.Get(bytesView(payload), "usage")
 	if !u.IsObject() {
 		return 0, 0, false
 	}
