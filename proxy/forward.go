@@ -169,7 +169,7 @@ func (s *Server) retryWait(x *exchange, pick *balancer.Request, lastErr error) e
 // only because nothing has reached the client yet: a connection failure,
 // a 502/503/429 before the last attempt, an open breaker; or the error
 // that ends the request (the client left, the deadline passed).
-func (s *Server) forward(rt *routeTable, x *exchange, rep *balancer.Replica, ureq *fasthttp.Request, client net.Conn) (resp *fasthttp.Response, again bool, err error) {
+func (s *Server) forward(rt *routeTable, x *exchange, rep *balancer.Replica, ureq *fasthttp.Request, w *clientWatch) (resp *fasthttp.Response, again bool, err error) {
 	up := s.upstreamOf(rt, rep)
 	if up == nil {
 		// A reload put the replica in its pool and has not yet published
@@ -194,9 +194,9 @@ func (s *Server) forward(rt *routeTable, x *exchange, rep *balancer.Replica, ure
 	// prefill — only the watch notices a client that leaves (or the total
 	// deadline, or a drain's end) and aborts the request.
 	pr := up.pending.expect(x.seq)
-	w := s.startWatch(x, client, pr.abort)
+	w.retarget(pr.abort)
 	err = up.client.Do(ureq, resp)
-	w.stop()
+	w.retarget(nil)
 	if cause := up.pending.settle(x.seq, pr); cause != nil {
 		if err == nil {
 			resp.CloseBodyStream() //nolint:errcheck
@@ -301,25 +301,27 @@ func copyHeaders(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, x *exchange)
 
 // startStream commits the 200 and hands the upstream stream to a relay;
 // fasthttp reads it after the handler returns.
-func (s *Server) startStream(ctx *fasthttp.RequestCtx, x *exchange, resp *fasthttp.Response, strip bool) {
+func (s *Server) startStream(ctx *fasthttp.RequestCtx, x *exchange, resp *fasthttp.Response, strip bool, w *clientWatch) {
 	copyHeaders(ctx, resp, x)
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	ctx.Response.Header.Set("Cache-Control", "no-cache")
 	ctx.Response.ImmediateHeaderFlush = true
 	r := newRelay(x, resp, strip)
-	r.watch = s.startWatch(x, ctx.Conn(), r.abort)
+	r.watch = w
+	w.retarget(r.abort)
 	ctx.Response.SetBodyStream(r, -1)
 }
 
 // respondWhole reads a non-streamed response (bounded, watched for client
 // disconnect) and passes it on; a 200 that is not JSON is a broken upstream.
-func (s *Server) respondWhole(ctx *fasthttp.RequestCtx, x *exchange, resp *fasthttp.Response) {
+func (s *Server) respondWhole(ctx *fasthttp.RequestCtx, x *exchange, resp *fasthttp.Response, w *clientWatch) {
+	defer w.stop()
 	stream, _ := resp.BodyStream().(fasthttp.ReadCloserWithError)
 	buf := bytebufferpool.Get()
 	defer bytebufferpool.Put(buf)
 	var err error
 	if stream != nil {
-		w := s.startWatch(x, ctx.Conn(), func(e error) { stream.CloseWithError(e) })
+		w.retarget(func(e error) { stream.CloseWithError(e) })
 		_, err = buf.ReadFrom(io.LimitReader(stream, int64(s.cfg.MaxResponseBytes)+1))
 		w.stop()
 		if err == nil && buf.Len() > s.cfg.MaxResponseBytes {

@@ -152,6 +152,9 @@ func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint,
 		return
 	}
 	ureq := s.upstreamRequest(ctx, x, ep, body)
+	// One watch over the client from the first attempt to the end of the
+	// response (watch.go): each attempt, then the relay, takes it over.
+	w := s.startWatch(x, ctx.Conn(), nil)
 	var triedArr [8]*balancer.Replica
 	tried := triedArr[:0]
 	var resp *fasthttp.Response
@@ -165,7 +168,7 @@ func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint,
 		}
 		tried = append(tried, rep)
 		var again bool
-		if resp, again, err = s.forward(rt, x, rep, ureq, ctx.Conn()); !again { // 5.
+		if resp, again, err = s.forward(rt, x, rep, ureq, w); !again { // 5.
 			break
 		}
 		if err != nil {
@@ -181,6 +184,7 @@ func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint,
 		x.recordQueue(a)
 	}
 	if err != nil {
+		w.stop()
 		s.reject(ctx, x, err)
 		return
 	}
@@ -188,10 +192,10 @@ func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint,
 	// 6. Relay: SSE event by event, or the whole body. Step 7 follows
 	// when the response is done: exchange.finish.
 	if resp.StatusCode() == fasthttp.StatusOK && isEventStream(resp) {
-		s.startStream(ctx, x, resp, strip)
+		s.startStream(ctx, x, resp, strip, w)
 		return
 	}
-	s.respondWhole(ctx, x, resp)
+	s.respondWhole(ctx, x, resp, w)
 }
 
 // routeFor resolves the pool for a request: its path prefix's, else the

@@ -154,7 +154,9 @@ func (r *relay) switchTo(body []byte) error {
 			return x.noReplica(lastErr)
 		}
 		ureq := s.upstreamRequest(m.ctx, x, x.ep, body)
-		resp, again, err := s.forward(s.routes.Load(), x, rep, ureq, m.ctx.Conn())
+		w := s.startWatch(x, m.ctx.Conn(), nil) // the relay's own watch goes on meanwhile
+		resp, again, err := s.forward(s.routes.Load(), x, rep, ureq, w)
+		w.stop()
 		fasthttp.ReleaseRequest(ureq)
 		if again {
 			if err != nil {

@@ -19,13 +19,18 @@ import (
 // timer until then: the client connection is prepared for peeking (its
 // read deadline cleared, its socket looked up) by the first check, not
 // when the watch starts.
+//
+// One watch serves a request from its first attempt to the end of its
+// response: its abort goes to whoever can end the request at the time
+// (retarget) — the pending upstream request, then the response's reader.
 type clientWatch struct {
 	x     *exchange
 	conn  net.Conn
-	abort func(error)
 	every time.Duration
 
-	mu      sync.Mutex // orders the first check's setup against stop
+	mu      sync.Mutex  // orders the first check's setup against stop; guards abort and fired
+	abort   func(error) // who ends the request now; nil between owners
+	fired   error       // why the watch fired: handed to every later owner too
 	timer   Timer
 	raw     syscall.RawConn // nil when the client conn is not a plain socket (TLS, in-memory)
 	ready   bool            // the first check has prepared conn
@@ -49,9 +54,11 @@ func (s *Server) newTimer(d time.Duration, f func()) Timer {
 	return time.AfterFunc(d, f)
 }
 
-// startWatch arms a watch over conn that calls abort at most once.
+// startWatch arms a watch over conn that calls abort (or its later owners,
+// retarget) at most once each.
 func (s *Server) startWatch(x *exchange, conn net.Conn, abort func(error)) *clientWatch {
 	w := &clientWatch{x: x, conn: conn, abort: abort, every: s.cfg.DisconnectCheck}
+	// abort may be nil: a watch started before its first owner (retarget).
 	// tick reads w.timer under mu: set it under mu too, for the race
 	// detector as for the CPU.
 	w.mu.Lock()
@@ -95,19 +102,45 @@ func (w *clientWatch) tick() {
 	s := w.x.s
 	switch {
 	case w.raw != nil && peerClosed(w.raw):
-		w.abort(fmt.Errorf("%w: connection closed by client", ErrClientGone))
+		w.fire(fmt.Errorf("%w: connection closed by client", ErrClientGone))
 		return
 	case s.abortStreams.Load():
-		w.abort(fmt.Errorf("%w: drain deadline passed", ErrShuttingDown))
+		w.fire(fmt.Errorf("%w: drain deadline passed", ErrShuttingDown))
 		return
 	case s.totalExceeded(w.x):
-		w.abort(fmt.Errorf("%w: total request deadline %s", ErrTimeout, s.cfg.TotalTimeout))
+		w.fire(fmt.Errorf("%w: total request deadline %s", ErrTimeout, s.cfg.TotalTimeout))
 		return
 	}
 	w.mu.Lock()
 	t := w.timer
 	w.mu.Unlock()
 	t.Reset(w.every)
+}
+
+// fire ends the request for err through its current owner. The watch
+// checks no more (every reason it fires for is final), and an owner that
+// takes over later is told at once: the one it fired at may have been
+// done already (an upstream request that had just been answered).
+func (w *clientWatch) fire(err error) {
+	w.mu.Lock()
+	w.fired = err
+	f := w.abort
+	w.mu.Unlock()
+	if f != nil {
+		f(err)
+	}
+}
+
+// retarget makes f the one a firing watch aborts (nil: no one for now);
+// f is called at once when the watch has fired already.
+func (w *clientWatch) retarget(f func(error)) {
+	w.mu.Lock()
+	w.abort = f
+	fired := w.fired
+	w.mu.Unlock()
+	if fired != nil && f != nil {
+		f(fired)
+	}
 }
 
 // stop ends the watch; safe to call more than once and on a nil watch.

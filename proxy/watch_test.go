@@ -93,3 +93,43 @@ func TestWatchInjectedTimer(t *testing.T) {
 		t.Fatalf("a stopped watch aborted again: %v", aborts)
 	}
 }
+
+// TestWatchRetarget: one watch serves a request's attempts and then its
+// response. A check that fires between owners is handed to the next one,
+// and so is one that fired at an owner already done with the request.
+func TestWatchRetarget(t *testing.T) {
+	t0 := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	now := t0
+	var timer *handTimer
+	s := &Server{
+		cfg: Config{DisconnectCheck: time.Minute, TotalTimeout: 10 * time.Second},
+		now: func() time.Time { return now },
+		afterFunc: func(d time.Duration, f func()) Timer {
+			timer = &handTimer{f: f, resets: []time.Duration{d}}
+			return timer
+		},
+	}
+	w := s.startWatch(&exchange{s: s, received: t0}, nil, nil)
+	var first, second []error
+	w.retarget(func(err error) { first = append(first, err) })
+	timer.fire() // within the deadline: nothing
+	w.retarget(nil)
+	now = t0.Add(11 * time.Second)
+	timer.fire() // past it, between owners
+	if len(first) != 0 {
+		t.Fatalf("a former owner was aborted: %v", first)
+	}
+	w.retarget(func(err error) { second = append(second, err) })
+	if len(second) != 1 || !errors.Is(second[0], ErrTimeout) {
+		t.Fatalf("the next owner got %v, want the deadline", second)
+	}
+	var third []error
+	w.retarget(func(err error) { third = append(third, err) })
+	if len(third) != 1 {
+		t.Fatal("an owner after the one that got the abort was not told")
+	}
+	w.stop()
+	if !timer.stopped {
+		t.Fatal("stop did not stop the timer")
+	}
+}
