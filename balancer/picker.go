@@ -104,7 +104,7 @@ func NewPickerWith(name string, o PickerOptions) (Picker, error) {
 	case "predictive", "":
 		return &Predictive{cfg: &cfg}, nil
 	case "least_loaded":
-		return &scanPicker{s: loadScorer{&cfg}}, nil
+		return &scanPicker{s: loadScorer{&cfg}, near: newNearEqual(cfg.NearEqual, rnd)}, nil
 	case "kv_aware":
 		return &scanPicker{s: kvScorer{&cfg}}, nil
 	case "least_tokens":

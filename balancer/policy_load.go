@@ -31,6 +31,7 @@ var (
 type scanPicker struct {
 	next atomic.Uint64
 	s    scorer
+	near *nearEqual // nil: the best; else at random among near-equals (near.go)
 }
 
 func (p *scanPicker) Pick(r *Request, candidates []*Replica) *Replica {
@@ -55,6 +56,7 @@ func (p *scanPicker) Pick(r *Request, candidates []*Replica) *Replica {
 		// As RoundRobin: among tied replicas the one after a skipped
 		// (ineligible) replica must not inherit its turn.
 		advancePast(&p.next, start, bestAt)
+		best = p.near.pick(p.s, r, candidates, best, bestScore)
 	}
 	return best
 }

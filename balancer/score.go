@@ -39,6 +39,12 @@ type ScoreConfig struct {
 	// takes an affine request only while its load is at most (1+ε)× the
 	// mean [0.25].
 	Epsilon float64
+	// NearEqual makes least_loaded choose at random among the replicas
+	// whose score is within this many requests (per unit of capacity) of
+	// the lowest, instead of always the lowest: several routers reading
+	// the same scrape then stop sending together to the replica that
+	// looked idlest (near.go). 0 (the default) or less: always the lowest.
+	NearEqual float64
 	// SLOTTFT and SLOTPOT are the pool's latency objectives, which the
 	// predictive policy picks to meet when a request brings none of its own
 	// (Request.SLOTTFT, SLOTPOT) [2s, 100ms].

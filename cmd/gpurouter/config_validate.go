@@ -91,6 +91,9 @@ func validate(cfg fileConfig) error {
 	v.rangeF("routing.kv_penalty", cfg.Routing.KVPenalty, 0, 1e6, false)
 	v.rangeF("routing.prefill_weight", cfg.Routing.PrefillWeight, 0, 1000, false)
 	v.rangeF("routing.bounded_load_epsilon", cfg.Routing.BoundedLoadEpsilon, 0, 100, false)
+	if ne := cfg.Routing.NearEqual; math.IsNaN(ne) || ne < 0 || ne > 1000 {
+		v.add("routing.near_equal", "must be in [0, 1000] requests, got %g", ne)
+	}
 
 	v.auth(cfg.Auth, cfg.Admission.Classes)
 	// The pools' rules are the fleet's, so that an admin edit is refused

@@ -71,5 +71,6 @@ func scoreConfig(cfg fileConfig) balancer.ScoreConfig {
 		KVPenalty:     cfg.Routing.KVPenalty,
 		PrefillWeight: cfg.Routing.PrefillWeight,
 		Epsilon:       cfg.Routing.BoundedLoadEpsilon,
+		NearEqual:     cfg.Routing.NearEqual,
 	}
 }
