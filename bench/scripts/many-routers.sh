@@ -50,6 +50,7 @@ BASE_PORT=${BASE_PORT:-19301}     # replicas; routers from BASE_PORT+100
 SEED=${SEED:-1}
 ROUTER_FLAGS=${ROUTER_FLAGS:-}    # extra `gpurouter serve` flags
 SCRAPE=${SCRAPE:-}                # telemetry.interval of every router, e.g. 50ms; "" = the default
+NEAR_EQUAL=${NEAR_EQUAL:-}        # routing.near_equal of every router (least_loaded), e.g. 2; "" = the default
 BIN=${BIN:-}                      # a gpurouter binary; built from this tree when empty
 
 [ -f "$TRACE" ] || { echo "trace $TRACE not found (TRACE=path)"; exit 2; }
@@ -101,12 +102,13 @@ rport=$((BASE_PORT + 100))
 start_routers() {
   flags=""
   for i in $(seq 0 $(($1 - 1))); do
-    if [ -n "$SCRAPE" ]; then
+    if [ -n "$SCRAPE$NEAR_EQUAL" ]; then
       # The flags' configuration, with the scrape interval (and the
-      # staleness bound, 5 intervals as by default) changed.
+      # staleness bound, 5 intervals as by default) or near_equal changed.
       {
         echo "listen: 127.0.0.1:$((rport + i))"
-        echo "telemetry: {interval: $SCRAPE, stale_after: $(awk -v s="${SCRAPE%ms}" 'BEGIN{print 5 * s}')ms}"
+        [ -z "$SCRAPE" ] || echo "telemetry: {interval: $SCRAPE, stale_after: $(awk -v s="${SCRAPE%ms}" 'BEGIN{print 5 * s}')ms}"
+        [ -z "$NEAR_EQUAL" ] || echo "routing: {near_equal: $NEAR_EQUAL}"
         echo "pools:"
         echo "  - model: m"
         echo "    policy: $POLICY"
@@ -157,7 +159,7 @@ if [ -z "$CAPACITY" ]; then
   grep -E '^\| 127' "$work/probe.txt" | head -20
 fi
 scale=$(awk -v c="$CAPACITY" -v l="$LOAD" -v r="$trace_rate" 'BEGIN{printf "%.4f", c*l/r}')
-echo "fleet: $nrep x $PROFILE, speeds $SPEEDS; policy $POLICY; scrape ${SCRAPE:-default}; capacity $CAPACITY req/s"
+echo "fleet: $nrep x $PROFILE, speeds $SPEEDS; policy $POLICY; scrape ${SCRAPE:-default}; near_equal ${NEAR_EQUAL:-default}; capacity $CAPACITY req/s"
 echo "workload: first $PROMPTS rows of $(basename "$TRACE") (trace rate $trace_rate req/s) at time scale $scale = $(awk -v r="$trace_rate" -v s="$scale" 'BEGIN{printf "%.2f", r*s}') req/s ($LOAD of capacity); goodput SLO $SLO"
 printf '%-5s %-7s %10s %8s %7s %12s %12s %12s %7s  %s\n' run routers "goodput/s" "req/s" "in SLO" "P50 TTFT ms" "P99 TTFT ms" "P99 TPOT ms" failed "share per replica (last at half speed)"
 
