@@ -101,18 +101,27 @@ func parseBoxBusy(b []byte) (time.Duration, error) {
 	return time.Duration(busy) * clockTick, nil
 }
 
-// cpuMeter measures, over one run, the CPU time of the measured processes
-// (the proxy's, and the harness's own: clients and upstream) and of
-// everything else on the box, which is what the quiet-box filter judges.
+// cpuMeter measures, over one run, the CPU time of the proxy's processes
+// and of everything else on the box, which is what the quiet-box filter
+// judges: /proc/stat's busy time less the harness's and the proxy's
+// (boxOthers). The other processes' own utime+stime, read one by one from
+// /proc (others), is kept beside it, to tell a busy neighbour from the
+// interrupt work of the run's own traffic, which the kernel may charge to
+// whatever ran when it came.
 type cpuMeter struct {
-	pids                []int // the proxy's processes; none for direct
-	proxy0, self0, box0 time.Duration
+	pids        []int // the proxy's processes; none for direct
+	proxy0      time.Duration
+	others0     map[int]time.Duration
+	self0, box0 time.Duration
 }
 
 func startCPU(pids []int) (*cpuMeter, error) {
 	m := &cpuMeter{pids: pids}
 	var err error
 	if m.proxy0, err = sumCPU(pids); err != nil {
+		return nil, err
+	}
+	if m.others0, err = otherCPU(m.excluded()); err != nil {
 		return nil, err
 	}
 	if m.self0, err = procCPU(os.Getpid()); err != nil {
@@ -124,24 +133,66 @@ func startCPU(pids []int) (*cpuMeter, error) {
 	return m, nil
 }
 
-// stop returns the proxy's CPU time over the run and the other
-// processes' (never below zero: the three counters tick separately).
-func (m *cpuMeter) stop() (proxy, others time.Duration, err error) {
+func (m *cpuMeter) excluded() map[int]bool {
+	ex := map[int]bool{os.Getpid(): true}
+	for _, p := range m.pids {
+		ex[p] = true
+	}
+	return ex
+}
+
+// stop returns the proxy's CPU time over the run, the other processes'
+// (one by one), and the machine's busy time less the harness's and the
+// proxy's.
+func (m *cpuMeter) stop() (proxy, others, boxOthers time.Duration, err error) {
 	p, err := sumCPU(m.pids)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
+	}
+	now, err := otherCPU(m.excluded())
+	if err != nil {
+		return 0, 0, 0, err
 	}
 	self, err := procCPU(os.Getpid())
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	box, err := boxBusy()
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
+	}
+	for pid, t := range now {
+		others += max(t-m.others0[pid], 0) // a process born in the run counts whole
 	}
 	proxy = p - m.proxy0
-	others = (box - m.box0) - proxy - (self - m.self0)
-	return proxy, max(others, 0), nil
+	boxOthers = max((box-m.box0)-proxy-(self-m.self0), 0)
+	return proxy, others, boxOthers, nil
+}
+
+// otherCPU is every process's CPU time (utime+stime) but the excluded
+// ones', by pid. A process that vanished between two reads is skipped;
+// children's times reaped by a parent are left out (a test binary's whole
+// life would land in one run when go test reaps it).
+func otherCPU(exclude map[int]bool) (map[int]time.Duration, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[int]time.Duration, len(ents))
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || exclude[pid] {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		if t, err := parseStatCPU(b); err == nil {
+			out[pid] = t
+		}
+	}
+	return out, nil
 }
 
 func sumCPU(pids []int) (time.Duration, error) {

@@ -239,15 +239,15 @@ func (m *measurer) rep(ctx context.Context, t *Target, tr *TargetResult, rep int
 			if err := k.run(ctx, t, s); err != nil {
 				return fmt.Errorf("%s: %w", k.name, err)
 			}
-			proxy, others, err := meter.stop()
+			proxy, others, boxOthers, err := meter.stop()
 			if err != nil {
 				return err
 			}
-			s.proxyCPU, s.others = proxy, others
-			s.noisy = others > m.cfg.QuietCPU
+			s.proxyCPU, s.others, s.boxOthers = proxy, others, boxOthers
+			s.noisy = boxOthers > m.cfg.QuietCPU
 			m.res.Runs++
 			fmt.Fprintf(m.cfg.Progress, "rep %d %-10s %-5s %s\n", rep+1, t.Name, k.name, s.line())
-			if best == nil || s.others < best.others {
+			if best == nil || s.boxOthers < best.boxOthers {
 				best = s
 			}
 			if !s.noisy {

@@ -42,7 +42,7 @@ func TestOwnProcessIsMeasurable(t *testing.T) {
 	if err != nil {
 		t.Skipf("no /proc here: %v", err)
 	}
-	if _, _, err := m.stop(); err != nil {
+	if _, _, _, err := m.stop(); err != nil {
 		t.Fatal(err)
 	}
 }

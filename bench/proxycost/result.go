@@ -19,7 +19,8 @@ type sample struct {
 	gapP50    time.Duration // SSE: inter-arrival of a stream's events
 	coalesced float64       // SSE: share of gaps under a fifth of the interval
 	proxyCPU  time.Duration
-	others    time.Duration // CPU of every other process on the box
+	others    time.Duration // utime+stime of every other process, one by one
+	boxOthers time.Duration // /proc/stat's busy time less the harness's and the proxy's: what the quiet-box filter judges
 	noisy     bool
 }
 
@@ -32,7 +33,7 @@ func (s *sample) line() string {
 	if s.count > 0 && s.proxyCPU > 0 {
 		per = fmt.Sprintf("%.1f", float64(s.proxyCPU.Microseconds())/float64(s.count))
 	}
-	return fmt.Sprintf("n=%d p50=%s cpu=%s (%s µs each) others=%s%s", s.count, s.p50.Round(time.Microsecond), s.proxyCPU, per, s.others, noisy)
+	return fmt.Sprintf("n=%d p50=%s cpu=%s (%s µs each) others=%s (processes %s)%s", s.count, s.p50.Round(time.Microsecond), s.proxyCPU, per, s.boxOthers, s.others, noisy)
 }
 
 // TargetResult holds one target's kept samples, by workload.
