@@ -117,8 +117,9 @@ func (u *upstream) metricsFor(arm string) *replicaMetrics {
 	return u.all.forReplica(u.pool.Model(), u.replica.Name(), arm)
 }
 
-// deadlineConn arms a read deadline before every read: FirstByte until
-// the first byte of the response body (the engine's queue and prefill —
+// deadlineConn keeps a read deadline in force for every read (armRead:
+// moved only when it drifts out of its window): FirstByte until the first
+// byte of the response body (the engine's queue and prefill —
 // vLLM sends a stream's headers at once, then the first event after
 // prefill), Idle between later reads (the gap between two stream events).
 // fasthttp's own deadlines are absolute and would cut long streams, so
