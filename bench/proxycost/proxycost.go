@@ -29,6 +29,9 @@ type Config struct {
 	// with GOMAXPROCS set to it ("gpurouter-pN"): HAProxy and nginx are
 	// measured with one thread, the Go runtime with one P per core.
 	GpurouterProcs int
+	// Bare adds a column for a bare fasthttp reverse proxy (ServeBare),
+	// started from the Gpurouter command: the floor of the library.
+	Bare bool
 	// HAProxy and Nginx add those proxies when installed (a note says so
 	// when they are not).
 	HAProxy, Nginx bool
@@ -122,6 +125,13 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			}
 			targets = append(targets, t)
 		}
+	}
+	if cfg.Bare && cfg.Gpurouter != nil {
+		t, err := StartBare(ctx, cfg.Gpurouter, up.addr())
+		if err != nil {
+			return nil, err
+		}
+		targets = append(targets, t)
 	}
 	starts := []struct {
 		on    bool

@@ -129,6 +129,25 @@ func StartGpurouter(ctx context.Context, argv0 []string, upstream string) (Targe
 	return startGpurouter(ctx, "gpurouter", argv0, nil, upstream)
 }
 
+// StartBare starts argv0's bare fasthttp proxy (ServeBare, run by
+// `gpurouter bench proxy-cost --serve-bare`) in front of upstream.
+func StartBare(ctx context.Context, argv0 []string, upstream string) (Target, error) {
+	dir, err := os.MkdirTemp("", "proxycost-bare-")
+	if err != nil {
+		return Target{}, err
+	}
+	addr, err := freePort()
+	if err != nil {
+		return Target{}, err
+	}
+	argv := append(append([]string(nil), argv0...), "bench", "proxy-cost", "--serve-bare", addr, "--upstream", upstream)
+	t, err := startProcess(ctx, "fasthttp-bare", argv, nil, dir, addr)
+	if err != nil {
+		os.RemoveAll(dir)
+	}
+	return t, err
+}
+
 // startGpurouter is StartGpurouter under another column name, with env
 // added to the harness's environment.
 func startGpurouter(ctx context.Context, name string, argv0, env []string, upstream string) (Target, error) {

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"syscall"
@@ -31,6 +32,8 @@ func runBenchProxyCost(args []string, stdout, stderr io.Writer) int {
 	noGpurouter := fs.Bool("no-gpurouter", false, "leave gpurouter out (measure only the other targets)")
 	gpurouterBin := fs.String("gpurouter-bin", "", "the gpurouter binary to measure (default: this one)")
 	fs.IntVar(&cfg.GpurouterProcs, "gpurouter-gomaxprocs", 0, "also measure gpurouter with GOMAXPROCS=N, as column gpurouter-pN (HAProxy and nginx run one thread)")
+	fs.BoolVar(&cfg.Bare, "bare", true, "measure a bare fasthttp reverse proxy too (column fasthttp-bare): the floor of the library gpurouter is built on")
+	serveBare := fs.String("serve-bare", "", "LISTEN: run the bare fasthttp proxy on LISTEN in front of --upstream until SIGTERM (what --bare starts)")
 	fs.BoolVar(&cfg.HAProxy, "haproxy", true, "measure HAProxy when installed (1 thread, leastconn, option http-no-delay)")
 	fs.BoolVar(&cfg.Nginx, "nginx", true, "measure nginx when installed (1 worker, proxy_buffering off, upstream keepalive)")
 	fs.Var(&targets, "target", "NAME=HOST:PORT[,pid=PID]: a proxy already running in front of --upstream (repeatable); with pid= its CPU and memory are measured")
@@ -58,6 +61,24 @@ func runBenchProxyCost(args []string, stdout, stderr io.Writer) int {
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "bench proxy-cost: unexpected argument %q\n", fs.Arg(0))
 		return 2
+	}
+	if *serveBare != "" {
+		if cfg.UpstreamAddr == "" {
+			fmt.Fprintln(stderr, "bench proxy-cost: --serve-bare needs --upstream HOST:PORT")
+			return 2
+		}
+		ln, err := net.Listen("tcp", *serveBare)
+		if err != nil {
+			fmt.Fprintf(stderr, "bench proxy-cost: %v\n", err)
+			return 1
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		if err := proxycost.ServeBare(ctx, ln, cfg.UpstreamAddr); err != nil {
+			fmt.Fprintf(stderr, "bench proxy-cost: %v\n", err)
+			return 1
+		}
+		return 0
 	}
 	for _, spec := range targets {
 		t, err := proxycost.ExternalTarget(spec)

@@ -21,9 +21,10 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// TestBenchProxyCostTiny runs `gpurouter bench proxy-cost` tiny — direct and
-// a gpurouter subprocess only, a few hundred requests on loopback — so the
-// harness stays working; what it measures is not judged.
+// TestBenchProxyCostTiny runs `gpurouter bench proxy-cost` tiny — direct, a
+// gpurouter subprocess and the bare fasthttp proxy, a few hundred requests
+// on loopback — so the harness stays working; what it measures is not
+// judged.
 func TestBenchProxyCostTiny(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a router subprocess")
@@ -38,7 +39,7 @@ func TestBenchProxyCostTiny(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d\n%s\n%s", code, stdout.String(), stderr.String())
 	}
-	if !strings.Contains(stdout.String(), "| | direct | gpurouter |") {
+	if !strings.Contains(stdout.String(), "| | direct | gpurouter | fasthttp-bare |") {
 		t.Fatalf("no table with both targets:\n%s", stdout.String())
 	}
 	b, err := os.ReadFile(jsonPath)
@@ -58,13 +59,15 @@ func TestBenchProxyCostTiny(t *testing.T) {
 	if err := json.Unmarshal(b, &got); err != nil {
 		t.Fatal(err)
 	}
-	if len(got.Figures) != 2 || got.Figures[1].Name != "gpurouter" || !got.Figures[1].Measured {
+	if len(got.Figures) != 3 || got.Figures[1].Name != "gpurouter" || got.Figures[2].Name != "fasthttp-bare" {
 		t.Fatalf("figures: %s", b)
 	}
-	if g := got.Figures[1]; g.ReqPerSec <= 0 || g.CPUPerReqUs <= 0 {
-		t.Fatalf("gpurouter unmeasured (its CPU is read from /proc): %s", b)
+	for _, g := range got.Figures[1:] {
+		if !g.Measured || g.ReqPerSec <= 0 || g.CPUPerReqUs <= 0 {
+			t.Fatalf("%s unmeasured (its CPU is read from /proc): %s", g.Name, b)
+		}
 	}
-	if got.Runs != 6 {
-		t.Fatalf("%d runs, want 6", got.Runs)
+	if got.Runs != 9 {
+		t.Fatalf("%d runs, want 9", got.Runs)
 	}
 }
