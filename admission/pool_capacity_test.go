@@ -54,8 +54,12 @@ func TestPoolCapacityKeepsAShortLane(t *testing.T) {
 	l1.Done(nil)
 	l2.Done(nil)
 	reps[1].SetEngineLoad(balancer.EngineLoad{Waiting: 3, At: now.Add(-time.Minute)}) // stale: saturated
-	reps[0].SetEngineLoad(balancer.EngineLoad{Waiting: 2, At: now})                   // waiting: saturated
-	reps[2].SetEngineLoad(balancer.EngineLoad{KVUsage: 0.95, At: now})                // KV: saturated
+	reps[0].SetEngineLoad(balancer.EngineLoad{Waiting: 2, At: now})                   // one report: may be requests waiting one step
+	if !c.Admissible(short) {
+		t.Fatal("a replica whose engine showed requests waiting in one report only (they may wait just for its next step) counted saturated")
+	}
+	reps[0].SetEngineLoad(balancer.EngineLoad{Waiting: 2, At: now})    // waiting in two reports running: saturated
+	reps[2].SetEngineLoad(balancer.EngineLoad{KVUsage: 0.95, At: now}) // KV: saturated
 	if c.Admissible(short) {
 		t.Fatal("saturated pool admitted a request")
 	}

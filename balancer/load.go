@@ -7,7 +7,7 @@ import "time"
 // counts, with the balancer's staleness rule already applied, so that
 // admission and the pickers never judge freshness two ways.
 type ReplicaLoad struct {
-	Waiting           int     // requests in the engine's waiting queue (vllm:num_requests_waiting); 0 if stale or unknown
+	Waiting           int     // requests in the engine's waiting queue (vllm:num_requests_waiting) in its last two reports (the fewer: a queue it keeps, see EngineLoad.queued); 0 if stale or unknown
 	KVUsage           float64 // KV-cache usage, 0–1 (vllm:kv_cache_usage_perc); 0 if stale or unknown
 	KVCapacityTokens  int64   // KV capacity in tokens (num_gpu_blocks × block_size); 0 if unknown
 	OutstandingTokens int64   // KV footprint the router has placed there and not seen finish (prompt + expected output each)
@@ -60,7 +60,7 @@ func (r *Replica) loadAt(now time.Time, c *ScoreConfig, allStale bool) ReplicaLo
 	if e := r.tel.engine.Load(); e != nil {
 		switch {
 		case !c.stale(e, now):
-			l.Waiting, l.KVUsage, l.KVCapacityTokens = e.Waiting, e.KVUsage, int64(e.KVCapacityTokens)
+			l.Waiting, l.KVUsage, l.KVCapacityTokens = e.queued, e.KVUsage, int64(e.KVCapacityTokens)
 		case allStale:
 			l.KVCapacityTokens = int64(e.KVCapacityTokens)
 		default:

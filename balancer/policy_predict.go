@@ -29,10 +29,34 @@ type Predictive struct {
 const tieMargin = 0.02
 
 // Pick returns the replica with the best predicted SLO attainment.
+//
+// In the pool's room pass (admission placing a request it admitted
+// because some replica has room), the best replica with room may be
+// predicted to miss an objective — typically a slow replica, the only one
+// with room, whose batch would make this request's TPOT too long — while
+// a replica without room (its prefill queue or engine queue over
+// admission's limits) is still predicted to meet both: the request goes
+// there, since a prediction that counts those queues says it will be
+// served within its SLOs, and the room rule's purpose is exactly that.
 func (p *Predictive) Pick(r *Request, candidates []*Replica) *Replica {
+	best, miss := p.pick(r, candidates)
+	if best != nil && miss > 0 && r.roomOn {
+		r.roomOn = false
+		alt, altMiss := p.pick(r, candidates)
+		r.roomOn = true
+		if alt != nil && altMiss == 0 {
+			return alt
+		}
+	}
+	return best
+}
+
+// pick is Pick over the candidates eligible for r, with the winner's
+// predicted misses.
+func (p *Predictive) pick(r *Request, candidates []*Replica) (*Replica, int) {
 	n := uint64(len(candidates))
 	if n == 0 {
-		return nil
+		return nil, 0
 	}
 	pr := priorOf(candidates)
 	sloT, sloP := r.SLOTTFT, r.SLOTPOT
@@ -61,7 +85,7 @@ func (p *Predictive) Pick(r *Request, candidates []*Replica) *Replica {
 	if best != nil {
 		advancePast(&p.next, start, bestAt)
 	}
-	return best
+	return best, bestMiss
 }
 
 // rate predicts c's SLO misses for r (0–2), its cost (predicted TTFT and
@@ -71,6 +95,12 @@ func (p *Predictive) Pick(r *Request, candidates []*Replica) *Replica {
 func (p *Predictive) rate(c *Replica, r *Request, pr *prior, st, sp float64) (miss int, cost, load float64) {
 	e, stale := p.cfg.freshEngine(c, r.Now)
 	ttft, tpot := c.predict(r.PromptTokens, e, pr)
+	if r.OutputTokens > 1 {
+		// Its TPOT is that of the batch it decodes in, which grows by the
+		// requests expected to join meanwhile (joinsDuring).
+		k := c.joinsDuring(float64(r.OutputTokens)*tpot, r.Now)
+		tpot += k * c.tpotSlope(pr)
+	}
 	if ttft > st {
 		miss++
 	}

@@ -39,6 +39,11 @@ type predictor struct {
 	// of the TTFT beyond the prefill fit over the requests queued at send.
 	waitPer atomic.Uint64
 	tpot    linFit // x: requests in flight at send, own included; y: seconds per output token
+	// lastSendNs and sendGap (float64 bits, seconds, an EWMA) time the
+	// requests placed on the replica: its arrival rate, for the requests
+	// that will join a new one's batch while it decodes (joinsDuring).
+	lastSendNs atomic.Int64
+	sendGap    atomic.Uint64
 }
 
 // DefaultPrefillSecondsPerToken is the prefill cost assumed for a replica
@@ -156,6 +161,17 @@ func (r *Replica) predict(prompt int, e *EngineLoad, p *prior) (ttft, tpot float
 	return ttft, tpot
 }
 
+// tpotSlope is the TPOT each request joining the replica's batch adds, in
+// seconds: its fit's slope (the pool's prior before it has one), never
+// negative.
+func (r *Replica) tpotSlope(p *prior) float64 {
+	_, d, ok := r.pred.tpot.coeffs()
+	if !ok {
+		d = p.tpotB
+	}
+	return max(d, 0)
+}
+
 // PrefillTime is the shortest time any available replica of the pool
 // would take to prefill a prompt of n tokens with nothing queued ahead, at
 // what it has learned (the default rate before anything is learned): the
@@ -239,6 +255,7 @@ func (r *Replica) startPrefill(prompt int64) (x, waitX, predicted float64) {
 	prompt = max(prompt, 0)
 	ahead := r.pred.prefillQueued.Add(prompt) - prompt
 	x = float64(max(ahead, 0) + prompt)
+	r.noteSend(r.now().UnixNano())
 	waitX = r.engineQueued(r.freshEngine(), 1)
 	a, b, ok := r.pred.ttft.coeffs()
 	if !ok {
@@ -256,4 +273,49 @@ func (r *Replica) startPrefill(prompt int64) (x, waitX, predicted float64) {
 		}
 	}
 	return x, waitX, a + b*x + r.waitPer()*waitX
+}
+
+// gapAlpha weights a new gap in the sendGap EWMA.
+const gapAlpha = 0.1
+
+// noteSend records a request placed on the replica at nowNs (its clock).
+func (r *Replica) noteSend(nowNs int64) {
+	last := r.pred.lastSendNs.Swap(nowNs)
+	if last == 0 || nowNs <= last {
+		return
+	}
+	g := float64(nowNs-last) / 1e9
+	for {
+		old := r.pred.sendGap.Load()
+		next := g
+		if cur := math.Float64frombits(old); cur > 0 {
+			next = cur + gapAlpha*(g-cur)
+		}
+		if r.pred.sendGap.CompareAndSwap(old, math.Float64bits(next)) {
+			return
+		}
+	}
+}
+
+// maxJoins caps joinsDuring: past this many the prediction is far over
+// any objective anyway.
+const maxJoins = 64
+
+// joinsDuring is how many requests are expected to join the replica's
+// batch while a request decodes for d seconds: its recent arrival rate
+// (the mean gap between the requests placed there, no shorter than the
+// time since the last one, so a replica the router stopped using is not
+// judged by its busy past) times d. Joins slow every step of the batch,
+// so a long output on a replica near its TPOT objective is a miss that
+// the batch at send time does not show, while a short one finishes
+// before the batch grows — what lets a slow replica serve short requests
+// within the SLO and leave the long ones to faster replicas.
+func (r *Replica) joinsDuring(d float64, now time.Time) float64 {
+	last := r.pred.lastSendNs.Load()
+	gap := math.Float64frombits(r.pred.sendGap.Load())
+	if last == 0 || gap <= 0 || d <= 0 {
+		return 0
+	}
+	gap = max(gap, float64(now.UnixNano()-last)/1e9)
+	return min(d/gap, maxJoins)
 }

@@ -18,6 +18,16 @@ type EngineLoad struct {
 	KVCapacityTokens int       // num_gpu_blocks × block_size; 0 if unknown
 	PrefixHitRate    float64   // prefix-cache hits / queries since the previous scrape, 0–1
 	At               time.Time // when the scrape was taken
+
+	// queued is the waiting requests this report and the one before it
+	// both showed (SetEngineLoad): a queue the engine keeps, not the
+	// requests that arrived during its current step and wait only for the
+	// next. vLLM counts those as waiting too, so one scrape in a steady
+	// stream often shows one or two; judged saturated on that, a replica
+	// lost its turn to the others until the next scrape, whatever the
+	// policy preferred (a full-speed replica handed its traffic to a
+	// throttled one).
+	queued int
 }
 
 // GPULoad is the GPU side of a replica's health and speed.
@@ -55,6 +65,10 @@ type telemetry struct {
 
 // SetEngineLoad stores a new engine snapshot (called by the poller).
 func (r *Replica) SetEngineLoad(l EngineLoad) {
+	l.queued = l.Waiting
+	if prev := r.tel.engine.Load(); prev != nil {
+		l.queued = min(l.Waiting, prev.Waiting)
+	}
 	r.tel.inFlightAtScrape.Store(r.inFlight.Load())
 	r.tel.outstandingAtScrape.Store(r.tel.outstanding.Load())
 	r.tel.engine.Store(&l)
