@@ -46,8 +46,10 @@ type ReplicaLoad = balancer.ReplicaLoad
 // value means every default; each field says what zero and negative mean.
 type SaturationConfig struct {
 	// MaxWaiting is how many requests may sit in an engine's waiting queue
-	// before the replica is saturated. 0 (the default) means any waiting
-	// request saturates it; negative ignores the waiting queue.
+	// before the replica is saturated — a queue its last two reports both
+	// showed (ReplicaLoad.Waiting), not requests waiting for its next step.
+	// 0 (the default) means any such waiting request saturates it;
+	// negative ignores the waiting queue.
 	MaxWaiting int
 	// KVUsageThreshold is the KV-cache usage, 0–1, at or above which the
 	// replica is saturated (default 0.9). Negative ignores KV usage.
