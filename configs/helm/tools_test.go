@@ -26,10 +26,8 @@ const chartDir = "gpurouter"
 // or fails under CI=true, where .ci/run installs it.
 func tool(t *testing.T, env, name string) string {
 	t.Helper()
-	if p := os.Getenv(env); p != "" {
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
+	if p := os.Getenv(env); p != "" && isExecutable(p) {
+		return p
 	}
 	if p, err := exec.LookPath(name); err == nil {
 		return p
