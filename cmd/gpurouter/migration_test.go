@@ -267,6 +267,18 @@ func (tr *testRouter) records(since int64) []routerRecord {
 	return doc.Records
 }
 
+// recordsN is records once n have been written, or after 5 s whatever is
+// there: a stream's record is written when the router finishes it, just
+// after the client has read its last byte.
+func (tr *testRouter) recordsN(since int64, n int) []routerRecord {
+	tr.t.Helper()
+	rs := tr.records(since)
+	for deadline := time.Now().Add(5 * time.Second); len(rs) < n && time.Now().Before(deadline); rs = tr.records(since) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	return rs
+}
+
 func pct(xs []float64, p float64) time.Duration {
 	if len(xs) == 0 {
 		return 0
@@ -312,7 +324,7 @@ func TestMigrationKilledReplica(t *testing.T) {
 	checkMigrated(t, migClients, <-done, want)
 
 	var stalls []float64
-	for _, r := range tr.records(since) {
+	for _, r := range tr.recordsN(since, n) {
 		switch {
 		case r.Outcome == "migrated":
 			stalls = append(stalls, r.MigrationStallS)
@@ -417,7 +429,7 @@ func TestMigrationReplicaRemovedUnderStreams(t *testing.T) {
 	got := <-done
 	checkMigrated(t, clients, got, want)
 	moved := 0
-	for _, r := range tr.records(since) {
+	for _, r := range tr.recordsN(since, n) {
 		if r.Outcome != "migrated" || !strings.HasPrefix(r.ReplicaChain, "r0>") || r.Replica == "r0" {
 			t.Errorf("record %+v: want every stream moved off r0", r)
 			continue
