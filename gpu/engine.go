@@ -26,6 +26,8 @@ const (
 	FieldPrefixCache
 	// FieldPreemptions: vllm:num_preemptions_total.
 	FieldPreemptions
+	// FieldFinished: vllm:request_success_total.
+	FieldFinished
 )
 
 // Has reports whether every field in x is set in f.
@@ -66,6 +68,12 @@ type EngineStats struct {
 	// Preemptions is how many preemptions happened since the previous
 	// snapshot (0 on the first one): the current preemption pressure.
 	Preemptions uint64
+	// RequestsFinished is vllm:request_success_total summed over engines
+	// and finish reasons (stop, length, abort), cumulative: with running
+	// and waiting it counts every request the engine has received, so
+	// two scrapes tell how many arrived between them — from every router,
+	// not only this one (balancer: the peer correction).
+	RequestsFinished uint64
 
 	// Engines is how many data-parallel engines reported (vLLM's engine
 	// label values, SGLang's dp_rank values; 1 for a plain replica and for

@@ -20,13 +20,14 @@ const (
 	vllmPrefixQueryOld = "vllm:gpu_prefix_cache_queries_total" // same lifecycle as gpu_cache_usage_perc
 	vllmPrefixHitsOld  = "vllm:gpu_prefix_cache_hits_total"
 	vllmPreemptions    = "vllm:num_preemptions_total"
+	vllmFinished       = "vllm:request_success_total"
 )
 
 // isVLLMFamily says whether the vLLM parser needs the named family.
 func isVLLMFamily(name []byte) bool {
 	switch string(name) { // no allocation: the compiler compares in place
 	case vllmRunning, vllmWaiting, vllmKVUsage, vllmKVUsageOld, vllmCacheConfig,
-		vllmPrefixQueries, vllmPrefixHits, vllmPrefixQueryOld, vllmPrefixHitsOld, vllmPreemptions:
+		vllmPrefixQueries, vllmPrefixHits, vllmPrefixQueryOld, vllmPrefixHitsOld, vllmPreemptions, vllmFinished:
 		return true
 	}
 	return false
@@ -81,7 +82,7 @@ func (p *engineParser) keep(name []byte) bool {
 // family with a known prefix (vllm:, sglang:, llamacpp:, tgi_) and setting
 // EngineStats.Engine to it. Running and waiting are summed over the
 // engine's data-parallel ranks, KV usage averaged, KV capacity summed; for
-// vLLM also the prefix-cache and preemption counters, PrefixCacheHitRate
+// vLLM also the prefix-cache, preemption and finished-request counters, PrefixCacheHitRate
 // being the lifetime ratio. At, Latency and Preemptions are left for the
 // poller. It returns ErrNoEngineMetrics when the body names no known engine
 // or has none of its running, waiting and KV usage families, ErrMalformed
@@ -163,6 +164,10 @@ func parseVLLM(mfs map[string]*dto.MetricFamily) *EngineStats {
 	if sum, n := sumFamily(mfs[vllmPreemptions]); n > 0 {
 		s.PreemptionsTotal = uint64(max(0, sum))
 		s.Reported |= FieldPreemptions
+	}
+	if sum, n := sumFamily(mfs[vllmFinished]); n > 0 {
+		s.RequestsFinished = uint64(max(0, sum))
+		s.Reported |= FieldFinished
 	}
 	return s
 }

@@ -27,7 +27,7 @@ func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
 
 func TestParseEngineMetricsGolden(t *testing.T) {
 	t.Parallel()
-	all := FieldRunning | FieldWaiting | FieldKVUsage | FieldKVCapacity | FieldPrefixCache | FieldPreemptions
+	all := FieldRunning | FieldWaiting | FieldKVUsage | FieldKVCapacity | FieldPrefixCache | FieldPreemptions | FieldFinished
 	load := FieldRunning | FieldWaiting | FieldKVUsage | FieldKVCapacity
 	for _, tc := range []struct {
 		name, file string
@@ -36,17 +36,17 @@ func TestParseEngineMetricsGolden(t *testing.T) {
 	}{
 		{name: "v1 names, one engine", file: "vllm_v1.txt", want: EngineStats{Running: 8, Waiting: 2, KVUsage: 0.4127,
 			KVCapacityTokens: 27000 * 16, PrefixCacheQueries: 250000, PrefixCacheHits: 225000, PrefixCacheHitRate: 0.9,
-			PreemptionsTotal: 3, Engines: 1, Reported: all, Engine: EngineVLLM}},
+			PreemptionsTotal: 3, RequestsFinished: 1000, Engines: 1, Reported: all, Engine: EngineVLLM}},
 		{name: "v0.10 exposes both KV names: the new one wins", file: "vllm_v010.txt", want: EngineStats{Running: 5,
 			KVUsage: 0.25, KVCapacityTokens: 12000 * 16, PrefixCacheQueries: 1000, PrefixCacheHits: 400,
-			PrefixCacheHitRate: 0.4, Engines: 1, Reported: all, Engine: EngineVLLM}},
+			PrefixCacheHitRate: 0.4, RequestsFinished: 1000, Engines: 1, Reported: all, Engine: EngineVLLM}},
 		{name: "old gpu_cache_usage_perc and gpu_prefix_cache names, no engine label", file: "vllm_old.txt",
 			want: EngineStats{Running: 3, Waiting: 7, KVUsage: 0.91, KVCapacityTokens: 8192 * 32,
 				PrefixCacheQueries: 80000, PrefixCacheHits: 20000, PrefixCacheHitRate: 0.25, PreemptionsTotal: 12,
-				Engines: 1, Reported: all, Engine: EngineVLLM}},
+				RequestsFinished: 1000, Engines: 1, Reported: all, Engine: EngineVLLM}},
 		{name: "three data-parallel engines: sums and a mean", file: "vllm_dp.txt", want: EngineStats{Running: 22,
 			Waiting: 5, KVUsage: 0.5, KVCapacityTokens: 3 * 5000 * 16, PrefixCacheQueries: 400, PrefixCacheHits: 200,
-			PrefixCacheHitRate: 0.5, PreemptionsTotal: 3, Engines: 3, Reported: all, Engine: EngineVLLM}},
+			PrefixCacheHitRate: 0.5, PreemptionsTotal: 3, RequestsFinished: 3000, Engines: 3, Reported: all, Engine: EngineVLLM}},
 		{name: "missing families are reported as missing", file: "vllm_partial.txt",
 			want: EngineStats{Running: 4, Waiting: 1, Engines: 1, Reported: FieldRunning | FieldWaiting, Engine: EngineVLLM}},
 		{name: "sglang: running, queue, token usage, pool size", file: "sglang.txt", want: EngineStats{Running: 12,
@@ -91,6 +91,7 @@ func sameStats(got, w *EngineStats) bool {
 		near(got.KVUsage, w.KVUsage) && got.KVCapacityTokens == w.KVCapacityTokens &&
 		near(got.PrefixCacheQueries, w.PrefixCacheQueries) && near(got.PrefixCacheHits, w.PrefixCacheHits) &&
 		near(got.PrefixCacheHitRate, w.PrefixCacheHitRate) && got.PreemptionsTotal == w.PreemptionsTotal &&
+		got.RequestsFinished == w.RequestsFinished &&
 		got.Preemptions == 0 && got.Engines == w.Engines && got.Reported == w.Reported && got.At.IsZero() &&
 		got.Latency == 0
 }
