@@ -73,8 +73,9 @@ type preparer interface {
 // PickerOptions configure NewPickerWith. The zero value gives defaults.
 type PickerOptions struct {
 	Score ScoreConfig
-	// Rand returns a uniform int in [0,n) for random and p2c; nil means
-	// math/rand/v2. Inject a seeded source for reproducible tests.
+	// Rand returns a uniform int in [0,n) for random, p2c and near_equal
+	// (least_loaded, predictive); nil means math/rand/v2. Inject a seeded
+	// source for reproducible tests.
 	Rand func(n int) int
 }
 
@@ -102,7 +103,7 @@ func NewPickerWith(name string, o PickerOptions) (Picker, error) {
 	case "least_request":
 		return &LeastRequest{}, nil
 	case "predictive", "":
-		return &Predictive{cfg: &cfg}, nil
+		return &Predictive{cfg: &cfg, near: newNearEqual(cfg.NearEqual, rnd)}, nil
 	case "least_loaded":
 		return &scanPicker{s: loadScorer{&cfg}, near: newNearEqual(cfg.NearEqual, rnd)}, nil
 	case "kv_aware":

@@ -20,6 +20,7 @@ var _ Picker = (*Predictive)(nil)
 type Predictive struct {
 	cfg  *ScoreConfig
 	next atomic.Uint64
+	near *nearEqual // nil: the best; else at random among near-equals (predict_near.go)
 }
 
 // tieMargin is how close two predictions must be, relative to the better,
@@ -84,6 +85,7 @@ func (p *Predictive) pick(r *Request, candidates []*Replica) (*Replica, int) {
 	}
 	if best != nil {
 		advancePast(&p.next, start, bestAt)
+		best = p.spread(r, candidates, &pr, st, sp, best, bestMiss, bestCost)
 	}
 	return best, bestMiss
 }
@@ -94,7 +96,7 @@ func (p *Predictive) pick(r *Request, candidates []*Replica) (*Replica, int) {
 // capacity).
 func (p *Predictive) rate(c *Replica, r *Request, pr *prior, st, sp float64) (miss int, cost, load float64) {
 	e, stale := p.cfg.freshEngine(c, r.Now)
-	ttft, tpot := c.predict(r.PromptTokens, e, pr)
+	ttft, tpot := c.predict(r.PromptTokens, e, r.Now, pr)
 	if r.OutputTokens > 1 {
 		// Its TPOT is that of the batch it decodes in, which grows by the
 		// requests expected to join meanwhile (joinsDuring).

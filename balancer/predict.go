@@ -87,17 +87,16 @@ func (r *Replica) Predictor() PredictorState {
 	return s
 }
 
-// prefillAhead is the prefill work, in prompt tokens, a request sent to the
-// replica now would wait behind: the router's own requests still in
-// prefill, plus — from a fresh engine snapshot — requests the engine holds
-// that this router did not send (other routers' traffic), sized at the
-// replica's mean prompt.
-func (r *Replica) prefillAhead(e *EngineLoad) float64 {
+// prefillAhead is the prefill work, in prompt tokens, a request sent at
+// now would wait behind: the router's own requests still in prefill, plus
+// — from a fresh engine snapshot — requests the engine holds that this
+// router did not send and those the other routers are expected to have
+// sent since the scrape (othersSince), sized at the replica's mean prompt.
+func (r *Replica) prefillAhead(e *EngineLoad, now time.Time) float64 {
 	ahead := float64(max(r.pred.prefillQueued.Load(), 0))
 	if e != nil {
-		if others := e.Running + e.Waiting - int(r.tel.inFlightAtScrape.Load()); others > 0 {
-			ahead += float64(others) * math.Float64frombits(r.pred.meanPrompt.Load())
-		}
+		others := float64(max(e.Running+e.Waiting-int(r.tel.inFlightAtScrape.Load()), 0)) + othersSince(e, now)
+		ahead += others * math.Float64frombits(r.pred.meanPrompt.Load())
 	}
 	return ahead
 }
@@ -146,13 +145,13 @@ func priorOf(candidates []*Replica) prior {
 }
 
 // predict returns the replica's predicted TTFT and TPOT, in seconds, for a
-// request of prompt tokens sent now; e is the fresh engine snapshot or nil.
-func (r *Replica) predict(prompt int, e *EngineLoad, p *prior) (ttft, tpot float64) {
+// request of prompt tokens sent at now; e is the fresh engine snapshot or nil.
+func (r *Replica) predict(prompt int, e *EngineLoad, now time.Time, p *prior) (ttft, tpot float64) {
 	a, b, ok := r.pred.ttft.coeffs()
 	if !ok || b <= 0 {
 		a, b = p.ttftA, p.ttftB
 	}
-	ttft = a + b*(r.prefillAhead(e)+float64(max(prompt, 0))) + r.waitPer()*r.engineQueued(e, 0)
+	ttft = a + b*(r.prefillAhead(e, now)+float64(max(prompt, 0))) + r.waitPer()*r.engineQueued(e, 0, now)
 	c, d, ok := r.pred.tpot.coeffs()
 	if !ok {
 		c, d = p.tpotA, p.tpotB
@@ -199,7 +198,7 @@ func (p *Pool) PrefillTime(n int, now time.Time) time.Duration {
 // measured TTFT.
 func (r *Replica) PredictTTFT(prompt int) time.Duration {
 	p := prior{ttftB: DefaultPrefillSecondsPerToken}
-	ttft, _ := r.predict(prompt, nil, &p)
+	ttft, _ := r.predict(prompt, nil, time.Time{}, &p)
 	return time.Duration(ttft * float64(time.Second))
 }
 
@@ -211,14 +210,15 @@ func (r *Replica) waitPer() float64 { return math.Float64frombits(r.pred.waitPer
 // engineQueued is how many requests a new one would find ahead of it in
 // the engine's waiting queue: none while the engine reported none waiting
 // (e nil: no fresh report), else those it reported plus what the router
-// sent since (they queued behind them), less self (a request already
-// counted in flight).
-func (r *Replica) engineQueued(e *EngineLoad, self int64) float64 {
+// sent since and what the other routers are expected to have sent since
+// (othersSince) at now — they queued behind them — less self (a request
+// already counted in flight).
+func (r *Replica) engineQueued(e *EngineLoad, self int64, now time.Time) float64 {
 	if e == nil || e.Waiting <= 0 {
 		return 0
 	}
 	sent := r.inFlight.Load() - self - r.tel.inFlightAtScrape.Load()
-	return float64(int64(e.Waiting) + max(sent, 0))
+	return float64(int64(e.Waiting)+max(sent, 0)) + othersSince(e, now)
 }
 
 // freshEngine is the engine snapshot when it is at most
@@ -256,7 +256,7 @@ func (r *Replica) startPrefill(prompt int64) (x, waitX, predicted float64) {
 	ahead := r.pred.prefillQueued.Add(prompt) - prompt
 	x = float64(max(ahead, 0) + prompt)
 	r.noteSend(r.now().UnixNano())
-	waitX = r.engineQueued(r.freshEngine(), 1)
+	waitX = r.engineQueued(r.freshEngine(), 1, r.now())
 	a, b, ok := r.pred.ttft.coeffs()
 	if !ok {
 		a, b = 0, DefaultPrefillSecondsPerToken

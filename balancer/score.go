@@ -43,7 +43,10 @@ type ScoreConfig struct {
 	// whose score is within this many requests (per unit of capacity) of
 	// the lowest, instead of always the lowest: several routers reading
 	// the same scrape then stop sending together to the replica that
-	// looked idlest (near.go). 0 (the default) or less: always the lowest.
+	// looked idlest (near.go). predictive likewise chooses among the
+	// replicas in the best one's miss group whose predicted cost is
+	// within what this many more requests on the best would add
+	// (predict_near.go). 0 (the default) or less: always the best.
 	NearEqual float64
 	// SLOTTFT and SLOTPOT are the pool's latency objectives, which the
 	// predictive policy picks to meet when a request brings none of its own
@@ -121,7 +124,8 @@ func (c *ScoreConfig) stale(e *EngineLoad, now time.Time) bool {
 
 // loadScore is least_loaded's score: requests running and waiting in the
 // engine (waiting weighted), corrected by what the router sent or saw
-// finish since the snapshot, plus a KV-pressure penalty, all divided by the
+// finish since the snapshot and what other routers are expected to have
+// sent (othersSince), plus a KV-pressure penalty, all divided by the
 // replica's capacity. Lower is better.
 func (c *ScoreConfig) loadScore(r *Replica, now time.Time) float64 {
 	inFlight := float64(r.inFlight.Load())
@@ -129,7 +133,7 @@ func (c *ScoreConfig) loadScore(r *Replica, now time.Time) float64 {
 	var load float64
 	switch {
 	case e != nil:
-		delta := inFlight - float64(r.tel.inFlightAtScrape.Load())
+		delta := inFlight - float64(r.tel.inFlightAtScrape.Load()) + othersSince(e, now)
 		load = math.Max(0, float64(e.Running)+c.WaitingWeight*float64(e.Waiting)+delta)
 		if e.KVUsage > c.KVThreshold {
 			load += c.KVPenalty * (e.KVUsage - c.KVThreshold) / (1 - c.KVThreshold)

@@ -30,6 +30,8 @@ func (r *Replica) StoreEngine(s *gpu.EngineStats) {
 		KVCapacityTokens: s.KVCapacityTokens,
 		PrefixHitRate:    s.PrefixCacheHitRate,
 		At:               s.At,
+		RequestsFinished: s.RequestsFinished,
+		FinishedKnown:    s.Reported.Has(gpu.FieldFinished),
 	})
 }
 

@@ -18,6 +18,19 @@ type EngineLoad struct {
 	KVCapacityTokens int       // num_gpu_blocks × block_size; 0 if unknown
 	PrefixHitRate    float64   // prefix-cache hits / queries since the previous scrape, 0–1
 	At               time.Time // when the scrape was taken
+	// RequestsFinished is the engine's cumulative finished requests
+	// (vllm:request_success_total); FinishedKnown says it reports them.
+	// Engines that do not (false) get no estimate of other routers'
+	// traffic (OthersPerS stays 0).
+	RequestsFinished uint64
+	FinishedKnown    bool
+	// OthersPerS is the rate, in requests per second, at which requests
+	// this router did not send — other routers' — arrived at the replica
+	// over the last scrapes (peers.go): 0 with one router.
+	OthersPerS float64
+	// othersCarry is this router's sends the engine had not yet counted
+	// at the scrape (≤ 0), set against the next interval's arrivals.
+	othersCarry float64
 
 	// queued is the waiting requests this report and the one before it
 	// both showed (SetEngineLoad): a queue the engine keeps, not the
@@ -54,6 +67,10 @@ type telemetry struct {
 	// router sent (or saw finish) since: the snapshot is up to an interval old.
 	inFlightAtScrape    atomic.Int64
 	outstandingAtScrape atomic.Int64
+	// servedAtScrape is the replica's served count at the last snapshot:
+	// what it grew by since is this router's sends in the interval, which
+	// the engine's arrivals are compared with (peers.go).
+	servedAtScrape atomic.Int64
 	// outstanding is the router's estimate of work still to do on the
 	// replica, in tokens: prompt (weighted) plus expected output of every
 	// request in flight, decremented as tokens stream back.
@@ -63,13 +80,16 @@ type telemetry struct {
 	speed atomic.Uint64
 }
 
-// SetEngineLoad stores a new engine snapshot (called by the poller).
+// SetEngineLoad stores a new engine snapshot (called by the poller, one
+// call at a time per replica). It fills in OthersPerS.
 func (r *Replica) SetEngineLoad(l EngineLoad) {
 	l.queued = l.Waiting
 	if prev := r.tel.engine.Load(); prev != nil {
 		l.queued = min(l.Waiting, prev.Waiting)
 	}
-	r.tel.inFlightAtScrape.Store(r.inFlight.Load())
+	inFlight, served := r.inFlight.Load(), r.served.Load()
+	peerTraffic(&l, r.tel.engine.Load(), served-r.tel.servedAtScrape.Swap(served), inFlight)
+	r.tel.inFlightAtScrape.Store(inFlight)
 	r.tel.outstandingAtScrape.Store(r.tel.outstanding.Load())
 	r.tel.engine.Store(&l)
 	r.endRestIfRoom(&l)

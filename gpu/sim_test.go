@@ -63,7 +63,7 @@ func TestEngineScraperAgainstSimulator(t *testing.T) {
 				t.Fatal(err)
 			}
 			need := gpu.FieldRunning | gpu.FieldWaiting | gpu.FieldKVUsage | gpu.FieldKVCapacity |
-				gpu.FieldPrefixCache | gpu.FieldPreemptions
+				gpu.FieldPrefixCache | gpu.FieldPreemptions | gpu.FieldFinished
 			if !s.Reported.Has(need) || s.Engines != 1 || s.KVCapacityTokens <= 0 || s.Running != 0 || s.KVUsage != 0 {
 				t.Errorf("idle replica: %+v", *s)
 			}
