@@ -67,6 +67,11 @@ func TestPeerTrafficOneRouter(t *testing.T) {
 	for i := range uint64(10) {
 		c.advance(scrapeEvery)
 		report(r, c, 1, 0, 2+2*(i+1))
+		// The first interval's two arrivals move the EWMA (τ = 1 s) by
+		// (1−e^−0.2)·10/s ≈ 1.8/s; one absorbed would leave 0.9.
+		if o := r.EngineLoad().OthersPerS; i == 0 && (o < 1.7 || o > 1.9) {
+			t.Fatalf("first interval of others' traffic: %v, want ≈ 1.8/s", o)
+		}
 	}
 	if o := r.EngineLoad().OthersPerS; o < 6 || o > 10 {
 		t.Fatalf("others send 10/s: estimated %v", o)
