@@ -26,8 +26,11 @@ const othersTau = time.Second
 // flight now). A request the router counted as sent but the engine had
 // not yet seen at the scrape shows as a deficit; it is carried to the next
 // interval, where the engine counts it, rather than read as the others
-// sending less (never more than inFlight: only a request still in flight
-// can be on its way). With one router the estimate stays 0.
+// sending less. Only a request sent in the interval and still in flight
+// can be on its way, so the deficit carried is at most the fewer of own
+// and inFlight, and lasts one interval: a request lost before reaching
+// the engine hides at most one of the others' for one interval. With one
+// router the estimate stays 0.
 func peerTraffic(l, prev *EngineLoad, own, inFlight int64) {
 	if prev == nil || !l.FinishedKnown || !prev.FinishedKnown {
 		return
@@ -45,7 +48,7 @@ func peerTraffic(l, prev *EngineLoad, own, inFlight int64) {
 		float64(l.Running+l.Waiting) - float64(prev.Running+prev.Waiting)
 	excess := arrived - float64(own) + prev.othersCarry
 	others := max(excess, 0)
-	l.othersCarry = max(min(excess, 0), -float64(max(inFlight, 0)))
+	l.othersCarry = max(min(excess, 0), -float64(max(min(own, inFlight), 0)))
 	w := 1 - math.Exp(-dt.Seconds()/othersTau.Seconds())
 	l.OthersPerS = prev.OthersPerS + w*(others/dt.Seconds()-prev.OthersPerS)
 }
