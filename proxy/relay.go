@@ -34,7 +34,8 @@ type relay struct {
 	resp  *fasthttp.Response
 	strip bool // drop the usage-only chunk: the client did not ask for it
 
-	buf     []byte // backing store of in
+	buf     []byte // backing store of in; nil while the stream waits with nothing partial (fill)
+	one     [1]byte
 	in      []byte // upstream bytes not yet split into events
 	out     []byte // processed bytes the client has not read yet
 	outPos  int
@@ -50,23 +51,43 @@ type relay struct {
 }
 
 // relayBufs hold a stream's unsplit upstream bytes. They start small —
-// most events are a few hundred bytes, and a buffer is held for as long
-// as its stream waits for the next one — and grow on demand (fill).
+// most events are a few hundred bytes — and grow on demand (fill); a
+// stream holds one only from an event's first byte until it is processed
+// (fill), not while it waits for the next.
 var relayBufs = sync.Pool{New: func() any { b := make([]byte, 0, relayBufSize); return &b }}
 
 const relayBufSize = 1 << 10
 
+// maxKeptRelayBuf is the largest relay buffer returned to relayBufs: a
+// grown one is not kept for streams that need little, and a stream whose
+// events needed more keeps its own.
+const maxKeptRelayBuf = 8 * relayBufSize
+
 func newRelay(x *exchange, resp *fasthttp.Response, strip bool) *relay {
-	bp := relayBufs.Get().(*[]byte)
-	r := &relay{
+	return &relay{
 		x:     x,
 		body:  resp.BodyStream().(fasthttp.ReadCloserWithError),
 		resp:  resp,
 		strip: strip,
-		buf:   (*bp)[:0],
+	}
+}
+
+// takeBuf gives the relay a buffer from relayBufs when it has none.
+func (r *relay) takeBuf() {
+	if r.buf == nil {
+		bp := relayBufs.Get().(*[]byte)
+		r.buf = (*bp)[:0]
 	}
 	r.in = r.buf[:0]
-	return r
+}
+
+// putBuf returns the relay's buffer to relayBufs, unless it grew past
+// maxKeptRelayBuf (the stream keeps that one: its events need it).
+func (r *relay) putBuf() {
+	if b := r.buf[:0]; b != nil && cap(b) <= maxKeptRelayBuf {
+		relayBufs.Put(&b)
+		r.buf, r.in = nil, nil
+	}
 }
 
 // abort ends the stream from outside (client gone, shutdown, deadline): it
@@ -139,17 +160,37 @@ func (r *relay) Read(p []byte) (int, error) {
 // fill reads once from upstream and processes every complete event. It
 // returns an error only when the client is gone (nothing left to tell it).
 func (r *relay) fill() error {
-	if len(r.in) == cap(r.in) {
-		if len(r.in) >= maxEventBytes {
-			r.fail(fmt.Errorf("%w: event larger than %d bytes", ErrUpstream, maxEventBytes))
-			return nil
+	var n int
+	var err error
+	if len(r.in) == 0 {
+		// Nothing partial is held, which is how a stream waits for its next
+		// event (most of its life): wait for the event's first byte without
+		// a buffer, then take one for the rest — the same read(2), already
+		// in the upstream connection's read buffer.
+		r.putBuf()
+		if n, err = r.body.Read(r.one[:]); n > 0 {
+			r.takeBuf()
+			r.in = append(r.in, r.one[0])
+			if err == nil {
+				var m int
+				m, err = r.body.Read(r.in[1:cap(r.in)])
+				r.in = r.in[:1+m]
+				n += m
+			}
 		}
-		grown := make([]byte, len(r.in), 2*cap(r.in)+relayBufSize)
-		copy(grown, r.in)
-		r.buf, r.in = grown, grown
+	} else {
+		if len(r.in) == cap(r.in) {
+			if len(r.in) >= maxEventBytes {
+				r.fail(fmt.Errorf("%w: event larger than %d bytes", ErrUpstream, maxEventBytes))
+				return nil
+			}
+			grown := make([]byte, len(r.in), 2*cap(r.in)+relayBufSize)
+			copy(grown, r.in)
+			r.buf, r.in = grown, grown
+		}
+		n, err = r.body.Read(r.in[len(r.in):cap(r.in)])
+		r.in = r.in[:len(r.in)+n]
 	}
-	n, err := r.body.Read(r.in[len(r.in):cap(r.in)])
-	r.in = r.in[:len(r.in)+n]
 	if n > 0 {
 		r.gotBody = true
 		r.process()
@@ -292,10 +333,7 @@ func (r *relay) CloseWithError(err error) error {
 		if m := r.x.mig; m != nil {
 			m.release()
 		}
-		b := r.buf[:0]
-		if cap(b) <= 8*relayBufSize { // a grown one is not kept for streams that need little
-			relayBufs.Put(&b)
-		}
+		r.putBuf()
 		r.buf, r.in, r.out = nil, nil, nil
 	})
 	return nil

@@ -165,6 +165,7 @@ func New(o Options) (*Server, error) {
 		Concurrency:        s.cfg.MaxConnections, // connections over it get fasthttp's 503 and are closed
 		IdleTimeout:        2 * time.Minute,
 		// WriteTimeout stays 0: it would cap whole streams.
+		WriteBufferSize:               serverWriteBufferSize,
 		NoDefaultServerHeader:         true,
 		DisableHeaderNamesNormalizing: true,
 		CloseOnShutdown:               true,
@@ -181,6 +182,13 @@ func New(o Options) (*Server, error) {
 	}
 	return s, nil
 }
+
+// serverWriteBufferSize is a client connection's write buffer, which a
+// stream holds until its last event (each event is flushed as it is
+// written, so the buffer only ever holds one). Half fasthttp's 4 KiB
+// default: a response head and a usual event or small reply go out in one
+// write(2); a larger chunk or reply takes one write(2) more.
+const serverWriteBufferSize = 2 << 10
 
 // Handler is the router's request handler, for callers that run their own
 // fasthttp.Server (tests, embedding).

@@ -49,6 +49,10 @@ func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, m *metrics, 
 		DisableHeaderNamesNormalizing: true,
 		NoDefaultUserAgentHeader:      true,
 		MaxResponseBodySize:           cfg.MaxResponseBytes,
+		// The connection's read buffer is held for a stream's whole life;
+		// fasthttp's 4 KiB default is twice what it needs (see
+		// upstreamReadBufferSize).
+		ReadBufferSize: upstreamReadBufferSize,
 		// A request that finds its pooled connection closed by the engine
 		// (see staleRetry) is resent on another one, as many times as the
 		// pool may hold dead connections, plus the fresh one.
@@ -67,6 +71,14 @@ func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, m *metrics, 
 	}
 	return u
 }
+
+// upstreamReadBufferSize is an upstream connection's read buffer, which a
+// stream holds until its last event. It bounds the engine's response line
+// and headers (more is a bad upstream, 502): vLLM, SGLang and TGI send
+// 150-400 bytes. Bodies are not bounded by it: a read into a buffer at
+// least this large bypasses it, and an SSE event larger than it costs one
+// more read(2), no more.
+const upstreamReadBufferSize = 2 << 10
 
 // dialOffStack dials on a goroutine of its own. Dialing runs deep (the
 // resolver, the socket setup) and would double the stack of the request's
