@@ -1,0 +1,120 @@
+package proxy
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+)
+
+// gatedBody hands out one queued read at a time and blocks in between,
+// telling the test (waiting) each time a read is about to block — as an
+// upstream stream does between two events.
+type gatedBody struct {
+	next    chan []byte
+	waiting chan struct{}
+	pending []byte
+}
+
+func (g *gatedBody) Read(p []byte) (int, error) {
+	if len(g.pending) == 0 {
+		g.waiting <- struct{}{}
+		b, ok := <-g.next
+		if !ok {
+			return 0, io.EOF
+		}
+		g.pending = b
+	}
+	n := copy(p, g.pending)
+	g.pending = g.pending[n:]
+	return n, nil
+}
+
+func (g *gatedBody) CloseWithError(error) error { return nil }
+
+// A stream waiting for its next event holds no relay buffer: the relay
+// waits for the event's first byte without one and takes a pooled one for
+// the rest, so 1,000 idle streams hold 1,000 fewer. Events split anywhere
+// still arrive whole and in order.
+func TestRelayHoldsNoBufferWhileWaiting(t *testing.T) {
+	ev := func(s string) []byte { return []byte(`data: {"choices":[{"delta":{"content":"` + s + `"}}]}` + "\n\n") }
+	e1, e2 := ev("one"), ev("two")
+	s := &Server{cfg: Config{}.withDefaults(), now: time.Now}
+	x := &exchange{s: s, received: time.Now()}
+	g := &gatedBody{next: make(chan []byte), waiting: make(chan struct{})}
+	r := &relay{x: x, body: g}
+	var got bytes.Buffer
+	done := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(&got, r)
+		done <- err
+	}()
+	feeds := [][]byte{e1, e2[:7], e2[7:], []byte("data: [DONE]\n\n")}
+	for i, f := range feeds {
+		select {
+		case <-g.waiting:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("relay never read feed %d", i)
+		}
+		// Blocked before an event (not mid-event): no buffer held.
+		if i != 2 && r.buf != nil {
+			t.Fatalf("feed %d: relay holds a %d-byte buffer while it waits between events", i, cap(r.buf))
+		}
+		if i == 2 && r.buf == nil {
+			t.Fatal("relay let go of the buffer holding half an event")
+		}
+		g.next <- f
+	}
+	select {
+	case <-g.waiting:
+		close(g.next)
+	case <-time.After(5 * time.Second):
+		t.Fatal("relay never read past [DONE]")
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("relay did not end")
+	}
+	want := string(e1) + string(e2) + "data: [DONE]\n\n"
+	if got.String() != want {
+		t.Fatalf("relayed %q, want %q", got.String(), want)
+	}
+	if x.tokenChunks != 2 {
+		t.Fatalf("token chunks %d, want 2", x.tokenChunks)
+	}
+}
+
+// An upstream's response head must fit the connection's read buffer
+// (upstreamReadBufferSize); a bigger one is a bad upstream, answered 502
+// with the OpenAI error body, not a hang or a truncated reply.
+func TestUpstreamHeadOverReadBufferIs502(t *testing.T) {
+	big := strings.Repeat("x", upstreamReadBufferSize)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body) //nolint:errcheck
+		if r.Header.Get("X-Big") != "" {
+			w.Header().Set("X-Big", big)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`) //nolint:errcheck
+	}))
+	defer up.Close()
+	tr := startRouter(t, []string{up.URL})
+	small := post(t, tr.url+"/v1/chat/completions", chatPlain)
+	small.Body.Close()
+	if small.StatusCode != 200 {
+		t.Fatalf("small head: status %d, want 200", small.StatusCode)
+	}
+	resp := post(t, tr.url+"/v1/chat/completions", chatPlain, "X-Big", "1")
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusBadGateway || !strings.Contains(string(b), `"error"`) {
+		t.Fatalf("head over %d bytes: status %d %s, want 502 with an error body", upstreamReadBufferSize, resp.StatusCode, b)
+	}
+}
