@@ -119,7 +119,7 @@ type migBuffers struct {
 
 // Small at first (a stream holds them while it waits): they grow with the
 // text and ids as they come.
-var migBufPool = sync.Pool{New: func() any { return &migBuffers{text: make([]byte, 0, 512), ids: make([]byte, 0, 256)} }}
+var migBufPool = sync.Pool{New: func() any { return &migBuffers{text: make([]byte, 0, 256), ids: make([]byte, 0, 128)} }}
 
 // maxPooledBuf is the most a buffer may hold and still be reused: one
 // very long stream must not pin its memory in the pool.

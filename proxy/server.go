@@ -185,10 +185,12 @@ func New(o Options) (*Server, error) {
 
 // serverWriteBufferSize is a client connection's write buffer, which a
 // stream holds until its last event (each event is flushed as it is
-// written, so the buffer only ever holds one). Half fasthttp's 4 KiB
-// default: a response head and a usual event or small reply go out in one
-// write(2); a larger chunk or reply takes one write(2) more.
-const serverWriteBufferSize = 2 << 10
+// written, so the buffer only ever holds one). A quarter of fasthttp's
+// 4 KiB default: a response head with a reply of up to ~700 bytes, or an
+// event (a few hundred bytes), goes out in one write(2); a larger chunk or
+// reply takes one write(2) more, its bulk written straight from its own
+// memory.
+const serverWriteBufferSize = 1 << 10
 
 // Handler is the router's request handler, for callers that run their own
 // fasthttp.Server (tests, embedding).
