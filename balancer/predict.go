@@ -89,15 +89,20 @@ func (r *Replica) Predictor() PredictorState {
 
 // prefillAhead is the prefill work, in prompt tokens, a request sent at
 // now would wait behind: the router's own requests still in prefill, plus
-// — from a fresh engine snapshot — requests the engine holds that this
-// router did not send and those the other routers are expected to have
-// sent since the scrape (othersSince), sized at the replica's mean prompt.
+// — from a fresh engine snapshot — those the other routers are expected
+// to have sent since the scrape (othersSince), sized at the replica's
+// mean prompt, as the router's own sends since count. Not every request
+// the engine holds that this router did not send: most of those are
+// decoding, past their prefill, and the TTFT fit learns from x without
+// them (startPrefill): with several routers, counting them at a mean
+// prompt each added prefill that is not there to every replica's
+// predicted TTFT, and the policy ranked replicas by the other routers'
+// running requests (4 routers vs 1, 2 rounds each: P99 TTFT +16% with
+// them, +5% without; bench/scripts/many-routers.sh). Those waiting still
+// count, through engineQueued.
 func (r *Replica) prefillAhead(e *EngineLoad, now time.Time) float64 {
 	ahead := float64(max(r.pred.prefillQueued.Load(), 0))
-	if e != nil {
-		others := float64(max(e.Running+e.Waiting-int(r.tel.inFlightAtScrape.Load()), 0)) + othersSince(e, now)
-		ahead += others * math.Float64frombits(r.pred.meanPrompt.Load())
-	}
+	ahead += othersSince(e, now) * math.Float64frombits(r.pred.meanPrompt.Load())
 	return ahead
 }
 
