@@ -310,6 +310,26 @@ func (s *Server) startStream(ctx *fasthttp.RequestCtx, x *exchange, resp *fastht
 	r.watch = w
 	w.retarget(r.abort)
 	ctx.Response.SetBodyStream(r, -1)
+	releaseClientBody(ctx, x)
+}
+
+// releaseClientBody gives the client's request body back to fasthttp's pool
+// once a stream has started: the engine has it, and holding it for the
+// whole generation would cost a stream its prompt's size (a 32k-token
+// prompt is ~100 KiB). A migration that resends the body as the client
+// sent it keeps it; one that asked for token ids resends its own copy.
+// Every string kept from the body was cloned (see bytesView).
+func releaseClientBody(ctx *fasthttp.RequestCtx, x *exchange) {
+	if m := x.mig; m != nil && sameBacking(m.body, ctx.Request.Body()) {
+		return
+	}
+	ctx.Request.ResetBody()
+}
+
+// sameBacking reports whether a and b are slices of one array (both
+// reaching its end, as a body and its prefixes or suffixes do).
+func sameBacking(a, b []byte) bool {
+	return cap(a) > 0 && cap(b) > 0 && &a[:cap(a)][cap(a)-1] == &b[:cap(b)][cap(b)-1]
 }
 
 // respondWhole reads a non-streamed response (bounded, watched for client

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
 )
 
 // gatedBody hands out one queued read at a time and blocks in between,
@@ -116,5 +118,32 @@ func TestUpstreamHeadOverReadBufferIs502(t *testing.T) {
 	b, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusBadGateway || !strings.Contains(string(b), `"error"`) {
 		t.Fatalf("head over %d bytes: status %d %s, want 502 with an error body", upstreamReadBufferSize, resp.StatusCode, b)
+	}
+}
+
+// Once a stream has started, the client's request body is given back —
+// unless the migration resends that very body (it asked for no token ids
+// and nothing rewrote it).
+func TestStreamReleasesClientBody(t *testing.T) {
+	body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	for _, tc := range []struct {
+		name string
+		mig  func(client []byte) *migration
+		kept bool
+	}{
+		{"no migration", func([]byte) *migration { return nil }, false},
+		{"migration with its own copy", func(c []byte) *migration { return &migration{body: append([]byte(nil), c...)} }, false},
+		{"migration resending the client's body", func(c []byte) *migration { return &migration{body: c} }, true},
+		{"migration resending a prefix of it", func(c []byte) *migration { return &migration{body: c[:10]} }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var ctx fasthttp.RequestCtx
+			ctx.Request.SetBodyString(body)
+			x := &exchange{mig: tc.mig(ctx.PostBody())}
+			releaseClientBody(&ctx, x)
+			if got := string(ctx.PostBody()); (got == body) != tc.kept {
+				t.Fatalf("body after release: %q (kept %v, want kept %v)", got, got == body, tc.kept)
+			}
+		})
 	}
 }
