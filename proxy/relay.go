@@ -36,6 +36,8 @@ type relay struct {
 
 	buf     []byte // backing store of in; nil while the stream waits with nothing partial (fill)
 	one     [1]byte
+	bufp    *[]byte // relayBufs' holders of buf and out, kept so returning them allocates nothing
+	outp    *[]byte
 	in      []byte // upstream bytes not yet split into events
 	out     []byte // processed bytes the client has not read yet
 	outPos  int
@@ -50,10 +52,10 @@ type relay struct {
 	closeOnce sync.Once
 }
 
-// relayBufs hold a stream's unsplit upstream bytes. They start small —
-// most events are a few hundred bytes — and grow on demand (fill); a
-// stream holds one only from an event's first byte until it is processed
-// (fill), not while it waits for the next.
+// relayBufs hold a stream's unsplit upstream bytes (in) and its processed
+// ones (out). They start small — most events are a few hundred bytes —
+// and grow on demand; a stream holds them only from an event's first byte
+// until it is written (fill), not while it waits for the next.
 var relayBufs = sync.Pool{New: func() any { b := make([]byte, 0, relayBufSize); return &b }}
 
 const relayBufSize = 1 << 10
@@ -72,22 +74,45 @@ func newRelay(x *exchange, resp *fasthttp.Response, strip bool) *relay {
 	}
 }
 
-// takeBuf gives the relay a buffer from relayBufs when it has none.
+// takeBuf gives the relay its buffers from relayBufs where it has none:
+// buf (in's backing store) and out.
 func (r *relay) takeBuf() {
 	if r.buf == nil {
-		bp := relayBufs.Get().(*[]byte)
-		r.buf = (*bp)[:0]
+		r.bufp = relayBufs.Get().(*[]byte)
+		r.buf = (*r.bufp)[:0]
 	}
 	r.in = r.buf[:0]
+	if r.out == nil {
+		r.outp = relayBufs.Get().(*[]byte)
+		r.out = (*r.outp)[:0]
+	}
 }
 
-// putBuf returns the relay's buffer to relayBufs, unless it grew past
-// maxKeptRelayBuf (the stream keeps that one: its events need it).
+// putBuf returns the relay's buffers to relayBufs; out must have been
+// written. One that grew past maxKeptRelayBuf stays with the stream: its
+// events need it.
 func (r *relay) putBuf() {
-	if b := r.buf[:0]; b != nil && cap(b) <= maxKeptRelayBuf {
-		relayBufs.Put(&b)
+	if putRelayBuf(&r.bufp, r.buf) {
 		r.buf, r.in = nil, nil
 	}
+	if putRelayBuf(&r.outp, r.out) {
+		r.out = nil
+	}
+}
+
+// putRelayBuf puts b into relayBufs through *p (made when b did not come
+// from the pool), unless b is nil or too large; it reports whether it did.
+func putRelayBuf(p **[]byte, b []byte) bool {
+	if b == nil || cap(b) > maxKeptRelayBuf {
+		return false
+	}
+	if *p == nil {
+		*p = new([]byte)
+	}
+	**p = b[:0]
+	relayBufs.Put(*p)
+	*p = nil
+	return true
 }
 
 // abort ends the stream from outside (client gone, shutdown, deadline): it
