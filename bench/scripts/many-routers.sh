@@ -50,7 +50,7 @@ BASE_PORT=${BASE_PORT:-19301}     # replicas; routers from BASE_PORT+100
 SEED=${SEED:-1}
 ROUTER_FLAGS=${ROUTER_FLAGS:-}    # extra `gpurouter serve` flags
 SCRAPE=${SCRAPE:-}                # telemetry.interval of every router, e.g. 50ms; "" = the default
-NEAR_EQUAL=${NEAR_EQUAL:-}        # routing.near_equal of every router (least_loaded), e.g. 2; "" = the default
+NEAR_EQUAL=${NEAR_EQUAL:-}        # routing.near_equal of every router (least_loaded, predictive), e.g. 2; "" = the default
 BIN=${BIN:-}                      # a gpurouter binary; built from this tree when empty
 
 [ -f "$TRACE" ] || { echo "trace $TRACE not found (TRACE=path)"; exit 2; }
