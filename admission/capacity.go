@@ -81,6 +81,6 @@ func (p *poolCapacity) Admissible(c Cost) bool {
 type roomRule struct{ sat SaturationConfig }
 
 // FitsReplica implements balancer.Room.
-func (r *roomRule) FitsReplica(l ReplicaLoad, promptTokens, outputTokens int) bool {
-	return r.sat.Fits(l, Cost{PromptTokens: promptTokens, OutputTokens: outputTokens})
+func (r *roomRule) FitsReplica(l ReplicaLoad, promptTokens, outputTokens int, tpot time.Duration) bool {
+	return r.sat.Fits(l, Cost{PromptTokens: promptTokens, OutputTokens: outputTokens, TPOT: tpot})
 }

@@ -35,8 +35,17 @@ type Cost struct {
 	// A context deadline that passes while queued ends Admit with the
 	// context's error instead.
 	Deadline time.Time
+	// TPOT is the request's time-per-output-token objective (the
+	// X-Gpurouter-Slo-Tpot header), 0 for none: a replica already
+	// streaming slower than it (ReplicaLoad.ITL) has no room for the
+	// request — it would miss there, and its prefill would stall every
+	// decode there past the same objective.
+	TPOT time.Duration
 
-	rawPrompt   int  // the uncorrected prompt estimate Estimator.Cost started from; 0 if none
+	// rawPrompt is the uncorrected prompt estimate Estimator.Cost started
+	// from, 0 if none; an int32 so that it packs with the flags below
+	// (a Cost lives in every request's exchange, proxy/size_test.go).
+	rawPrompt   int32
 	learnOutput bool // OutputTokens came from the learned distribution (no max_tokens)
 
 	// ExpireAtDeadline makes Deadline a hard one for this request even

@@ -163,7 +163,7 @@ func (e *Estimator) PromptCost(rawPromptTokens int) Cost {
 	if raw > 0 {
 		prompt = max(prompt, 1)
 	}
-	return Cost{PromptTokens: prompt, rawPrompt: raw}
+	return Cost{PromptTokens: prompt, rawPrompt: int32(min(raw, math.MaxInt32))}
 }
 
 // Ratio is the learned correction: engine prompt tokens per raw token

@@ -17,6 +17,7 @@ const (
 	DefaultMaxLongPrefills   = 1
 	DefaultShortLanes        = 1
 	DefaultMaxPrefillWait    = time.Second
+	DefaultMaxITLShare       = 0.85
 )
 
 // Capacity is the one question the Controller asks of its pool: could some
@@ -79,6 +80,14 @@ type SaturationConfig struct {
 	// first-come-first-served queue, where a short prompt sits behind long
 	// ones and no deadline is looked at. Negative ignores it.
 	MaxPrefillWait time.Duration
+	// MaxITLShare is the share of a request's TPOT objective (Cost.TPOT) a
+	// replica's live inter-token latency (ReplicaLoad.ITL) may reach
+	// before the replica has no room for that request (default 0.85).
+	// Below 1: the request decodes among the prefills of the requests
+	// placed after it, so a replica filled right up to the objective
+	// serves about half its requests over it. Negative ignores TPOT
+	// objectives.
+	MaxITLShare float64
 }
 
 // WithDefaults returns s with every zero field set to its default.
@@ -101,6 +110,9 @@ func (s SaturationConfig) WithDefaults() SaturationConfig {
 	if s.MaxPrefillWait == 0 {
 		s.MaxPrefillWait = DefaultMaxPrefillWait
 	}
+	if s.MaxITLShare == 0 {
+		s.MaxITLShare = DefaultMaxITLShare
+	}
 	return s
 }
 
@@ -112,6 +124,9 @@ func (s SaturationConfig) Validate() error {
 	}
 	if math.IsNaN(s.TokenBudgetRatio) || math.IsInf(s.TokenBudgetRatio, 0) {
 		errs = append(errs, fmt.Errorf("admission: Saturation.TokenBudgetRatio = %v: must be finite", s.TokenBudgetRatio))
+	}
+	if math.IsNaN(s.MaxITLShare) || math.IsInf(s.MaxITLShare, 0) {
+		errs = append(errs, fmt.Errorf("admission: Saturation.MaxITLShare = %v: must be finite (negative to ignore TPOT objectives)", s.MaxITLShare))
 	}
 	return errors.Join(errs...)
 }
@@ -148,8 +163,9 @@ func (s SaturationConfig) Saturated(r ReplicaLoad) bool {
 }
 
 // Fits reports whether the replica can take a request of cost c now: it is
-// not saturated, c fits in its token budget, and if c is a long prefill the
-// replica has a long-prefill lane free. The balancer's Capacity answer is
+// not saturated, c fits in its token budget, the replica streams faster
+// than MaxITLShare of c's TPOT objective (when it has one), and if c is a long prefill
+// the replica has a long-prefill lane free. The balancer's Capacity answer is
 // "some available replica Fits".
 func (s SaturationConfig) Fits(r ReplicaLoad, c Cost) bool {
 	s = s.WithDefaults()
@@ -157,6 +173,9 @@ func (s SaturationConfig) Fits(r ReplicaLoad, c Cost) bool {
 		return false
 	}
 	if b := s.TokenBudget(r.KVCapacityTokens); b > 0 && r.OutstandingTokens > 0 && r.OutstandingTokens+c.Tokens() > b {
+		return false
+	}
+	if c.TPOT > 0 && s.MaxITLShare > 0 && r.ITL > 0 && float64(r.ITL) >= s.MaxITLShare*float64(c.TPOT) {
 		return false
 	}
 	return !s.LongPrefill(c) || s.MaxLongPrefills < 0 || r.LongPrefills < s.MaxLongPrefills

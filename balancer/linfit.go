@@ -25,7 +25,10 @@ type linFit struct {
 const fitForget = 0.975
 
 // observe adds one sample. x ≥ 0, y ≥ 0 are expected; others are ignored.
-func (f *linFit) observe(x, y float64) {
+func (f *linFit) observe(x, y float64) { f.observeWith(x, y, solveFit) }
+
+// observeWith adds one sample and refits with solve.
+func (f *linFit) observeWith(x, y float64, solve func(w, sx, sy, sxx, sxy float64) (a, b float64)) {
 	if !(x >= 0) || !(y >= 0) || math.IsInf(x, 0) || math.IsInf(y, 0) {
 		return
 	}
@@ -35,7 +38,7 @@ func (f *linFit) observe(x, y float64) {
 	f.sy = f.sy*fitForget + y
 	f.sxx = f.sxx*fitForget + x*x
 	f.sxy = f.sxy*fitForget + x*y
-	a, b := solveFit(f.w, f.sx, f.sy, f.sxx, f.sxy)
+	a, b := solve(f.w, f.sx, f.sy, f.sxx, f.sxy)
 	f.a.Store(math.Float64bits(a))
 	f.b.Store(math.Float64bits(b))
 	f.mu.Unlock()
@@ -63,6 +66,38 @@ func solveFit(w, sx, sy, sxx, sxy float64) (a, b float64) {
 		}
 	}
 	return a, max(b, 0)
+}
+
+// stepFit is a linFit for a decode step's time against the batch it
+// decodes in: there the fixed cost is most of the time (every step reads
+// all the weights; each sequence in the batch adds little), so the fit may
+// put all of it in the intercept, and where it cannot tell a slope (too
+// few samples, batches of one size, a slope that comes out falling) it is
+// the mean step, not a line through the origin — which at a batch smaller
+// than its samples' would predict a fraction of the floor every step
+// pays. The zero value has no fit yet.
+type stepFit struct{ linFit }
+
+// observe adds one sample (x the batch, y the seconds per step).
+func (f *stepFit) observe(x, y float64) { f.observeWith(x, y, solveStepFit) }
+
+// solveStepFit is solveFit for stepFit: a least-squares line with a
+// non-negative slope and intercept, else the mean.
+func solveStepFit(w, sx, sy, sxx, sxy float64) (a, b float64) {
+	mx, my := sx/w, sy/w
+	varx := sxx/w - mx*mx
+	if w < fitMinSamples || !(varx > 1e-6*mx*mx) {
+		return my, 0
+	}
+	b = (sxy/w - mx*my) / varx
+	a = my - b*mx
+	switch {
+	case !(b > 0):
+		return my, 0
+	case a < 0:
+		return 0, sxy / sxx
+	}
+	return a, b
 }
 
 // fitMinSamples is how many (decayed) samples a fit needs before it

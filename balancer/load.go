@@ -17,6 +17,11 @@ type ReplicaLoad struct {
 	// past their first token, at the replica's learned prefill rate
 	// (predict.go). It does not go stale: it is the router's own count.
 	PrefillWait time.Duration
+	// ITL is the replica's inter-token latency as the router sees its
+	// streams now (liveITL: an EWMA over the output chunks of the last
+	// second), 0 when nothing streams there: the step a request placed
+	// now would decode in. Like PrefillWait, the router's own measure.
+	ITL time.Duration
 	// Resting marks a replica that refused a request (429/503) and asked
 	// for a pause (Replica.Rest): saturated until the pause ends.
 	Resting bool
@@ -56,6 +61,7 @@ func (r *Replica) loadAt(now time.Time, c *ScoreConfig, allStale bool) ReplicaLo
 		LongPrefills:      int(r.longPrefills.Load()),
 		Resting:           r.Resting(now),
 		PrefillWait:       r.prefillWait(),
+		ITL:               time.Duration(r.liveITL(now) * float64(time.Second)),
 	}
 	if e := r.tel.engine.Load(); e != nil {
 		switch {

@@ -44,7 +44,8 @@ type Request struct {
 // placed on a replica with load l without queueing in its engine. It must
 // not block or allocate.
 type Room interface {
-	FitsReplica(l ReplicaLoad, promptTokens, outputTokens int) bool
+	// FitsReplica: tpot is the request's TPOT objective, 0 for none.
+	FitsReplica(l ReplicaLoad, promptTokens, outputTokens int, tpot time.Duration) bool
 }
 
 // eligible reports whether a picker may choose c for r.
@@ -53,7 +54,7 @@ func eligible(c *Replica, r *Request) bool {
 		return false
 	}
 	if r.roomOn {
-		return r.Room.FitsReplica(c.loadAt(r.Now, r.poolScore, false), r.PromptTokens, r.OutputTokens)
+		return r.Room.FitsReplica(c.loadAt(r.Now, r.poolScore, false), r.PromptTokens, r.OutputTokens, r.SLOTPOT)
 	}
 	return true
 }

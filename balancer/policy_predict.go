@@ -97,12 +97,6 @@ func (p *Predictive) pick(r *Request, candidates []*Replica) (*Replica, int) {
 func (p *Predictive) rate(c *Replica, r *Request, pr *prior, st, sp float64) (miss int, cost, load float64) {
 	e, stale := p.cfg.freshEngine(c, r.Now)
 	ttft, tpot := c.predict(r.PromptTokens, e, r.Now, pr)
-	if r.OutputTokens > 1 {
-		// Its TPOT is that of the batch it decodes in, which grows by the
-		// requests expected to join meanwhile (joinsDuring).
-		k := c.joinsDuring(float64(r.OutputTokens)*tpot, r.Now)
-		tpot += k * c.tpotSlope(pr)
-	}
 	if ttft > st {
 		miss++
 	}
@@ -116,11 +110,21 @@ func (p *Predictive) rate(c *Replica, r *Request, pr *prior, st, sp float64) (mi
 	return miss, cost, float64(c.inFlight.Load()+1) / c.capacity()
 }
 
-// better orders two ratings: fewer predicted misses, then a cost lower by
-// more than tieMargin, then less load.
+// better orders two ratings: fewer predicted misses; among replicas
+// predicted to meet both objectives, less load — they share the requests
+// instead of the fastest taking every one until it too nears an
+// objective, which left a half-speed replica idle in calm periods and
+// handed it the requests of a burst, whose prefills then stretched every
+// decode there (a replica's share stays bounded by the predictions: it
+// takes requests only while they predict both objectives met there);
+// among replicas predicted to miss, a cost lower by more than tieMargin,
+// then less load.
 func better(miss int, cost, load float64, bMiss int, bCost, bLoad float64) bool {
 	if miss != bMiss {
 		return miss < bMiss
+	}
+	if miss == 0 && load != bLoad {
+		return load < bLoad
 	}
 	if d := cost - bCost; d < -tieMargin*bCost || d > tieMargin*cost {
 		return d < 0

@@ -1,6 +1,7 @@
 package balancer_test
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -8,9 +9,9 @@ import (
 )
 
 // teachDecode teaches r's TTFT fit (prefill perToken, 10 ms fixed) and a
-// TPOT fit of fixed + perRequest·(requests in flight), sending requests a
-// second apart with 0–3 others held in flight, so both fits have a slope
-// and the replica a known arrival rate (one request a second).
+// TPOT fit of fixed + perRequest·(requests in flight), sending requests
+// ten seconds apart (its prefill mostly idle: nothing stretches the
+// decodes) with 0–3 others held in flight, so both fits have a slope.
 func teachDecode(t *testing.T, r *balancer.Replica, c *fakeClock, perToken, fixed, perRequest time.Duration) {
 	t.Helper()
 	for i := range 16 {
@@ -35,59 +36,151 @@ func teachDecode(t *testing.T, r *balancer.Replica, c *fakeClock, perToken, fixe
 		for _, h := range held {
 			h.Done(nil)
 		}
-		c.advance(time.Second - 10*time.Millisecond - time.Duration(prompt)*perToken)
+		c.advance(10*time.Second - 10*time.Millisecond - time.Duration(prompt)*perToken)
 	}
 }
 
-// A replica whose batch decodes near the request's TPOT objective takes
-// a short output, which ends before the batch grows, but not a long one:
-// the requests that arrive there during a long decode (at its arrival
-// rate) would push every step past the objective. The long one goes to a
-// replica that decodes fast, even though its first token comes later
-// there. (Judged by the batch at send time alone, both went to slow: its
-// TPOT then, 85 ms, is under the 100 ms objective.)
-func TestPredictiveKeepsLongOutputsOffANearSLOReplica(t *testing.T) {
+// The step fit learns a decode's own step, not the prefills that ran in
+// it: a request that decoded while 5,000 prompt tokens were sent to its
+// replica (1 s of prefill at 200 µs a token) took 1 s longer, and the fit
+// takes that second out.
+func TestPredictorLearnsTheStepLessThePrefillsDuringIt(t *testing.T) {
 	c := newFakeClock()
-	fast, slow := newReplica(t, "fast", c, replicaOpts{}), newReplica(t, "slow", c, replicaOpts{})
-	teachDecode(t, fast, c, 200*time.Microsecond, 30*time.Millisecond, time.Millisecond)
-	teachDecode(t, slow, c, 400*time.Microsecond, 70*time.Millisecond, 5*time.Millisecond)
-	// fast has 11,000 prompt tokens queued (TTFT ≈ 2.4 s for a 1,000-token
-	// prompt: over the 2 s objective); slow runs two requests (TPOT at
-	// three: 85 ms) and its prompts are done.
-	if _, err := fast.AcquireRequest(balancer.LeaseCost{PromptTokens: 11000}); err != nil {
-		t.Fatal(err)
-	}
-	for range 2 {
-		if _, err := slow.AcquireRequest(balancer.LeaseCost{}); err != nil {
+	r := newReplica(t, "r", c, replicaOpts{})
+	teach(t, r, c, 12, 1000, 200*time.Microsecond, 10*time.Millisecond, 40*time.Millisecond)
+	for range 12 {
+		l, err := r.AcquireRequest(balancer.LeaseCost{PromptTokens: 1000})
+		if err != nil {
 			t.Fatal(err)
 		}
+		c.advance(210 * time.Millisecond)
+		l.PrefillDone()
+		for range 5 { // placed while it decodes
+			o, err := r.AcquireRequest(balancer.LeaseCost{PromptTokens: 1000})
+			if err != nil {
+				t.Fatal(err)
+			}
+			o.Done(nil)
+		}
+		l.ObserveDecode(51, 50*40*time.Millisecond+time.Second) // 60 ms a token, 40 without the prefills
+		l.Done(nil)
+		c.advance(time.Minute)
 	}
-	c.advance(time.Second)
+	if st := r.Predictor(); math.Abs(st.TPOTFixedS+st.TPOTPerRequest-0.040) > 0.002 {
+		t.Errorf("learned step %.1f ms + %.2f ms/request, want ≈ 40 ms (the 20 ms the prefills added taken out)",
+			st.TPOTFixedS*1000, st.TPOTPerRequest*1000)
+	}
+}
+
+// A replica whose prefill is kept busy by the prompts arriving there
+// stretches every decode there: with prompts arriving at 70% of its
+// prefill speed, a 70 ms step becomes 233 ms, and a TPOT-bound request
+// goes to a replica that decodes slower per step but prefills little —
+// and back once the prompts stop.
+func TestPredictiveKeepsDecodesOffAReplicaBusyPrefilling(t *testing.T) {
+	c := newFakeClock()
+	busy, calm := newReplica(t, "busy", c, replicaOpts{}), newReplica(t, "calm", c, replicaOpts{})
+	teachDecode(t, busy, c, 200*time.Microsecond, 70*time.Millisecond, 0)
+	teachDecode(t, calm, c, 200*time.Microsecond, 90*time.Millisecond, 0)
+	// 3,500 prompt tokens a second on busy (0.7 s of prefill each second),
+	// long enough for its arrival rate to show.
+	for range 40 {
+		l, err := busy.AcquireRequest(balancer.LeaseCost{PromptTokens: 3500})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.advance(10*time.Millisecond + 700*time.Millisecond)
+		l.PrefillDone()
+		l.Done(nil)
+		c.advance(290 * time.Millisecond)
+	}
+	if st := busy.Predictor(); st.PrefillLoad < 0.4 {
+		t.Fatalf("busy's predicted prefill load %.2f, want ≈ 0.5 (0.7, smoothed over its last requests)", st.PrefillLoad)
+	}
 	p, err := balancer.NewPicker("predictive")
 	if err != nil {
 		t.Fatal(err)
 	}
-	cands := []*balancer.Replica{slow, fast}
-	for _, tc := range []struct {
-		output int
-		want   *balancer.Replica
-	}{
-		{20, slow},  // ~1.7 s of decode: under two requests join
-		{400, fast}, // ~34 s: dozens join, TPOT far past 100 ms
-	} {
-		req := &balancer.Request{Now: c.now(), PromptTokens: 1000, OutputTokens: tc.output,
-			SLOTTFT: 2 * time.Second, SLOTPOT: 100 * time.Millisecond}
-		if got := p.Pick(req, cands); got != tc.want {
-			t.Errorf("%d output tokens: picked %s, want %s", tc.output, got.Name(), tc.want.Name())
+	req := &balancer.Request{Now: c.now(), PromptTokens: 200, OutputTokens: 100,
+		SLOTTFT: 2 * time.Second, SLOTPOT: 100 * time.Millisecond}
+	cands := []*balancer.Replica{busy, calm}
+	for range 3 {
+		if got := p.Pick(req, cands); got != calm {
+			t.Fatalf("prompts arriving at 0.7 of busy's prefill speed: picked %s, want calm", got.Name())
 		}
 	}
+	c.advance(5 * time.Minute) // the prompts stopped
+	req.Now = c.now()
+	if st := busy.Predictor(); st.PrefillLoad > 0.05 {
+		t.Errorf("five minutes after the prompts stopped: busy's prefill load %.2f, want ≈ 0", st.PrefillLoad)
+	}
+	picked := map[*balancer.Replica]int{}
+	for range 4 { // both meet the objectives again: they share by load
+		got := p.Pick(req, cands)
+		if _, err := got.Acquire(); err != nil {
+			t.Fatal(err)
+		}
+		picked[got]++
+	}
+	if picked[busy] != 2 {
+		t.Errorf("after the prompts stopped: busy picked %d of 4, want 2", picked[busy])
+	}
+}
+
+// What the router sees streaming from a replica now counts before the
+// model: a replica whose streams arrive 150 ms apart is predicted to miss
+// a 100 ms TPOT objective whatever its step fit says, and a second
+// without output ends that.
+func TestPredictiveReadsTheLiveInterTokenLatency(t *testing.T) {
+	c := newFakeClock()
+	slow, fast := newReplica(t, "slow", c, replicaOpts{}), newReplica(t, "fast", c, replicaOpts{})
+	teachDecode(t, slow, c, 200*time.Microsecond, 30*time.Millisecond, 0)
+	teachDecode(t, fast, c, 200*time.Microsecond, 60*time.Millisecond, 0)
+	l, err := slow.AcquireRequest(balancer.LeaseCost{PromptTokens: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.PrefillDone()
+	for range 40 {
+		c.advance(150 * time.Millisecond)
+		l.ObserveGap(150*time.Millisecond, c.now())
+	}
+	if st := slow.Predictor(); math.Abs(st.LiveITLS-0.150) > 0.001 {
+		t.Fatalf("live ITL %.1f ms, want 150", st.LiveITLS*1000)
+	}
+	p, err := balancer.NewPicker("predictive")
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &balancer.Request{Now: c.now(), PromptTokens: 100, OutputTokens: 50,
+		SLOTTFT: 2 * time.Second, SLOTPOT: 100 * time.Millisecond}
+	if got := p.Pick(req, []*balancer.Replica{slow, fast}); got != fast {
+		t.Errorf("slow streams 150 ms apart: picked %s, want fast", got.Name())
+	}
+	if load := slowLoad(slow, c); load.ITL != 150*time.Millisecond {
+		t.Errorf("admission's load shows ITL %v, want 150ms", load.ITL)
+	}
+	c.advance(1100 * time.Millisecond)
+	if st := slow.Predictor(); st.LiveITLS != 0 {
+		t.Errorf("a second after its last output: live ITL %.1f ms, want 0", st.LiveITLS*1000)
+	}
+	l.Done(nil)
+}
+
+// slowLoad is r's entry in its pool's admission loads at c's now.
+func slowLoad(r *balancer.Replica, c *fakeClock) balancer.ReplicaLoad {
+	pool, err := balancer.NewPool(balancer.PoolConfig{Model: "m"}, []*balancer.Replica{r})
+	if err != nil {
+		panic(err)
+	}
+	return pool.Loads(c.now(), nil)[0]
 }
 
 // roomUnderWait is a Room that fits a replica while its queued prefill
 // would take under half a second.
 type roomUnderWait struct{}
 
-func (roomUnderWait) FitsReplica(l balancer.ReplicaLoad, _, _ int) bool {
+func (roomUnderWait) FitsReplica(l balancer.ReplicaLoad, _, _ int, _ time.Duration) bool {
 	return l.PrefillWait < 500*time.Millisecond
 }
 

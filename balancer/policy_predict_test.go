@@ -11,7 +11,8 @@ import (
 
 // teach sends n requests of prompt tokens through r one at a time, each
 // taking perToken·prompt + fixed to its first token on clock c, and tpot
-// per output token over 10 tokens.
+// per output token over 10 tokens, ten seconds apart (so the replica's
+// prefill is mostly idle: its decodes are not stretched).
 func teach(t *testing.T, r *balancer.Replica, c *fakeClock, n int, prompt int64, perToken, fixed, tpot time.Duration) {
 	t.Helper()
 	for range n {
@@ -23,6 +24,7 @@ func teach(t *testing.T, r *balancer.Replica, c *fakeClock, n int, prompt int64,
 		l.PrefillDone()
 		l.ObserveDecode(11, 10*tpot)
 		l.Done(nil)
+		c.advance(10 * time.Second)
 	}
 }
 
@@ -118,7 +120,9 @@ func TestPredictivePicksForTheRequestsSLO(t *testing.T) {
 // roomAll is a Room that admits everywhere but still reads the load.
 type roomAll struct{}
 
-func (roomAll) FitsReplica(l balancer.ReplicaLoad, _, _ int) bool { return l.PrefillWait >= 0 }
+func (roomAll) FitsReplica(l balancer.ReplicaLoad, _, _ int, _ time.Duration) bool {
+	return l.PrefillWait >= 0
+}
 
 // BenchmarkPredictivePickLearned is the predictive policy's decision with
 // every replica's fits learned, prefill queued and admission's Room

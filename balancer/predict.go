@@ -17,8 +17,16 @@ import (
 //     it; b is the replica's inverse prefill rate (seconds per token, what a
 //     half-speed or throttled replica shows as twice the slope), a the fixed
 //     cost (a step, the network).
-//   - TPOT ≈ c + d·(requests in flight on the replica once it joins): the
-//     batch it would decode in.
+//   - TPOT ≈ (c + d·(requests in flight on the replica once it joins)) /
+//     (1 − ρ): a decode step in the batch it would join, stretched by the
+//     prefills that arrive while it decodes — vLLM runs a new request's
+//     prefill in the steps the running ones decode in, so a replica whose
+//     prefill is busy a fraction ρ of the time (the prompt tokens sent to
+//     it per second × b) gives each of its decoding requests a token in a
+//     step that long. ρ is what makes a half-speed replica, whose every
+//     prefill stalls its batch twice as long, a poor place for a decode
+//     while prompts keep arriving there, and a good one once they stop.
+//     The step fit learns from measured TPOTs less that stretch.
 //
 // Both fits forget old samples (linFit), so a replica that slows down is
 // re-learned within a few dozen requests. The zero value knows nothing:
@@ -38,12 +46,19 @@ type predictor struct {
 	// its KV cache is full, a wait the prefill queue does not show. An EWMA
 	// of the TTFT beyond the prefill fit over the requests queued at send.
 	waitPer atomic.Uint64
-	tpot    linFit // x: requests in flight at send, own included; y: seconds per output token
+	tpot    stepFit // x: requests in flight at send, own included; y: seconds per decode step, less the prefills' stretch
 	// lastSendNs and sendGap (float64 bits, seconds, an EWMA) time the
-	// requests placed on the replica: its arrival rate, for the requests
-	// that will join a new one's batch while it decodes (joinsDuring).
+	// requests placed on the replica: with meanPrompt, the rate prompt
+	// tokens arrive there (prefillLoad).
 	lastSendNs atomic.Int64
 	sendGap    atomic.Uint64
+	// promptSent is every prompt token placed on the replica so far: the
+	// prefill that ran while a request decoded is its growth over the
+	// decode.
+	promptSent atomic.Int64
+	// itl is the liveITL EWMA (float64 bits, seconds), last fed at itlAtNs.
+	itl     atomic.Uint64
+	itlAtNs atomic.Int64
 }
 
 // DefaultPrefillSecondsPerToken is the prefill cost assumed for a replica
@@ -74,6 +89,12 @@ type PredictorState struct {
 	TPOTFixedS            float64 `json:"tpot_fixed_s"`
 	TPOTPerRequest        float64 `json:"tpot_s_per_request"`
 	TPOTSamples           int64   `json:"tpot_samples"`
+	// LiveITLS is the replica's inter-token latency as the router sees its
+	// streams now (0: nothing streamed there in the last second).
+	LiveITLS float64 `json:"live_itl_s"`
+	// PrefillLoad is the predicted fraction of the replica's time spent
+	// prefilling the prompts arriving there, what stretches its decodes.
+	PrefillLoad float64 `json:"prefill_load"`
 }
 
 // Predictor returns the replica's learned latency model.
@@ -84,6 +105,13 @@ func (r *Replica) Predictor() PredictorState {
 	s.TTFTSamples, s.TPOTSamples = r.pred.ttft.n.Load(), r.pred.tpot.n.Load()
 	s.PrefillTokensPerS = r.pred.ttft.rate()
 	s.EngineWaitPerRequestS = r.waitPer()
+	now := r.now()
+	s.LiveITLS = r.liveITL(now)
+	b := s.TTFTPerToken
+	if b <= 0 {
+		b = DefaultPrefillSecondsPerToken
+	}
+	s.PrefillLoad = r.prefillLoad(b, r.freshEngine(), now)
 	return s
 }
 
@@ -161,8 +189,95 @@ func (r *Replica) predict(prompt int, e *EngineLoad, now time.Time, p *prior) (t
 	if !ok {
 		c, d = p.tpotA, p.tpotB
 	}
-	tpot = c + d*float64(r.inFlight.Load()+1)
+	tpot = max((c+d*float64(r.inFlight.Load()+1))/(1-r.prefillLoad(b, e, now)), r.liveITL(now))
 	return ttft, tpot
+}
+
+// liveITL is the replica's inter-token latency as the router sees it
+// stream now — an EWMA over every output chunk of every request decoding
+// there — or 0 when none has streamed for liveITLFresh. It is the step a
+// request joining the batch now would first decode in, prefill stalls
+// included, measured rather than modelled: it shows a replica whose
+// arriving prompts stretch its decodes at once, not when the stretched
+// requests end tens of seconds later.
+func (r *Replica) liveITL(now time.Time) float64 {
+	at := r.pred.itlAtNs.Load()
+	if at == 0 || now.UnixNano()-at > int64(liveITLFresh) {
+		return 0
+	}
+	return math.Float64frombits(r.pred.itl.Load())
+}
+
+// liveITLFresh is how long after its last output chunk a replica's
+// liveITL still counts: a batch that stopped streaming has drained.
+const liveITLFresh = time.Second
+
+// itlAlpha weights one inter-token gap in the liveITL EWMA: with a
+// handful of requests decoding, about a second of them.
+const itlAlpha = 0.05
+
+// observeITL adds one inter-token gap seen at now to liveITL.
+func (r *Replica) observeITL(gap time.Duration, now time.Time) {
+	if gap <= 0 {
+		return
+	}
+	g := gap.Seconds()
+	fresh := now.UnixNano()-r.pred.itlAtNs.Load() <= int64(liveITLFresh)
+	for {
+		old := r.pred.itl.Load()
+		next := g
+		if cur := math.Float64frombits(old); cur > 0 && fresh {
+			next = cur + itlAlpha*(g-cur)
+		}
+		if r.pred.itl.CompareAndSwap(old, math.Float64bits(next)) {
+			break
+		}
+	}
+	r.pred.itlAtNs.Store(now.UnixNano())
+}
+
+// maxPrefillLoad caps prefillLoad: past it a replica's decodes are
+// predicted at ten times their step, far over any objective anyway.
+const maxPrefillLoad = 0.9
+
+// prefillLoad is ρ, the fraction of the replica's time its prefill is
+// busy with the prompts arriving there: their token rate times b, its
+// seconds per prefill token. The rate is this router's (the mean prompt
+// over the mean gap between the requests it placed there, no shorter than
+// the time since the last one, so a replica it stopped using is not
+// judged by its busy past) plus, from e (the fresh engine snapshot, or
+// nil), the other routers' requests at the same mean prompt.
+func (r *Replica) prefillLoad(b float64, e *EngineLoad, now time.Time) float64 {
+	if !(b > 0) {
+		return 0
+	}
+	mean := math.Float64frombits(r.pred.meanPrompt.Load())
+	var perS float64
+	if last, gap := r.pred.lastSendNs.Load(), math.Float64frombits(r.pred.sendGap.Load()); last != 0 && gap > 0 {
+		perS = 1 / max(gap, float64(now.UnixNano()-last)/1e9)
+	}
+	if e != nil {
+		perS += max(e.OthersPerS, 0)
+	}
+	return min(perS*mean*b, maxPrefillLoad)
+}
+
+// learnTPOT teaches the step fit one request's decode: tokens after the
+// first over d seconds, joined at inFlight requests in flight, while
+// promptDuring prompt tokens were placed on the replica. Their prefill, at
+// the TTFT fit's rate, comes out of d: the step fit learns the batch,
+// prefillLoad predicts the stretch. At most half of d goes, so a rate
+// learned too slow cannot make every step look free.
+func (r *Replica) learnTPOT(inFlight float64, tokens int, d, promptDuring float64) {
+	if tokens < 2 || d <= 0 || inFlight <= 0 {
+		return
+	}
+	_, b, ok := r.pred.ttft.coeffs()
+	if !ok || b <= 0 {
+		b = DefaultPrefillSecondsPerToken
+	}
+	stretch := min(max(promptDuring, 0)*b, d/2)
+	r.pred.tpot.observe(inFlight, (d-stretch)/float64(tokens-1))
 }
 
 // tpotSlope is the TPOT each request joining the replica's batch adds, in
@@ -260,6 +375,7 @@ func (r *Replica) startPrefill(prompt int64) (x, waitX, predicted float64) {
 	prompt = max(prompt, 0)
 	ahead := r.pred.prefillQueued.Add(prompt) - prompt
 	x = float64(max(ahead, 0) + prompt)
+	r.pred.promptSent.Add(prompt)
 	r.noteSend(r.now().UnixNano())
 	waitX = r.engineQueued(r.freshEngine(), 1, r.now())
 	a, b, ok := r.pred.ttft.coeffs()
@@ -300,27 +416,4 @@ func (r *Replica) noteSend(nowNs int64) {
 			return
 		}
 	}
-}
-
-// maxJoins caps joinsDuring: past this many the prediction is far over
-// any objective anyway.
-const maxJoins = 64
-
-// joinsDuring is how many requests are expected to join the replica's
-// batch while a request decodes for d seconds: its recent arrival rate
-// (the mean gap between the requests placed there, no shorter than the
-// time since the last one, so a replica the router stopped using is not
-// judged by its busy past) times d. Joins slow every step of the batch,
-// so a long output on a replica near its TPOT objective is a miss that
-// the batch at send time does not show, while a short one finishes
-// before the batch grows — what lets a slow replica serve short requests
-// within the SLO and leave the long ones to faster replicas.
-func (r *Replica) joinsDuring(d float64, now time.Time) float64 {
-	last := r.pred.lastSendNs.Load()
-	gap := math.Float64frombits(r.pred.sendGap.Load())
-	if last == 0 || gap <= 0 || d <= 0 {
-		return 0
-	}
-	gap = max(gap, float64(now.UnixNano()-last)/1e9)
-	return min(d/gap, maxJoins)
 }

@@ -307,6 +307,7 @@ type leaseState struct {
 	waitX      float64 // requests waiting in the engine ahead of it at send
 	predTTFT   float64
 	inFlight   float64
+	decodeFrom int64 // the replica's promptSent at the first token
 }
 
 // LeaseCost is what a request brings to the replica it is placed on, for
@@ -400,6 +401,7 @@ func (l Lease) PrefillDone() {
 	if l.st.prefilling {
 		l.st.prefilling = false
 		l.r.pred.prefillQueued.Add(-l.st.prompt)
+		l.st.decodeFrom = l.r.pred.promptSent.Load()
 		ttft := time.Duration(l.r.now().UnixNano() - l.st.sentNs)
 		l.r.learnTTFT(l.st.x, l.st.waitX, ttft.Seconds())
 	}
@@ -416,14 +418,23 @@ func (l Lease) PredictedTTFT() time.Duration {
 }
 
 // ObserveDecode teaches the replica's decode speed (Replica.ObserveDecode)
-// and its TPOT fit against the requests in flight the request joined.
+// and its TPOT model (learnTPOT): the requests in flight the request
+// joined, and the prompts placed on the replica while it decoded.
 func (l Lease) ObserveDecode(tokens int, d time.Duration) {
 	if l.r == nil {
 		return
 	}
 	l.r.ObserveDecode(tokens, d)
-	if tokens >= 2 && d > 0 && l.st.inFlight > 0 {
-		l.r.pred.tpot.observe(l.st.inFlight, d.Seconds()/float64(tokens-1))
+	if !l.st.prefilling && l.st.inFlight > 0 {
+		l.r.learnTPOT(l.st.inFlight, tokens, d.Seconds(), float64(l.r.pred.promptSent.Load()-l.st.decodeFrom))
+	}
+}
+
+// ObserveGap records the time between two output chunks of the request,
+// seen at now, for the replica's live inter-token latency (liveITL).
+func (l Lease) ObserveGap(gap time.Duration, now time.Time) {
+	if l.r != nil {
+		l.r.observeITL(gap, now)
 	}
 }
 

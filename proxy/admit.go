@@ -19,8 +19,8 @@ const (
 
 // steer completes the request's cost for admission from its headers: its
 // priority class (at most its API key's tier), its tenant (its key, else
-// the header, else the body's user) and its deadline. Pools without
-// admission ignore them.
+// the header, else the body's user), its deadline and its TPOT objective.
+// Pools without admission ignore them.
 func (s *Server) steer(ctx *fasthttp.RequestCtx, x *exchange) error {
 	if x.route.Admission == nil {
 		return nil
@@ -64,6 +64,13 @@ func (s *Server) steer(ctx *fasthttp.RequestCtx, x *exchange) error {
 			x.cost.Deadline = dl
 		}
 		x.cost.ExpireAtDeadline = true
+	}
+	if v := ctx.Request.Header.Peek(headerSLOTPOT); len(v) > 0 {
+		d, err := parseTimeout(string(v))
+		if err != nil {
+			return badParam(headerSLOTPOT, err.Error())
+		}
+		x.cost.TPOT = d
 	}
 	return nil
 }

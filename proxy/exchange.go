@@ -147,6 +147,7 @@ func (x *exchange) tokenChunk(now time.Time) {
 			x.rm.itl.Observe(gap.Seconds())
 		}
 		x.recordGap(now, gap)
+		x.lease.ObserveGap(gap, now)
 	}
 	x.lease.Progress(1)
 	x.lease.Alive()

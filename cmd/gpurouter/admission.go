@@ -22,6 +22,7 @@ func admissionFrom(a admissionConfig) admission.Config {
 			MaxLongPrefills:   a.Saturation.MaxLongPrefills,
 			ShortLanes:        a.Saturation.ShortLanes,
 			MaxPrefillWait:    a.Saturation.MaxPrefillWait,
+			MaxITLShare:       a.Saturation.MaxITLShare,
 		},
 	}
 }

@@ -70,6 +70,9 @@ type saturationConfig struct {
 	// MaxPrefillWait: the router's queued prefill on a replica, in time at
 	// its learned rate, that saturates it; negative = ignore; default 1s.
 	MaxPrefillWait time.Duration `yaml:"max_prefill_wait"`
+	// MaxITLShare: a replica streaming at this share of a request's TPOT
+	// objective or slower has no room for it; negative = ignore; default 0.85.
+	MaxITLShare float64 `yaml:"max_itl_share"`
 }
 
 // routingConfig tunes how load-based policies score replicas.

@@ -237,6 +237,7 @@ func applyDefaults(cfg *fileConfig) {
 	setInt(&cfg.Admission.Saturation.MaxLongPrefills, admission.DefaultMaxLongPrefills)
 	setInt(&cfg.Admission.Saturation.ShortLanes, admission.DefaultShortLanes)
 	setDuration(&cfg.Admission.Saturation.MaxPrefillWait, admission.DefaultMaxPrefillWait)
+	setFloat(&cfg.Admission.Saturation.MaxITLShare, admission.DefaultMaxITLShare)
 	setFloat(&cfg.Routing.WaitingWeight, balancer.DefaultWaitingWeight)
 	setFloat(&cfg.Routing.KVThreshold, balancer.DefaultKVThreshold)
 	setFloat(&cfg.Routing.KVPenalty, balancer.DefaultKVPenalty)
