@@ -7,12 +7,14 @@ var _ Picker = (*Predictive)(nil)
 // Predictive is the latency-predictive policy ("predictive"): for each
 // candidate it predicts the request's TTFT — the prefill queued ahead of it
 // there plus its own prompt, at the replica's learned prefill rate — and
-// its TPOT in the batch it would join (predict.go), and picks the replica
-// most likely to meet the request's SLOs: first those predicted to meet
-// both, then one, then neither; within a group the lowest predicted
-// latency (each over its objective, summed); near-ties (within
-// tieMargin) go to the replica with the fewest requests in flight for its
-// capacity. What it learns comes from the router's own measurements of
+// its TPOT in the batch it would join, stretched by the prefills arriving
+// there and never below what the router sees streaming from it now
+// (predict.go), and picks the replica most likely to meet the request's
+// SLOs: first those predicted to meet both, among them the one with the
+// fewest requests in flight for its capacity; else those predicted to
+// miss one, then neither, among them the lowest predicted latency (each
+// over its objective, summed), near-ties (within tieMargin) to the less
+// loaded. What it learns comes from the router's own measurements of
 // every request, so a slow or throttled replica is seen as slow after a
 // few of its requests, without a profile or a weight.
 //
