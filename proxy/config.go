@@ -18,6 +18,7 @@ const (
 	DefaultBackoffMax         = 200 * time.Millisecond
 	DefaultMaxConnsPerReplica = 1024
 	DefaultMaxIdleConnTime    = 4 * time.Second // below uvicorn's 5 s keep-alive
+	DefaultMaxUpstreamHeader  = 1 << 10
 	DefaultDisconnectCheck    = 200 * time.Millisecond
 	DefaultRecordRing         = 8192
 )
@@ -41,6 +42,11 @@ type Config struct {
 
 	MaxConnsPerReplica int           // connections (= concurrent streams) per replica [1024]
 	MaxIdleConnTime    time.Duration // keep-alive idle time, below uvicorn's 5s [4s]
+	// MaxUpstreamHeader bounds an engine's response line + headers: it is
+	// the upstream connection's read buffer, which every stream holds to
+	// its end; a bigger head is a bad upstream (502). vLLM and SGLang send
+	// about 150 bytes, TGI about 500 [1 KiB].
+	MaxUpstreamHeader int
 
 	// DisconnectCheck is how often a stream with nothing to write checks
 	// whether its client is still connected, so an engine stuck in a long
@@ -77,6 +83,7 @@ func (c Config) withDefaults() Config {
 	defInt(&c.MaxResponseBytes, DefaultMaxResponseBytes)
 	defInt(&c.MaxAttempts, DefaultMaxAttempts)
 	defInt(&c.MaxConnsPerReplica, DefaultMaxConnsPerReplica)
+	defInt(&c.MaxUpstreamHeader, DefaultMaxUpstreamHeader)
 	defInt(&c.RecordRing, DefaultRecordRing)
 	if c.TotalTimeout < 0 {
 		c.TotalTimeout = 0

@@ -94,10 +94,10 @@ func TestRelayHoldsNoBufferWhileWaiting(t *testing.T) {
 }
 
 // An upstream's response head must fit the connection's read buffer
-// (upstreamReadBufferSize); a bigger one is a bad upstream, answered 502
+// (Config.MaxUpstreamHeader); a bigger one is a bad upstream, answered 502
 // with the OpenAI error body, not a hang or a truncated reply.
 func TestUpstreamHeadOverReadBufferIs502(t *testing.T) {
-	big := strings.Repeat("x", upstreamReadBufferSize)
+	big := strings.Repeat("x", DefaultMaxUpstreamHeader)
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body) //nolint:errcheck
 		if r.Header.Get("X-Big") != "" {
@@ -117,7 +117,14 @@ func TestUpstreamHeadOverReadBufferIs502(t *testing.T) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusBadGateway || !strings.Contains(string(b), `"error"`) {
-		t.Fatalf("head over %d bytes: status %d %s, want 502 with an error body", upstreamReadBufferSize, resp.StatusCode, b)
+		t.Fatalf("head over %d bytes: status %d %s, want 502 with an error body", DefaultMaxUpstreamHeader, resp.StatusCode, b)
+	}
+	// Config.MaxUpstreamHeader raises the bound.
+	roomy := startRouter(t, []string{up.URL}, withConfig(func(c *Config) { c.MaxUpstreamHeader = 4 * DefaultMaxUpstreamHeader }))
+	ok := post(t, roomy.url+"/v1/chat/completions", chatPlain, "X-Big", "1")
+	ok.Body.Close()
+	if ok.StatusCode != 200 {
+		t.Fatalf("head under MaxUpstreamHeader: status %d, want 200", ok.StatusCode)
 	}
 }
 

@@ -50,9 +50,9 @@ func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, m *metrics, 
 		NoDefaultUserAgentHeader:      true,
 		MaxResponseBodySize:           cfg.MaxResponseBytes,
 		// The connection's read buffer is held for a stream's whole life;
-		// fasthttp's 4 KiB default is four times what it needs (see
-		// upstreamReadBufferSize).
-		ReadBufferSize: upstreamReadBufferSize,
+		// fasthttp's 4 KiB default is four times what an engine's head
+		// needs (Config.MaxUpstreamHeader).
+		ReadBufferSize: cfg.MaxUpstreamHeader,
 		// A request that finds its pooled connection closed by the engine
 		// (see staleRetry) is resent on another one, as many times as the
 		// pool may hold dead connections, plus the fresh one.
@@ -71,14 +71,6 @@ func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, m *metrics, 
 	}
 	return u
 }
-
-// upstreamReadBufferSize is an upstream connection's read buffer, which a
-// stream holds until its last event. It bounds the engine's response line
-// and headers (more is a bad upstream, 502): vLLM and SGLang send about 150
-// bytes, TGI about 500, a proxy in between a few dozen more. Bodies are not
-// bounded by it: an SSE event larger than it costs one more read(2), no
-// more.
-const upstreamReadBufferSize = 1 << 10
 
 // dialOffStack dials on a goroutine of its own. Dialing runs deep (the
 // resolver, the socket setup) and would double the stack of the request's

@@ -45,6 +45,7 @@ const (
 	defaultDrainTimeout = 30 * time.Second
 	minMaxBodyBytes     = 1024
 	minMaxHeaderBytes   = 1024
+	minUpstreamHeader   = 256
 )
 
 // loadConfigFile reads, strictly decodes, completes and validates the
@@ -211,6 +212,7 @@ func applyDefaults(cfg *fileConfig) {
 	setDuration(&cfg.Retry.BackoffMax, proxy.DefaultBackoffMax)
 	setInt(&cfg.Upstream.MaxConnsPerReplica, proxy.DefaultMaxConnsPerReplica)
 	setDuration(&cfg.Upstream.MaxIdleConnTime, proxy.DefaultMaxIdleConnTime)
+	setInt(&cfg.Upstream.MaxHeaderBytes, proxy.DefaultMaxUpstreamHeader)
 	setString(&cfg.Health.Path, balancer.DefaultHealthPath)
 	setDuration(&cfg.Health.Interval, balancer.DefaultHealthInterval)
 	setDuration(&cfg.Health.Timeout, balancer.DefaultHealthTimeout)

@@ -44,6 +44,11 @@ func TestConfigRejects(t *testing.T) {
 			want: []string{"listne: unknown key at line 1", "known keys: listen,"},
 		},
 		{
+			name: "upstream head bound too small",
+			yaml: "upstream: {max_header_bytes: 100}\npools: [{model: m, replicas: [{url: 'http://a:1'}]}]\n",
+			want: []string{"upstream.max_header_bytes: must be >= 256, got 100"},
+		},
+		{
 			name: "unknown nested key",
 			yaml: "pools:\n  - model: m\n    replicas:\n      - url: http://a:1\n        wieght: 2\n",
 			want: []string{"pools[0].replicas[0].wieght: unknown key at line 5", "weight"},
@@ -197,6 +202,7 @@ func TestConfigDefaults(t *testing.T) {
 		{"retry.max_attempts", cfg.Retry.MaxAttempts, 3},
 		{"retry.backoff_max", cfg.Retry.BackoffMax, 200 * time.Millisecond},
 		{"upstream.max_idle_conn_time", cfg.Upstream.MaxIdleConnTime, 4 * time.Second},
+		{"upstream.max_header_bytes", cfg.Upstream.MaxHeaderBytes, 1024},
 		{"health.path", cfg.Health.Path, "/health"},
 		{"breaker.consecutive_failures", cfg.Breaker.ConsecutiveFailures, 5},
 		{"shutdown.drain_timeout", cfg.Shutdown.DrainTimeout, 30 * time.Second},

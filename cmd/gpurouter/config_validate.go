@@ -47,6 +47,9 @@ func validate(cfg fileConfig) error {
 
 	v.atLeastOne("upstream.max_conns_per_replica", cfg.Upstream.MaxConnsPerReplica)
 	v.positive("upstream.max_idle_conn_time", cfg.Upstream.MaxIdleConnTime)
+	if cfg.Upstream.MaxHeaderBytes < minUpstreamHeader {
+		v.add("upstream.max_header_bytes", "must be >= %d, got %d", minUpstreamHeader, cfg.Upstream.MaxHeaderBytes)
+	}
 
 	if !strings.HasPrefix(cfg.Health.Path, "/") {
 		v.add("health.path", "must start with /, got %q", cfg.Health.Path)

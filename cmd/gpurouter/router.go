@@ -96,6 +96,7 @@ func newRouterProbing(cfg fileConfig, log *zap.Logger, prober balancer.Prober) (
 			BackoffMax:         cfg.Retry.BackoffMax,
 			MaxConnsPerReplica: cfg.Upstream.MaxConnsPerReplica,
 			MaxIdleConnTime:    cfg.Upstream.MaxIdleConnTime,
+			MaxUpstreamHeader:  cfg.Upstream.MaxHeaderBytes,
 		},
 		Routes:      r.fleet.Routes(),
 		Score:       scoreConfig(cfg),
