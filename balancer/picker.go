@@ -36,6 +36,9 @@ type Request struct {
 	Room Room
 
 	roomOn    bool         // Pool.Pick is in its first, room-only pass
+	// roomButPrefill relaxes the room pass to "room but for the prefill
+	// queued there" (Predictive.Pick's second look).
+	roomButPrefill bool
 	poolScore *ScoreConfig // the pool's staleness rule, for Room's loads
 }
 
@@ -54,7 +57,11 @@ func eligible(c *Replica, r *Request) bool {
 		return false
 	}
 	if r.roomOn {
-		return r.Room.FitsReplica(c.loadAt(r.Now, r.poolScore, false), r.PromptTokens, r.OutputTokens, r.SLOTPOT)
+		l := c.loadAt(r.Now, r.poolScore, false)
+		if r.roomButPrefill {
+			l.PrefillWait = 0
+		}
+		return r.Room.FitsReplica(l, r.PromptTokens, r.OutputTokens, r.SLOTPOT)
 	}
 	return true
 }

@@ -37,16 +37,19 @@ const tieMargin = 0.02
 // because some replica has room), the best replica with room may be
 // predicted to miss an objective — typically a slow replica, the only one
 // with room, whose batch would make this request's TPOT too long — while
-// a replica without room (its prefill queue or engine queue over
-// admission's limits) is still predicted to meet both: the request goes
-// there, since a prediction that counts those queues says it will be
-// served within its SLOs, and the room rule's purpose is exactly that.
+// a replica whose only lack of room is its queued prefill (over
+// admission's max_prefill_wait) is still predicted to meet both: the
+// request goes there, since the prediction counts that queue. Not to a
+// replica out of room for any other reason (KV cache, token budget,
+// engine queue, its streams over the TPOT objective): the prediction sees
+// KV exhaustion only at the next scrape, and a request placed there waits
+// in the engine's queue for KV to free — seconds.
 func (p *Predictive) Pick(r *Request, candidates []*Replica) *Replica {
 	best, miss := p.pick(r, candidates)
 	if best != nil && miss > 0 && r.roomOn {
-		r.roomOn = false
+		r.roomButPrefill = true
 		alt, altMiss := p.pick(r, candidates)
-		r.roomOn = true
+		r.roomButPrefill = false
 		if alt != nil && altMiss == 0 {
 			return alt
 		}

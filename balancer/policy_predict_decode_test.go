@@ -215,3 +215,39 @@ func TestPredictiveRoomPassPrefersAReplicaMeetingTheSLO(t *testing.T) {
 		t.Errorf("TPOT objective 200 ms: picked %s, want slow (the replica with room)", got.Name())
 	}
 }
+
+// roomKVOrWait is a Room that fits a replica while its KV cache is under
+// 90% and its queued prefill would take under half a second.
+type roomKVOrWait struct{}
+
+func (roomKVOrWait) FitsReplica(l balancer.ReplicaLoad, _, _ int, _ time.Duration) bool {
+	return l.KVUsage < 0.9 && l.PrefillWait < 500*time.Millisecond
+}
+
+// The room pass's second look passes over a replica's queued prefill
+// only: a replica whose KV cache is full stays out of it, however good its
+// predictions (they see KV exhaustion only at the next scrape, and a
+// request placed there waits in the engine's queue for KV to free).
+func TestPredictiveRoomPassKeepsOffAReplicaOutOfKV(t *testing.T) {
+	c := newFakeClock()
+	fast, slow := newReplica(t, "fast", c, replicaOpts{}), newReplica(t, "slow", c, replicaOpts{})
+	teachDecode(t, fast, c, 200*time.Microsecond, 30*time.Millisecond, time.Millisecond)
+	teachDecode(t, slow, c, 400*time.Microsecond, 140*time.Millisecond, 5*time.Millisecond)
+	if _, err := fast.AcquireRequest(balancer.LeaseCost{PromptTokens: 3000}); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := balancer.NewPool(balancer.PoolConfig{Model: "m", Policy: "predictive"}, []*balancer.Replica{slow, fast})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &balancer.Request{Now: c.now(), PromptTokens: 1000, OutputTokens: 20,
+		SLOTTFT: 2 * time.Second, SLOTPOT: 100 * time.Millisecond, Room: roomKVOrWait{}}
+	fast.SetEngineLoad(balancer.EngineLoad{Running: 1, KVUsage: 0.5, At: c.now()})
+	if got := pool.Pick(req); got != fast {
+		t.Fatalf("fast out of room for its prefill queue only: picked %s, want fast", got.Name())
+	}
+	fast.SetEngineLoad(balancer.EngineLoad{Running: 1, KVUsage: 0.95, At: c.now()})
+	if got := pool.Pick(req); got != slow {
+		t.Errorf("fast's KV cache 95%% full: picked %s, want slow (the replica with room)", got.Name())
+	}
+}
