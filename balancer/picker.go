@@ -35,11 +35,11 @@ type Request struct {
 	// be saturated). When none fits, the policy picks as without it.
 	Room Room
 
-	roomOn    bool         // Pool.Pick is in its first, room-only pass
+	roomOn bool // Pool.Pick is in its first, room-only pass
 	// roomButPrefill relaxes the room pass to "room but for the prefill
 	// queued there" (Predictive.Pick's second look).
 	roomButPrefill bool
-	poolScore *ScoreConfig // the pool's staleness rule, for Room's loads
+	poolScore      *ScoreConfig // the pool's staleness rule, for Room's loads
 }
 
 // Room is admission's per-replica rule, as the pool applies it when
