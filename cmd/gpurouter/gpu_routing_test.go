@@ -131,7 +131,7 @@ func TestGPUAwareRoutingEndToEnd(t *testing.T) {
 			counts[resp.Header.Get("X-Gpurouter-Replica")]++
 			mu.Unlock()
 		}()
-		time.Sleep(5 * time.Millisecond) // arrivals spread over ~0.25 s, like traffic
+		time.Sleep(15 * time.Millisecond) // arrivals spread over ~0.7 s, like traffic
 	}
 	wg.Wait()
 	t.Logf("requests per replica: %v", counts)
