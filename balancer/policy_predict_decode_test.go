@@ -184,19 +184,18 @@ func (roomUnderWait) FitsReplica(l balancer.ReplicaLoad, _, _ int, _ time.Durati
 	return l.PrefillWait < 500*time.Millisecond
 }
 
-// When admission places a request and the only replica with room is
-// predicted to miss its TPOT objective while one without room (its
-// prefill queue over admission's limit) is predicted to meet both, the
-// request goes to the latter: holding to the room rule there sent the
-// conversation trace's long outputs to the half-speed replica, where
-// most missed their TPOT objective.
-func TestPredictiveRoomPassPrefersAReplicaMeetingTheSLO(t *testing.T) {
+// roomPassPool is the room-pass tests' pool: fast (prefill 200 µs a
+// token, decode 30 ms + 1 ms a request) with 3,000 prompt tokens queued —
+// 0.6 s of prefill: out of room under a half-second prefill limit, yet a
+// 1,000-token prompt's first token in ≈ 0.8 s — and an idle slow one
+// (400 µs, 140 ms + 5 ms: TPOT ≈ 145 ms); and a 1,000-token request with
+// objectives 2 s / 100 ms placed under room.
+func roomPassPool(t *testing.T, room balancer.Room) (pool *balancer.Pool, fast, slow *balancer.Replica, req *balancer.Request) {
+	t.Helper()
 	c := newFakeClock()
-	fast, slow := newReplica(t, "fast", c, replicaOpts{}), newReplica(t, "slow", c, replicaOpts{})
+	fast, slow = newReplica(t, "fast", c, replicaOpts{}), newReplica(t, "slow", c, replicaOpts{})
 	teachDecode(t, fast, c, 200*time.Microsecond, 30*time.Millisecond, time.Millisecond)
 	teachDecode(t, slow, c, 400*time.Microsecond, 140*time.Millisecond, 5*time.Millisecond)
-	// fast: 3,000 tokens queued, 0.6 s of prefill: no room, yet a
-	// 1,000-token prompt's first token in ≈ 0.8 s.
 	if _, err := fast.AcquireRequest(balancer.LeaseCost{PromptTokens: 3000}); err != nil {
 		t.Fatal(err)
 	}
@@ -204,8 +203,19 @@ func TestPredictiveRoomPassPrefersAReplicaMeetingTheSLO(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	req := &balancer.Request{Now: c.now(), PromptTokens: 1000, OutputTokens: 20,
-		SLOTTFT: 2 * time.Second, SLOTPOT: 100 * time.Millisecond, Room: roomUnderWait{}}
+	req = &balancer.Request{Now: c.now(), PromptTokens: 1000, OutputTokens: 20,
+		SLOTTFT: 2 * time.Second, SLOTPOT: 100 * time.Millisecond, Room: room}
+	return pool, fast, slow, req
+}
+
+// When admission places a request and the only replica with room is
+// predicted to miss its TPOT objective while one without room (its
+// prefill queue over admission's limit) is predicted to meet both, the
+// request goes to the latter: holding to the room rule there sent the
+// conversation trace's long outputs to the half-speed replica, where
+// most missed their TPOT objective.
+func TestPredictiveRoomPassPrefersAReplicaMeetingTheSLO(t *testing.T) {
+	pool, fast, slow, req := roomPassPool(t, roomUnderWait{})
 	if got := pool.Pick(req); got != fast {
 		t.Errorf("picked %s, want fast (slow's TPOT ≈ 145 ms misses the 100 ms objective)", got.Name())
 	}
@@ -229,24 +239,12 @@ func (roomKVOrWait) FitsReplica(l balancer.ReplicaLoad, _, _ int, _ time.Duratio
 // predictions (they see KV exhaustion only at the next scrape, and a
 // request placed there waits in the engine's queue for KV to free).
 func TestPredictiveRoomPassKeepsOffAReplicaOutOfKV(t *testing.T) {
-	c := newFakeClock()
-	fast, slow := newReplica(t, "fast", c, replicaOpts{}), newReplica(t, "slow", c, replicaOpts{})
-	teachDecode(t, fast, c, 200*time.Microsecond, 30*time.Millisecond, time.Millisecond)
-	teachDecode(t, slow, c, 400*time.Microsecond, 140*time.Millisecond, 5*time.Millisecond)
-	if _, err := fast.AcquireRequest(balancer.LeaseCost{PromptTokens: 3000}); err != nil {
-		t.Fatal(err)
-	}
-	pool, err := balancer.NewPool(balancer.PoolConfig{Model: "m", Policy: "predictive"}, []*balancer.Replica{slow, fast})
-	if err != nil {
-		t.Fatal(err)
-	}
-	req := &balancer.Request{Now: c.now(), PromptTokens: 1000, OutputTokens: 20,
-		SLOTTFT: 2 * time.Second, SLOTPOT: 100 * time.Millisecond, Room: roomKVOrWait{}}
-	fast.SetEngineLoad(balancer.EngineLoad{Running: 1, KVUsage: 0.5, At: c.now()})
+	pool, fast, slow, req := roomPassPool(t, roomKVOrWait{})
+	fast.SetEngineLoad(balancer.EngineLoad{Running: 1, KVUsage: 0.5, At: req.Now})
 	if got := pool.Pick(req); got != fast {
 		t.Fatalf("fast out of room for its prefill queue only: picked %s, want fast", got.Name())
 	}
-	fast.SetEngineLoad(balancer.EngineLoad{Running: 1, KVUsage: 0.95, At: c.now()})
+	fast.SetEngineLoad(balancer.EngineLoad{Running: 1, KVUsage: 0.95, At: req.Now})
 	if got := pool.Pick(req); got != slow {
 		t.Errorf("fast's KV cache 95%% full: picked %s, want slow (the replica with room)", got.Name())
 	}
