@@ -10,11 +10,12 @@ var _ Picker = (*Predictive)(nil)
 // its TPOT in the batch it would join, stretched by the prefills arriving
 // there and never below what the router sees streaming from it now
 // (predict.go), and picks the replica most likely to meet the request's
-// SLOs: first those predicted to meet both, among them the one with the
-// fewest requests in flight for its capacity; else those predicted to
-// miss one, then neither, among them the lowest predicted latency (each
-// over its objective, summed), near-ties (within tieMargin) to the less
-// loaded. What it learns comes from the router's own measurements of
+// SLOs: first those predicted to meet both, among them the least loaded
+// for this request (its requests in flight for its capacity, plus the
+// request's own predicted decode time there in TTFT objectives); else
+// those predicted to miss one, then neither, among them the lowest
+// predicted latency (each over its objective, summed), near-ties (within
+// tieMargin) to the less loaded. What it learns comes from the router's own measurements of
 // every request, so a slow or throttled replica is seen as slow after a
 // few of its requests, without a profile or a weight.
 //
@@ -97,8 +98,16 @@ func (p *Predictive) pick(r *Request, candidates []*Replica) (*Replica, int) {
 
 // rate predicts c's SLO misses for r (0–2), its cost (predicted TTFT and
 // TPOT, each over its objective, summed; stale telemetry under the
-// fail-closed posture adds saturatedScore) and its load (in flight over
-// capacity).
+// fail-closed posture adds saturatedScore) and its load for r: in flight
+// over capacity, plus r's predicted decode time on c (expected output ×
+// predicted TPOT) in units of its TTFT objective. The second term is why
+// a long output goes where it decodes fastest and a short one fills a
+// slower replica's room: balancing requests in flight alone hands a
+// half-speed replica requests of every length, each staying twice as
+// long, so it served about two thirds of its share of requests while a
+// 500-token generation there took twice its time (the tail of a run).
+// For a short output the term is a fraction of a request and load
+// decides; 0 when the output is unknown.
 func (p *Predictive) rate(c *Replica, r *Request, pr *prior, st, sp float64) (miss int, cost, load float64) {
 	e, stale := p.cfg.freshEngine(c, r.Now)
 	ttft, tpot := c.predict(r.PromptTokens, e, r.Now, pr)
@@ -112,7 +121,11 @@ func (p *Predictive) rate(c *Replica, r *Request, pr *prior, st, sp float64) (mi
 	if stale && !p.cfg.FailOpen {
 		miss, cost = 3, saturatedScore+cost
 	}
-	return miss, cost, float64(c.inFlight.Load()+1) / c.capacity()
+	load = float64(c.inFlight.Load()+1) / c.capacity()
+	if r.OutputTokens > 0 {
+		load += float64(r.OutputTokens) * tpot / st
+	}
+	return miss, cost, load
 }
 
 // better orders two ratings: fewer predicted misses; among replicas
