@@ -15,9 +15,9 @@ var _ Picker = (*Predictive)(nil)
 // request's own predicted decode time there in TTFT objectives); else
 // those predicted to miss one, then neither, among them the lowest
 // predicted latency (each over its objective, summed), near-ties (within
-// tieMargin) to the less loaded. What it learns comes from the router's own measurements of
-// every request, so a slow or throttled replica is seen as slow after a
-// few of its requests, without a profile or a weight.
+// tieMargin) to the less loaded. What it learns comes from the router's
+// own measurements of every request, so a slow or throttled replica is
+// seen as slow after a few of its requests, without a profile or a weight.
 //
 // Build with NewPicker("predictive"); the zero value is not usable.
 type Predictive struct {
@@ -104,8 +104,8 @@ func (p *Predictive) pick(r *Request, candidates []*Replica) (*Replica, int) {
 // a long output goes where it decodes fastest and a short one fills a
 // slower replica's room: balancing requests in flight alone hands a
 // half-speed replica requests of every length, each staying twice as
-// long, so it served about two thirds of its share of requests while a
-// 500-token generation there took twice its time (the tail of a run).
+// long, so it served 10–12% of the requests against its 14% share of the
+// capacity, while a 500-token generation there took twice its time.
 // For a short output the term is a fraction of a request and load
 // decides; 0 when the output is unknown.
 func (p *Predictive) rate(c *Replica, r *Request, pr *prior, st, sp float64) (miss int, cost, load float64) {
