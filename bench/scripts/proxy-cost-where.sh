@@ -48,13 +48,14 @@ for sc in read recvfrom write sendto writev epoll_pwait epoll_wait futex nanosle
 done
 
 # sample NAME AFTER PIDPATTERN: once the harness has printed a line matching
-# AFTER (the phase before the one to sample has ended), sample the process
-# matching PIDPATTERN for WINDOW seconds.
+# AFTER (the phase before the one to sample has ended), read the CPU time of
+# the newest process matching PIDPATTERN over CPU_WINDOW seconds, then count
+# its system calls over WINDOW seconds.
 sample() {
   local name=$1 after=$2 pat=$3 pid="" i
   for i in $(seq 600); do grep -q -- "$after" "$log" && break; sleep 0.2; done
   sleep 1.5
-  pid=$(pgrep -n -f -- "$pat")
+  pid=$(pgrep -n -f -- "$pat" || true)
   [ -n "$pid" ] || { echo "$name: no process matches $pat" >&2; return; }
   # CPU first, unobserved (counting every system call costs the proxy
   # kernel time); then the counts.
