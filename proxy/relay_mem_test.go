@@ -162,7 +162,7 @@ func BenchmarkRelayEventPerRead(b *testing.B) {
 	ev := []byte(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"tok "}}]}` + "\n\n")
 	s := &Server{cfg: Config{}.withDefaults(), now: time.Now}
 	x := &exchange{s: s, received: time.Now()}
-	r := &relay{x: x, body: &eventBody{ev: ev}}
+	r := &relay{x: x, body: &loopBody{chunk: ev}}
 	p := make([]byte, 4096)
 	b.ReportAllocs()
 	b.SetBytes(int64(len(ev)))
@@ -172,17 +172,3 @@ func BenchmarkRelayEventPerRead(b *testing.B) {
 		}
 	}
 }
-
-// eventBody returns one event per read, forever; a short read goes on
-// where it stopped within the event.
-type eventBody struct {
-	ev  []byte
-	off int
-}
-
-func (e *eventBody) Read(p []byte) (int, error) {
-	n := copy(p, e.ev[e.off:])
-	e.off = (e.off + n) % len(e.ev)
-	return n, nil
-}
-func (e *eventBody) CloseWithError(error) error { return nil }
