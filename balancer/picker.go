@@ -40,6 +40,10 @@ type Request struct {
 	// queued there" (Predictive.Pick's second look).
 	roomButPrefill bool
 	poolScore      *ScoreConfig // the pool's staleness rule, for Room's loads
+	// soonest is, during a predictive pick, the earliest predicted finish
+	// (TTFT + output × TPOT, seconds from now) among the replicas usable
+	// for the request, room or not; 0 when its output is unknown.
+	soonest float64
 }
 
 // Room is admission's per-replica rule, as the pool applies it when
@@ -53,7 +57,7 @@ type Room interface {
 
 // eligible reports whether a picker may choose c for r.
 func eligible(c *Replica, r *Request) bool {
-	if !c.Available(r.Now) || c.Resting(r.Now) || (r.LongPrefillCap > 0 && c.longPrefills.Load() >= int64(r.LongPrefillCap)) {
+	if !usable(c, r) {
 		return false
 	}
 	if r.roomOn {
@@ -64,6 +68,12 @@ func eligible(c *Replica, r *Request) bool {
 		return r.Room.FitsReplica(l, r.PromptTokens, r.OutputTokens, r.SLOTPOT)
 	}
 	return true
+}
+
+// usable reports whether c could take r at all, room aside: available,
+// not resting, and under r's long-prefill cap.
+func usable(c *Replica, r *Request) bool {
+	return c.Available(r.Now) && !c.Resting(r.Now) && (r.LongPrefillCap <= 0 || c.longPrefills.Load() < int64(r.LongPrefillCap))
 }
 
 // Picker chooses a replica for a request among candidates. It returns nil

@@ -10,9 +10,10 @@ var _ Picker = (*Predictive)(nil)
 // its TPOT in the batch it would join, stretched by the prefills arriving
 // there and never below what the router sees streaming from it now
 // (predict.go), and picks the replica most likely to meet the request's
-// SLOs: first those predicted to meet both, among them the least loaded
-// for this request (its requests in flight for its capacity, plus the
-// request's own predicted decode time there in TTFT objectives); else
+// SLOs: first those predicted to meet both and not to finish it late
+// (lateSlack), among them the least loaded for this request (its
+// requests in flight for its capacity, plus the request's own predicted
+// decode time there in TTFT objectives); else
 // those predicted to miss one, then neither, among them the lowest
 // predicted latency (each over its objective, summed), near-ties (within
 // tieMargin) to the less loaded. What it learns comes from the router's
@@ -31,6 +32,25 @@ type Predictive struct {
 // difference this small is noise that would otherwise herd every request
 // onto one replica between measurements.
 const tieMargin = 0.02
+
+// lateSlack is how much later than its soonest predicted finish on any
+// usable replica (TTFT + output × TPOT) a request may be placed to
+// finish, in its TTFT objectives; a replica past it counts as a predicted
+// miss ("late"). It keeps long generations off a slow replica: there each
+// decodes at a TPOT near the objective while shorter requests join its
+// batch, and on the conversation trace at 85% load such generations, placed
+// on the half-speed replica in its busy periods, were the last requests to
+// finish in 22 of 24 runs (runs of 109–128 s where the arrivals end at
+// 87 s). Measured there (bench/scripts/vs-haproxy.sh, conv85, 3 runs each):
+// at 1 objective the half-speed replica also lost the 50–75-token outputs
+// it serves within both objectives when idle (7.5–9% of the requests
+// against its 12–15% of the capacity); at 2 it took 80–100-token ones, of
+// which 12–18 a run missed the TPOT objective there; at 1.4 neither.
+const lateSlack = 1.4
+
+// staleMiss is the miss count of a replica with stale telemetry under the
+// fail-closed posture: above any prediction's (TTFT, TPOT, late).
+const staleMiss = 4
 
 // Pick returns the replica with the best predicted SLO attainment.
 //
@@ -74,6 +94,7 @@ func (p *Predictive) pick(r *Request, candidates []*Replica) (*Replica, int) {
 		sloP = p.cfg.SLOTPOT
 	}
 	st, sp := sloT.Seconds(), sloP.Seconds()
+	r.soonest = p.soonest(r, candidates, &pr) // for rate, within this pick
 	start := p.next.Add(1) - 1
 	var best *Replica
 	var bestMiss int
@@ -89,14 +110,40 @@ func (p *Predictive) pick(r *Request, candidates []*Replica) (*Replica, int) {
 			best, bestMiss, bestCost, bestLoad, bestAt = c, miss, cost, load, i
 		}
 	}
-	if best != nil {
-		advancePast(&p.next, start, bestAt)
-		best = p.spread(r, candidates, &pr, st, sp, best, bestMiss, bestCost)
+	if best == nil {
+		return nil, 0
 	}
-	return best, bestMiss
+	advancePast(&p.next, start, bestAt)
+	return p.spread(r, candidates, &pr, st, sp, best, bestMiss, bestCost), bestMiss
 }
 
-// rate predicts c's SLO misses for r (0–2), its cost (predicted TTFT and
+// soonest is the earliest predicted finish of r (TTFT + output × TPOT,
+// seconds from now) on any replica usable for it, room or not; 0 when its
+// output is unknown.
+func (p *Predictive) soonest(r *Request, candidates []*Replica, pr *prior) float64 {
+	if r.OutputTokens <= 0 {
+		return 0
+	}
+	var s float64
+	for _, c := range candidates {
+		if !usable(c, r) {
+			continue
+		}
+		if f := p.finish(c, r, pr); s == 0 || f < s {
+			s = f
+		}
+	}
+	return s
+}
+
+// finish is r's predicted finish on c, seconds from now.
+func (p *Predictive) finish(c *Replica, r *Request, pr *prior) float64 {
+	e, _ := p.cfg.freshEngine(c, r.Now)
+	ttft, tpot := c.predict(r.PromptTokens, e, r.Now, pr)
+	return ttft + float64(r.OutputTokens)*tpot
+}
+
+// rate predicts c's SLO misses for r (0–3: TTFT, TPOT, and late), its cost (predicted TTFT and
 // TPOT, each over its objective, summed; stale telemetry under the
 // fail-closed posture adds saturatedScore) and its load for r: in flight
 // over capacity, plus r's predicted decode time on c (expected output ×
@@ -117,9 +164,12 @@ func (p *Predictive) rate(c *Replica, r *Request, pr *prior, st, sp float64) (mi
 	if tpot > sp {
 		miss++
 	}
+	if r.soonest > 0 && ttft+float64(r.OutputTokens)*tpot-r.soonest > lateSlack*st {
+		miss++ // late
+	}
 	cost = ttft/st + tpot/sp
 	if stale && !p.cfg.FailOpen {
-		miss, cost = 3, saturatedScore+cost
+		miss, cost = staleMiss, saturatedScore+cost
 	}
 	load = float64(c.inFlight.Load()+1) / c.capacity()
 	if r.OutputTokens > 0 {

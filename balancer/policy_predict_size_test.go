@@ -50,3 +50,42 @@ func TestPredictiveSendsLongOutputsWhereTheyDecodeFastest(t *testing.T) {
 		}
 	}
 }
+
+// A request is not placed where it would finish more than its TTFT
+// objective after its soonest predicted finish elsewhere, even when that
+// is the only replica with room: a long output on the half-speed replica
+// decodes at twice the time, near its TPOT objective as shorter requests
+// join, and it was those that ended the conversation trace's busy
+// periods. The pool's second pass places it on the faster replica, whose
+// queued prefill had put it out of room; a short output, which finishes
+// on either within the objective of the other, keeps to the room rule.
+func TestPredictiveKeepsALongOutputOffAReplicaWhereItFinishesLate(t *testing.T) {
+	c := newFakeClock()
+	fast, slow := newReplica(t, "fast", c, replicaOpts{}), newReplica(t, "slow", c, replicaOpts{})
+	teachDecode(t, fast, c, 200*time.Microsecond, 30*time.Millisecond, 2*time.Millisecond)
+	teachDecode(t, slow, c, 400*time.Microsecond, 60*time.Millisecond, 4*time.Millisecond)
+	c.advance(5 * time.Minute)
+	// 3,000 prompt tokens queued on fast: 0.6 s of prefill, out of
+	// roomUnderWait's half second, yet a first token there in ≈ 0.7 s.
+	if _, err := fast.AcquireRequest(balancer.LeaseCost{PromptTokens: 3000}); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := balancer.NewPool(balancer.PoolConfig{Model: "m", Policy: "predictive"}, []*balancer.Replica{slow, fast})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		output int
+		want   *balancer.Replica
+	}{
+		{500, fast}, // ≈ 18 s on fast, ≈ 32 s on slow
+		{20, slow},  // ≈ 1.4 s on either
+		{0, slow},   // output unknown: the room rule
+	} {
+		req := &balancer.Request{Now: c.now(), PromptTokens: 300, OutputTokens: tc.output,
+			SLOTTFT: 2 * time.Second, SLOTPOT: 100 * time.Millisecond, Room: roomUnderWait{}}
+		if got := pool.Pick(req); got != tc.want {
+			t.Errorf("%d output tokens, only slow with room: picked %s, want %s", tc.output, got.Name(), tc.want.Name())
+		}
+	}
+}

@@ -20,7 +20,7 @@ import "math"
 // qualifies any more.
 func (p *Predictive) spread(r *Request, candidates []*Replica, pr *prior, st, sp float64,
 	best *Replica, bestMiss int, bestCost float64) *Replica {
-	if p.near == nil || best == nil || bestMiss > 2 { // > 2: stale, saturated
+	if p.near == nil || best == nil || bestMiss >= staleMiss {
 		return best
 	}
 	limit := bestCost + p.near.tol*best.requestCost(r.PromptTokens, pr, st, sp)
