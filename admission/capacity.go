@@ -15,23 +15,34 @@ type LoadSource interface {
 }
 
 // Admissible is the pool's answer to Capacity: some available replica Fits
-// c and, for a long prefill, taking it still leaves ShortLanes replicas
+// c (with the pool's own rule, poolCapacity, one where c would not finish
+// late) and, for a long prefill, taking it still leaves ShortLanes replicas
 // free of long prefills, so a short request always has somewhere to start
 // at once. A pool with no available replica admits everything: the proxy
 // then refuses the request at once (503) instead of holding it in a queue
 // that nothing will drain until a replica returns.
 func (s SaturationConfig) Admissible(loads []ReplicaLoad, c Cost) bool {
+	return s.admissible(loads, c, -1)
+}
+
+// admissible is Admissible where the replica that fits must also not be
+// late for c by more than slack (late; negative: no such rule).
+func (s SaturationConfig) admissible(loads []ReplicaLoad, c Cost, slack time.Duration) bool {
 	s = s.WithDefaults()
 	if len(loads) == 0 {
 		return true
 	}
 	long := s.LongPrefill(c)
+	var first time.Duration
+	if slack >= 0 {
+		first = soonest(loads, c)
+	}
 	fits, inLong := false, 0
 	for i := range loads {
 		if loads[i].LongPrefills > 0 {
 			inLong++
 		}
-		if !fits && s.Fits(loads[i], c) {
+		if !fits && s.Fits(loads[i], c) && (slack < 0 || !late(loads[i], c, first, slack)) {
 			fits = true
 			if !long {
 				return true
@@ -70,8 +81,55 @@ type poolCapacity struct {
 }
 
 func (p *poolCapacity) Admissible(c Cost) bool {
-	p.buf = p.pool.Loads(p.clock.Now(), p.buf[:0])
-	return p.sat.Admissible(p.buf, c)
+	now := p.clock.Now()
+	p.buf = p.pool.Loads(now, p.buf[:0])
+	// The time c may still wait is what holding it for a faster replica
+	// can cost: a request without a deadline is never held for one.
+	slack := time.Duration(-1)
+	if !c.Deadline.IsZero() {
+		slack = max(c.Deadline.Sub(now), 0)
+	}
+	return p.sat.admissible(p.buf, c, slack)
+}
+
+// finish is when a request of cost c placed on a replica with load l would
+// predict to finish, from now: the prefill queued there, then its output
+// at the replica's predicted TPOT (its own prefill, the same on every
+// replica of a pool but for speed, left out). 0 when its output is unknown.
+func finish(l ReplicaLoad, c Cost) time.Duration {
+	if c.OutputTokens <= 0 {
+		return 0
+	}
+	return l.PrefillWait + time.Duration(c.OutputTokens)*l.TPOT
+}
+
+// soonest is c's earliest finish over the replicas in loads that may take
+// requests (not stale or resting), room or not.
+func soonest(loads []ReplicaLoad, c Cost) time.Duration {
+	var s time.Duration
+	seen := false
+	for i := range loads {
+		if loads[i].Stale || loads[i].Resting {
+			continue
+		}
+		if f := finish(loads[i], c); !seen || f < s {
+			s, seen = f, true
+		}
+	}
+	return s
+}
+
+// late reports whether c would finish on l more than slack after its
+// soonest finish on any replica: holding it for up to slack (the time
+// left before its deadline) until that replica has room would still end
+// it sooner. A long generation on a half-speed replica is late: there it
+// decodes near its TPOT objective as shorter requests join, and such
+// generations ended the conversation trace's busy periods, placed there
+// because that replica alone had room; held instead, they go to a faster
+// replica as soon as it has room, and the slow one keeps its room for the
+// short requests that lose little there.
+func late(l ReplicaLoad, c Cost, first, slack time.Duration) bool {
+	return finish(l, c)-first > slack
 }
 
 // roomRule is the saturation rule as the balancer applies it per replica

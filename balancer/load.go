@@ -22,6 +22,12 @@ type ReplicaLoad struct {
 	// second), 0 when nothing streams there: the step a request placed
 	// now would decode in. Like PrefillWait, the router's own measure.
 	ITL time.Duration
+	// TPOT is the predictive policy's TPOT for one more request placed
+	// there now (predict.go: the batch it would join, stretched by the
+	// prefills arriving there, never below ITL); 0 when nothing is known
+	// of the pool's decode yet. Admission compares replicas' predicted
+	// finishes with it (SaturationConfig.Late).
+	TPOT time.Duration
 	// Resting marks a replica that refused a request (429/503) and asked
 	// for a pause (Replica.Rest): saturated until the pause ends.
 	Resting bool
@@ -43,11 +49,16 @@ type ReplicaLoad struct {
 func (p *Pool) Loads(now time.Time, dst []ReplicaLoad) []ReplicaLoad {
 	rs := *p.replicas.Load()
 	allStale := p.allStale(rs, now)
+	pr := priorOf(rs)
 	for _, r := range rs {
 		if !r.Available(now) {
 			continue
 		}
-		dst = append(dst, r.loadAt(now, &p.score, allStale))
+		l := r.loadAt(now, &p.score, allStale)
+		e, _ := p.score.freshEngine(r, now)
+		_, tpot := r.predict(0, e, now, &pr)
+		l.TPOT = time.Duration(tpot * float64(time.Second))
+		dst = append(dst, l)
 	}
 	return dst
 }
