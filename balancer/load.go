@@ -26,7 +26,8 @@ type ReplicaLoad struct {
 	// there now (predict.go: the batch it would join, stretched by the
 	// prefills arriving there, never below ITL); 0 when nothing is known
 	// of the pool's decode yet. Admission compares replicas' predicted
-	// finishes with it (SaturationConfig.Late).
+	// finishes with it, so as not to admit a request on the room of a
+	// replica where it would finish late.
 	TPOT time.Duration
 	// Resting marks a replica that refused a request (429/503) and asked
 	// for a pause (Replica.Rest): saturated until the pause ends.
