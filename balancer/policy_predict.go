@@ -118,8 +118,9 @@ func (p *Predictive) pick(r *Request, candidates []*Replica) (*Replica, int) {
 }
 
 // soonest is the earliest predicted finish of r (TTFT + output × TPOT,
-// seconds from now) on any replica usable for it, room or not; 0 when its
-// output is unknown.
+// seconds from now) on any replica usable for it, room or not — but for
+// one whose telemetry is stale under the fail-closed posture, which rate
+// ranks below every prediction; 0 when r's output is unknown.
 func (p *Predictive) soonest(r *Request, candidates []*Replica, pr *prior) float64 {
 	if r.OutputTokens <= 0 {
 		return 0
@@ -129,18 +130,16 @@ func (p *Predictive) soonest(r *Request, candidates []*Replica, pr *prior) float
 		if !usable(c, r) {
 			continue
 		}
-		if f := p.finish(c, r, pr); s == 0 || f < s {
+		e, stale := p.cfg.freshEngine(c, r.Now)
+		if stale && !p.cfg.FailOpen {
+			continue
+		}
+		ttft, tpot := c.predict(r.PromptTokens, e, r.Now, pr)
+		if f := ttft + float64(r.OutputTokens)*tpot; s == 0 || f < s {
 			s = f
 		}
 	}
 	return s
-}
-
-// finish is r's predicted finish on c, seconds from now.
-func (p *Predictive) finish(c *Replica, r *Request, pr *prior) float64 {
-	e, _ := p.cfg.freshEngine(c, r.Now)
-	ttft, tpot := c.predict(r.PromptTokens, e, r.Now, pr)
-	return ttft + float64(r.OutputTokens)*tpot
 }
 
 // rate predicts c's SLO misses for r (0–3: TTFT, TPOT, and late), its cost (predicted TTFT and
