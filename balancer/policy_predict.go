@@ -11,12 +11,12 @@ var _ Picker = (*Predictive)(nil)
 // there and never below what the router sees streaming from it now
 // (predict.go), and picks the replica most likely to meet the request's
 // SLOs: first those predicted to meet both and not to finish it late
-// (lateSlack), among them the least loaded for this request (its
-// requests in flight for its capacity, plus the request's own predicted
-// decode time there in TTFT objectives); else
-// those predicted to miss one, then neither, among them the lowest
-// predicted latency (each over its objective, summed), near-ties (within
-// tieMargin) to the less loaded. What it learns comes from the router's
+// (lateSlack), among them the least loaded for this request (its requests
+// in flight for its capacity, plus the request's own predicted decode time
+// there in TTFT objectives); else those with the fewest predicted misses
+// (TTFT, TPOT, late), among them the lowest predicted latency (each over
+// its objective, summed), near-ties (within tieMargin) to the less
+// loaded. What it learns comes from the router's
 // own measurements of every request, so a slow or throttled replica is
 // seen as slow after a few of its requests, without a profile or a weight.
 //
@@ -142,9 +142,10 @@ func (p *Predictive) soonest(r *Request, candidates []*Replica, pr *prior) float
 	return s
 }
 
-// rate predicts c's SLO misses for r (0–3: TTFT, TPOT, and late), its cost (predicted TTFT and
-// TPOT, each over its objective, summed; stale telemetry under the
-// fail-closed posture adds saturatedScore) and its load for r: in flight
+// rate predicts c's misses for r (0–3: TTFT, TPOT, and late — finishing
+// over lateSlack TTFT objectives after r.soonest), its cost (predicted
+// TTFT and TPOT, each over its objective, summed; stale telemetry under
+// the fail-closed posture adds saturatedScore) and its load for r: in flight
 // over capacity, plus r's predicted decode time on c (expected output ×
 // predicted TPOT) in units of its TTFT objective. The second term is why
 // a long output goes where it decodes fastest and a short one fills a
