@@ -52,6 +52,7 @@ BASE_PORT=${BASE_PORT:-23401} # replicas; the router or HAProxy on BASE_PORT+100
 SEED=${SEED:-1}
 BIN=${BIN:-}                  # a gpurouter binary; built from this tree when empty
 OUT=${OUT:-}                  # keep every run's output here (default: a temp dir, removed)
+SERVE_CONFIG=${SERVE_CONFIG:-} # YAML for the router's runs, without pools (e.g. admission settings to try)
 
 command -v haproxy >/dev/null || { echo "haproxy not found (apt-get install -y haproxy)"; exit 2; }
 [ -f "$TRACE" ] || { echo "trace $TRACE not found (TRACE=path)"; exit 2; }
@@ -111,7 +112,16 @@ start_front() { # CONFIG RUN
   default_admission_off) flags=(--admission off) ;;
   *) echo "unknown config $1"; exit 2 ;;
   esac
-  "$bin" serve --listen "127.0.0.1:$fport" --pool "m=$replicas" "${flags[@]}" >"$out/$2.front.log" 2>&1 &
+  if [ -n "$SERVE_CONFIG" ]; then # the file, plus this fleet as pool m
+    { cat "$SERVE_CONFIG"; echo "pools:"; echo "  - model: m"
+      [ "$1" = round_robin ] && echo "    policy: round_robin"
+      echo "    replicas:"; for u in ${replicas//,/ }; do echo "      - url: $u"; done; } >"$work/serve.yaml"
+    [ "$1" = default_admission_off ] && flags=(--admission off) || flags=()
+    flags+=(--config "$work/serve.yaml")
+  else
+    flags+=(--pool "m=$replicas")
+  fi
+  "$bin" serve --listen "127.0.0.1:$fport" "${flags[@]}" >"$out/$2.front.log" 2>&1 &
   pids+=($!)
   wait_up "http://127.0.0.1:$fport/ready"
 }
