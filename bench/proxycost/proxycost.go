@@ -32,6 +32,10 @@ type Config struct {
 	// Bare adds a column for a bare fasthttp reverse proxy (ServeBare),
 	// started from the Gpurouter command: the floor of the library.
 	Bare bool
+	// Loop adds a column for a Go proxy on its own epoll loop (ServeLoop,
+	// Linux only), started from the Gpurouter command: the floor of a Go
+	// data plane that does not go through the netpoller.
+	Loop bool
 	// HAProxy and Nginx add those proxies when installed (a note says so
 	// when they are not).
 	HAProxy, Nginx bool
@@ -128,6 +132,13 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	if cfg.Bare && cfg.Gpurouter != nil {
 		t, err := StartBare(ctx, cfg.Gpurouter, up.addr())
+		if err != nil {
+			return nil, err
+		}
+		targets = append(targets, t)
+	}
+	if cfg.Loop && cfg.Gpurouter != nil {
+		t, err := StartLoop(ctx, cfg.Gpurouter, up.addr())
 		if err != nil {
 			return nil, err
 		}

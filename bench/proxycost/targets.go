@@ -132,7 +132,19 @@ func StartGpurouter(ctx context.Context, argv0 []string, upstream string) (Targe
 // StartBare starts argv0's bare fasthttp proxy (ServeBare, run by
 // `gpurouter bench proxy-cost --serve-bare`) in front of upstream.
 func StartBare(ctx context.Context, argv0 []string, upstream string) (Target, error) {
-	dir, err := os.MkdirTemp("", "proxycost-bare-")
+	return startFloor(ctx, "fasthttp-bare", "--serve-bare", argv0, upstream)
+}
+
+// StartLoop starts argv0's epoll-loop proxy (ServeLoop, run by
+// `gpurouter bench proxy-cost --serve-loop`) in front of upstream.
+func StartLoop(ctx context.Context, argv0 []string, upstream string) (Target, error) {
+	return startFloor(ctx, "epoll-bare", "--serve-loop", argv0, upstream)
+}
+
+// startFloor starts one of argv0's floor proxies as column name: flag
+// LISTEN in front of upstream.
+func startFloor(ctx context.Context, name, flag string, argv0 []string, upstream string) (Target, error) {
+	dir, err := os.MkdirTemp("", "proxycost-"+name+"-")
 	if err != nil {
 		return Target{}, err
 	}
@@ -140,8 +152,8 @@ func StartBare(ctx context.Context, argv0 []string, upstream string) (Target, er
 	if err != nil {
 		return Target{}, err
 	}
-	argv := append(append([]string(nil), argv0...), "bench", "proxy-cost", "--serve-bare", addr, "--upstream", upstream)
-	t, err := startProcess(ctx, "fasthttp-bare", argv, nil, dir, addr)
+	argv := append(append([]string(nil), argv0...), "bench", "proxy-cost", flag, addr, "--upstream", upstream)
+	t, err := startProcess(ctx, name, argv, nil, dir, addr)
 	if err != nil {
 		os.RemoveAll(dir)
 	}

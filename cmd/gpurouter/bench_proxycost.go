@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime"
 	"syscall"
 	"time"
 
@@ -34,6 +35,8 @@ func runBenchProxyCost(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.GpurouterProcs, "gpurouter-gomaxprocs", 0, "also measure gpurouter with GOMAXPROCS=N, as column gpurouter-pN (HAProxy and nginx run one thread)")
 	fs.BoolVar(&cfg.Bare, "bare", true, "measure a bare fasthttp reverse proxy too (column fasthttp-bare): the floor of the library gpurouter is built on")
 	serveBare := fs.String("serve-bare", "", "LISTEN: run the bare fasthttp proxy on LISTEN in front of --upstream until SIGTERM (what --bare starts)")
+	fs.BoolVar(&cfg.Loop, "loop", runtime.GOOS == "linux", "measure a Go proxy on its own epoll loop too (column epoll-bare, Linux): the floor of a Go data plane that bypasses the netpoller")
+	serveLoop := fs.String("serve-loop", "", "LISTEN: run the epoll-loop proxy on LISTEN (HOST:PORT, IPv4) in front of --upstream until SIGTERM (what --loop starts)")
 	fs.BoolVar(&cfg.HAProxy, "haproxy", true, "measure HAProxy when installed (1 thread, leastconn, option http-no-delay)")
 	fs.BoolVar(&cfg.Nginx, "nginx", true, "measure nginx when installed (1 worker, proxy_buffering off, upstream keepalive)")
 	fs.Var(&targets, "target", "NAME=HOST:PORT[,pid=PID]: a proxy already running in front of --upstream (repeatable); with pid= its CPU and memory are measured")
@@ -61,6 +64,19 @@ func runBenchProxyCost(args []string, stdout, stderr io.Writer) int {
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "bench proxy-cost: unexpected argument %q\n", fs.Arg(0))
 		return 2
+	}
+	if *serveLoop != "" {
+		if cfg.UpstreamAddr == "" {
+			fmt.Fprintln(stderr, "bench proxy-cost: --serve-loop needs --upstream HOST:PORT")
+			return 2
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		if err := proxycost.ServeLoop(ctx, *serveLoop, cfg.UpstreamAddr); err != nil {
+			fmt.Fprintf(stderr, "bench proxy-cost: %v\n", err)
+			return 1
+		}
+		return 0
 	}
 	if *serveBare != "" {
 		if cfg.UpstreamAddr == "" {

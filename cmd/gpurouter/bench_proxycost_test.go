@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -22,7 +23,8 @@ func TestMain(m *testing.M) {
 }
 
 // TestBenchProxyCostTiny runs `gpurouter bench proxy-cost` tiny — direct, a
-// gpurouter subprocess and the bare fasthttp proxy, a few hundred requests
+// gpurouter subprocess, the bare fasthttp proxy and (on Linux) the epoll
+// loop, a few hundred requests
 // on loopback — so the harness stays working; what it measures is not
 // judged.
 func TestBenchProxyCostTiny(t *testing.T) {
@@ -39,7 +41,11 @@ func TestBenchProxyCostTiny(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d\n%s\n%s", code, stdout.String(), stderr.String())
 	}
-	if !strings.Contains(stdout.String(), "| | direct | gpurouter | fasthttp-bare |") {
+	names := []string{"direct", "gpurouter", "fasthttp-bare"}
+	if runtime.GOOS == "linux" {
+		names = append(names, "epoll-bare")
+	}
+	if !strings.Contains(stdout.String(), "| | "+strings.Join(names, " | ")+" |") {
 		t.Fatalf("no table with both targets:\n%s", stdout.String())
 	}
 	b, err := os.ReadFile(jsonPath)
@@ -59,15 +65,20 @@ func TestBenchProxyCostTiny(t *testing.T) {
 	if err := json.Unmarshal(b, &got); err != nil {
 		t.Fatal(err)
 	}
-	if len(got.Figures) != 3 || got.Figures[1].Name != "gpurouter" || got.Figures[2].Name != "fasthttp-bare" {
+	if len(got.Figures) != len(names) {
 		t.Fatalf("figures: %s", b)
+	}
+	for i, g := range got.Figures {
+		if g.Name != names[i] {
+			t.Fatalf("figure %d is %s, want %s: %s", i, g.Name, names[i], b)
+		}
 	}
 	for _, g := range got.Figures[1:] {
 		if !g.Measured || g.ReqPerSec <= 0 || g.CPUPerReqUs <= 0 {
 			t.Fatalf("%s unmeasured (its CPU is read from /proc): %s", g.Name, b)
 		}
 	}
-	if got.Runs != 9 {
-		t.Fatalf("%d runs, want 9", got.Runs)
+	if want := 3 * len(names); got.Runs != want { // c=1, c=64 and SSE each
+		t.Fatalf("%d runs, want %d", got.Runs, want)
 	}
 }
