@@ -27,6 +27,7 @@
 #
 #   bench/scripts/vs-haproxy.sh                 # the whole matrix (~25 min)
 #   WORKLOADS=burst CONFIGS="haproxy default" bench/scripts/vs-haproxy.sh
+#   SERVE_CONFIG=mine.yaml CONFIGS=default bench/scripts/vs-haproxy.sh  # the router with other settings
 #
 # Needs haproxy (apt-get install -y haproxy) and python3. Everything runs on
 # loopback; every process it starts is stopped on exit.
