@@ -22,8 +22,11 @@ import (
 // that). It is the "epoll-bare" column: what Go costs per request and per
 // event when no goroutine parks and no socket is read until EAGAIN, the
 // floor under which no Go router built that way could go. It listens on
-// addr (host:port) until ctx ends. Requests must carry their body by
-// Content-Length (what every OpenAI client sends).
+// addr (IPv4 host:port) until ctx ends. Requests must carry their body by
+// Content-Length (what every OpenAI client sends). It is a measuring
+// instrument, not a server to run: bytes a socket does not take wait in
+// memory without bound (the harness's clients read at once), the upstream
+// connect blocks, and there are no timeouts.
 func ServeLoop(ctx context.Context, addr, upstream string) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
