@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Where a proxy's CPU goes (issue 15): user against kernel time, system calls
 # and context switches per request at c=64 and per SSE event, for gpurouter
-# next to HAProxy (requests) and nginx (events), in one `gpurouter bench
+# and epoll-bare (the harness's Go proxy on its own epoll loop) next to
+# HAProxy (requests) and nginx (events), in one `gpurouter bench
 # proxy-cost` run. It answers what `bench proxy-cost` cannot: whether the
 # router is costlier in its own code (user time) or in how it drives the
 # kernel (system calls, wake-ups, thread switches).
@@ -69,6 +70,8 @@ sample() {
 
 sample gpurouter-c64 "gpurouter  c=1 " "serve --listen 127.0.0.1"
 sample gpurouter-sse "gpurouter  c=64" "serve --listen 127.0.0.1"
+sample epoll-bare-c64 "epoll-bare c=1 " "proxy-cost --serve-loop"
+sample epoll-bare-sse "epoll-bare c=64" "proxy-cost --serve-loop"
 sample haproxy-c64 "haproxy    c=1 " "haproxy -db -f"
 sample nginx-sse "nginx      c=64" "nginx -p"
 wait "$harness" || { cat "$log"; exit 1; }
@@ -83,7 +86,7 @@ for line in open(os.path.join(work, "harness.log")):
     m = re.match(r"rep 1 (\S+)\s+(c=64|sse)\s+n=(\d+)", line)
     if m:
         rate[(m.group(1), "c64" if m.group(2) == "c=64" else "sse")] = int(m.group(3)) / dur_s
-rows = [("gpurouter", "c64"), ("haproxy", "c64"), ("gpurouter", "sse"), ("nginx", "sse")]
+rows = [("gpurouter", "c64"), ("epoll-bare", "c64"), ("haproxy", "c64"), ("gpurouter", "sse"), ("epoll-bare", "sse"), ("nginx", "sse")]
 names = ["raw_syscalls:sys_enter", "context-switches"] + [f"syscalls:sys_enter_{x}" for x in
          ("read", "recvfrom", "write", "sendto", "writev", "epoll_pwait", "epoll_wait", "futex", "nanosleep")]
 print(f"{'proxy':10} {'per':8} {'ops/s':>8} {'CPU µs':>7} {'user':>6} {'kernel':>7} {'syscalls':>9} {'reads':>6} {'writes':>6} {'epoll':>6} {'futex':>6} {'nanosleep':>9} {'switches':>9}")
