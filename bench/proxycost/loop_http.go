@@ -80,13 +80,17 @@ func headerInt(head, h []byte) (int, bool) {
 }
 
 // respEnd follows one response through the bytes an upstream sends, to
-// find where it ends. Its zero value expects a new response.
+// find where it ends. Its zero value expects a new response; reset makes
+// it expect the next one.
 type respEnd struct {
 	state  uint8
 	head   []byte // the header bytes while they are incomplete
 	remain int    // body or chunk bytes still to come
 	line   int    // bytes seen on the current chunk-size or trailer line
 }
+
+// reset readies r for the next response, keeping its head buffer.
+func (r *respEnd) reset() { *r = respEnd{head: r.head[:0]} }
 
 const (
 	rsHead uint8 = iota
@@ -103,17 +107,25 @@ func (r *respEnd) feed(b []byte) (done bool, err error) {
 	for len(b) > 0 {
 		switch r.state {
 		case rsHead:
-			r.head = append(r.head, b...)
-			i := bytes.Index(r.head, headerEnd)
+			// The head is looked for in b itself while nothing is held
+			// (a head arrives in one read): no copy, no allocation.
+			head := b
+			if len(r.head) > 0 {
+				r.head = append(r.head, b...)
+				head = r.head
+			}
+			i := bytes.Index(head, headerEnd)
 			if i < 0 {
-				if len(r.head) > maxRequestHead {
+				if len(head) > maxRequestHead {
 					return false, errFraming
+				}
+				if len(r.head) == 0 {
+					r.head = append(r.head, b...)
 				}
 				return false, nil
 			}
-			head := r.head[:i+2]
-			rest := len(r.head) - (i + 4)
-			b = b[len(b)-rest:]
+			b = b[len(b)-(len(head)-(i+4)):]
+			head = head[:i+2]
 			switch n, ok := headerInt(head, contentLength); {
 			case hasHeader(head, chunkedHeader):
 				r.state, r.remain, r.line = rsChunkSize, 0, 0
@@ -122,7 +134,7 @@ func (r *respEnd) feed(b []byte) (done bool, err error) {
 			default:
 				return false, errFraming // a body to the close: not kept alive
 			}
-			r.head = nil
+			r.head = r.head[:0]
 			if r.state == rsBody && r.remain == 0 {
 				r.state = rsDone
 			}

@@ -48,6 +48,7 @@ type loopConn struct {
 	resp     respEnd   // an upstream's progress through its response
 }
 
+// loop is ServeLoop's state, touched only by its goroutine.
 type loop struct {
 	ep, ln int
 	up     unix.Sockaddr
@@ -156,14 +157,16 @@ func (l *loop) run(ctx context.Context) error {
 	return nil
 }
 
-// wait is epoll_wait as a raw system call: the runtime is not told that
-// the thread blocks, so it does not hand the goroutine's P to another
-// thread after 20 µs and take it back when the call returns — a round
-// of wake-ups per event that a loop waiting between events would pay
-// every time. The loop's goroutine holds its P while it waits; a
-// stop-the-world waits for the call (at most msec).
+// wait is epoll_wait as a raw system call (epoll_pwait without a signal
+// mask: arm64 has no epoll_wait). The runtime is not told that the thread
+// blocks, so it does not hand the goroutine's P to another thread after
+// 20 µs and take it back when the call returns — a round of wake-ups per
+// event that a loop waiting between events would pay every time. The
+// goroutine holds its P while it waits; a stop-the-world preempts it with
+// a signal, which ends the wait (EINTR: epoll_pwait is never restarted
+// after a signal handler).
 func (l *loop) wait(msec int) (int, error) {
-	r, _, e := unix.RawSyscall6(unix.SYS_EPOLL_WAIT, uintptr(l.ep), uintptr(unsafe.Pointer(&l.events[0])), uintptr(len(l.events)), uintptr(msec), 0, 0)
+	r, _, e := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(l.ep), uintptr(unsafe.Pointer(&l.events[0])), uintptr(len(l.events)), uintptr(msec), 0, 0)
 	if e != 0 {
 		return 0, e
 	}
@@ -229,7 +232,7 @@ func (l *loop) fromClient(c *loopConn, b []byte) {
 		return
 	}
 	c.peer, u.peer = u, c
-	u.resp = respEnd{}
+	u.resp.reset()
 	l.send(u, b[:n])
 	if rest := b[n:]; len(rest) > 0 {
 		c.in = append(c.in[:0], rest...)
