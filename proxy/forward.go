@@ -299,8 +299,9 @@ func copyHeaders(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, x *exchange)
 	ctx.Response.Header.Set("X-Gpurouter-Replica", x.up.replica.Name())
 }
 
-// startStream commits the 200 and hands the upstream stream to a relay;
-// fasthttp reads it after the handler returns.
+// startStream commits the 200 and hands the upstream stream to a relay,
+// which runs once the handler returns: on the connection itself
+// (hijack.go), or as the body fasthttp writes.
 func (s *Server) startStream(ctx *fasthttp.RequestCtx, x *exchange, resp *fasthttp.Response, strip bool, w *clientWatch) {
 	copyHeaders(ctx, resp, x)
 	ctx.SetStatusCode(fasthttp.StatusOK)
@@ -309,8 +310,12 @@ func (s *Server) startStream(ctx *fasthttp.RequestCtx, x *exchange, resp *fastht
 	r := newRelay(x, resp, strip)
 	r.watch = w
 	w.retarget(r.abort)
-	ctx.Response.SetBodyStream(r, -1)
 	releaseClientBody(ctx, x)
+	if hijackable(ctx) {
+		s.hijackStream(ctx, r) // hijack.go
+		return
+	}
+	ctx.Response.SetBodyStream(r, -1)
 }
 
 // releaseClientBody gives the client's request body back to fasthttp's pool

@@ -37,8 +37,9 @@ var prefetchBufs = sync.Pool{New: func() any { b := make([]byte, prefetchSize); 
 // ahead. Only the goroutine serving the connection reads from it.
 type prefetchConn struct {
 	net.Conn
-	buf  *[]byte // read ahead and not yet consumed; nil when none (the usual state)
-	r, w int     // the unread bytes are (*buf)[r:w]
+	buf   *[]byte   // read ahead and not yet consumed; nil when none (the usual state)
+	r, w  int       // the unread bytes are (*buf)[r:w]
+	state keptState // once handed back after a stream (hijack.go)
 }
 
 func (c *prefetchConn) Read(p []byte) (int, error) {

@@ -93,6 +93,8 @@ type Server struct {
 
 	seq          atomic.Uint64 // numbers every request sent upstream (X-Gpurouter-Seq)
 	active       atomic.Int64  // exchanges not yet finished
+	streams      atomic.Int64  // streams relayed on a hijacked connection, which fasthttp no longer counts (hijack.go)
+	kept         keptConns     // connections handed back to fasthttp after a stream (hijack.go)
 	draining     atomic.Bool   // shutdown began: /ready fails, new requests get 503
 	abortStreams atomic.Bool   // drain deadline passed: streams in progress are ended
 }
@@ -173,6 +175,10 @@ func New(o Options) (*Server, error) {
 		// default) once the request is read, and the write buffer between
 		// responses: a stream would otherwise hold both for its whole life.
 		ReduceMemoryUsage: true,
+		// A hijacked stream hands its connection back to fasthttp when it
+		// ends (hijack.go): fasthttp must not close it then.
+		KeepHijackedConns: true,
+		ConnState:         s.connState,
 		// Parse errors must not quote the request: its headers may hold
 		// an API key.
 		SecureErrorLogMessage: true,
@@ -204,7 +210,11 @@ func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(prefetchListe
 // event and [DONE]) and waits briefly for them to close.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.draining.Store(true)
+	s.kept.closeIdle()
 	err := s.srv.ShutdownWithContext(ctx)
+	if err == nil {
+		err = s.waitStreams(ctx)
+	}
 	if err == nil {
 		return nil
 	}
@@ -212,8 +222,26 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.stopBase(fmt.Errorf("%w: drain deadline passed", ErrShuttingDown))
 	grace, cancel := context.WithTimeout(context.Background(), 2*time.Second+2*s.cfg.DisconnectCheck)
 	defer cancel()
-	if err2 := s.srv.ShutdownWithContext(grace); err2 != nil {
+	err2 := s.srv.ShutdownWithContext(grace)
+	if err2 == nil {
+		err2 = s.waitStreams(grace)
+	}
+	if err2 != nil {
 		return fmt.Errorf("proxy: shutdown: %d requests still open: %w", s.active.Load(), err2)
+	}
+	return nil
+}
+
+// waitStreams waits until no stream runs on a hijacked connection, which
+// fasthttp's Shutdown does not wait for, or ctx ends. It polls, as
+// fasthttp's own wait does: a stream may start while it waits.
+func (s *Server) waitStreams(ctx context.Context) error {
+	for s.streams.Load() > 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
 	}
 	return nil
 }

@@ -1,0 +1,139 @@
+package proxy
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+const chatWhole = `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
+
+// rawRequest writes one chat request on c, with extra header lines.
+func rawRequest(t *testing.T, c net.Conn, body string, extra ...string) {
+	t.Helper()
+	req := "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\nContent-Length: " +
+		strconv.Itoa(len(body)) + "\r\n" + strings.Join(extra, "") + "\r\n" + body
+	if _, err := io.WriteString(c, req); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// readAnswer reads one response from br whole (chunked or not) and returns
+// its status, body and whether it announced Connection: close.
+func readAnswer(t *testing.T, br *bufio.Reader) (int, string, bool) {
+	t.Helper()
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(b), resp.Close
+}
+
+// A stream runs on its hijacked connection, which then serves the client's
+// next requests — a whole one, another stream, a whole one again — and
+// closes after a stream whose request asked to close.
+func TestStreamConnectionServesTheNextRequests(t *testing.T) {
+	up := newFakeVLLM(t)
+	tr := startRouter(t, []string{up.url})
+	c, err := net.Dial("tcp", strings.TrimPrefix(tr.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck
+	br := bufio.NewReader(c)
+	for i, body := range []string{chatStream, chatWhole, chatStream, chatWhole} {
+		rawRequest(t, c, body)
+		status, got, closing := readAnswer(t, br)
+		stream := body == chatStream
+		if status != 200 || closing || stream != strings.HasSuffix(strings.TrimSpace(got), "data: [DONE]") {
+			t.Fatalf("request %d (stream %v): status %d, close %v, body %q", i, stream, status, closing, got)
+		}
+		if stream && strings.Count(got, `"content":"tok`) != up.tokens {
+			t.Fatalf("request %d: want %d token events: %q", i, up.tokens, got)
+		}
+	}
+	rawRequest(t, c, chatStream, "Connection: close\r\n")
+	status, got, closing := readAnswer(t, br)
+	if status != 200 || !closing || !strings.HasSuffix(strings.TrimSpace(got), "data: [DONE]") {
+		t.Fatalf("stream asking to close: status %d, close %v, body %q", status, closing, got)
+	}
+	if n, err := br.ReadByte(); err != io.EOF {
+		t.Fatalf("after a stream asking to close: read %v, %v; want the connection closed (EOF)", n, err)
+	}
+	if tr.srv.streams.Load() != 0 {
+		t.Fatalf("%d hijacked streams still counted", tr.srv.streams.Load())
+	}
+}
+
+// A client that pipelines its next request behind a stream's gets the
+// stream whole, then the connection closed: its hijacked reader held the
+// next request, which fasthttp cannot be handed back.
+func TestStreamWithAPipelinedRequestClosesAfterIt(t *testing.T) {
+	up := newFakeVLLM(t)
+	up.prefill = 50 * time.Millisecond
+	tr := startRouter(t, []string{up.url})
+	c, err := net.Dial("tcp", strings.TrimPrefix(tr.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck
+	var both strings.Builder
+	for _, body := range []string{chatStream, chatWhole} {
+		both.WriteString("POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\nContent-Length: " +
+			strconv.Itoa(len(body)) + "\r\n\r\n" + body)
+	}
+	if _, err := io.WriteString(c, both.String()); err != nil { // one write: both in the router's first read
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(c)
+	status, got, _ := readAnswer(t, br)
+	if status != 200 || strings.Count(got, `"content":"tok`) != up.tokens || !strings.HasSuffix(strings.TrimSpace(got), "data: [DONE]") {
+		t.Fatalf("stream: status %d, body %q", status, got)
+	}
+	if _, err := br.ReadByte(); err != io.EOF {
+		t.Fatalf("after the stream: %v; want the connection closed (EOF)", err)
+	}
+}
+
+// The stream above runs on the hijacked connection, not as a body fasthttp
+// writes: the router counts it while it runs, for Shutdown to wait on.
+func TestStreamRunsOnItsHijackedConnection(t *testing.T) {
+	up := newFakeVLLM(t)
+	up.gap = 50 * time.Millisecond
+	tr := startRouter(t, []string{up.url})
+	resp := post(t, tr.url+"/v1/chat/completions", chatStream)
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	if _, err := br.ReadString('\n'); err != nil { // the first event has arrived
+		t.Fatal(err)
+	}
+	if n := tr.srv.streams.Load(); n != 1 {
+		t.Fatalf("%d streams on hijacked connections during a stream, want 1", n)
+	}
+	if got := sseEvents(t, br); len(got) == 0 || got[len(got)-1] != "[DONE]" {
+		t.Fatalf("stream ended with %q", got)
+	}
+}
+
+// BenchmarkWriteChunk guards a hijacked stream's per-read write: the chunk
+// is framed in a pooled buffer, nothing allocated.
+func BenchmarkWriteChunk(b *testing.B) {
+	ev := []byte("data: " + strings.Repeat("x", 190) + "\n\n")
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := writeChunk(io.Discard, ev); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
