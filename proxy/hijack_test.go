@@ -137,3 +137,64 @@ func BenchmarkWriteChunk(b *testing.B) {
 		}
 	}
 }
+
+// Streams on hijacked connections, which fasthttp no longer counts, still
+// hold max_connections: with two streaming, a third connection is refused
+// (503); once they end and their clients close, one is served again.
+func TestHijackedStreamsCountTowardMaxConnections(t *testing.T) {
+	up := newFakeVLLM(t)
+	up.tokens = 3
+	up.gap = 300 * time.Millisecond // the streams last ~1 s
+	tr := startRouter(t, []string{up.url}, withConfig(func(c *Config) { c.MaxConnections = 2 }))
+	addr := strings.TrimPrefix(tr.url, "http://")
+	var streams []net.Conn
+	var readers []*bufio.Reader
+	for range 2 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck
+		rawRequest(t, c, chatStream)
+		br := bufio.NewReader(c)
+		if _, err := http.ReadResponse(br, nil); err != nil { // the head: the stream runs
+			t.Fatal(err)
+		}
+		streams, readers = append(streams, c), append(readers, br)
+	}
+	if n := tr.srv.streams.Load(); n != 2 {
+		t.Fatalf("%d streams on hijacked connections, want 2", n)
+	}
+	over, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer over.Close()
+	over.SetDeadline(time.Now().Add(5 * time.Second)) //nolint:errcheck
+	resp, err := http.ReadResponse(bufio.NewReader(over), nil)
+	if err != nil || resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("third connection: %v, %v; want a 503", resp, err)
+	}
+	for i, br := range readers { // both streams end whole; then their clients leave
+		if _, err := http.ReadResponse(bufio.NewReader(io.MultiReader(strings.NewReader("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"), br)), nil); err != nil {
+			t.Fatal(err)
+		}
+		streams[i].Close()
+	}
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 5 * time.Second}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		resp, err := client.Post(tr.url+"/v1/chat/completions", "application/json", strings.NewReader(chatWhole))
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no connection served after the streams ended: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -2,9 +2,13 @@ package proxy
 
 import (
 	"errors"
+	"io"
 	"net"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
+	"time"
 )
 
 // prefetchListener hands fasthttp connections whose small reads read
@@ -16,15 +20,48 @@ import (
 // buffer — a request usually arrives whole — and serves the rest from it,
 // returning the buffer as soon as it is drained, so nothing is held while
 // the connection waits.
-type prefetchListener struct{ net.Listener }
+//
+// It also holds the client connections to max (0: no limit), counting each
+// from Accept to its Close: fasthttp's own limit (Server.Concurrency) stops
+// counting a connection once a stream hijacks it (hijack.go). A connection
+// over the limit is answered 503 and closed, as fasthttp answers one over
+// its own.
+type prefetchListener struct {
+	net.Listener
+	max  int
+	open *atomic.Int64 // connections accepted and not yet closed; nil: none counted
+}
 
 func (l prefetchListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if l.open == nil {
+			return &prefetchConn{Conn: c}, nil
+		}
+		if n := l.open.Add(1); l.max > 0 && n > int64(l.max) {
+			l.open.Add(-1)
+			refuseConn(c)
+			continue
+		}
+		return &prefetchConn{Conn: c, open: l.open}, nil
 	}
-	return &prefetchConn{Conn: c}, nil
 }
+
+// refuseConn answers a connection over the limit with fasthttp's words and
+// closes it, without waiting on a client that does not read.
+func refuseConn(c net.Conn) {
+	c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond)) //nolint:errcheck
+	io.WriteString(c, refusedResponse)                         //nolint:errcheck
+	c.Close()                                                  //nolint:errcheck
+}
+
+const refusedBody = "The connection cannot be served because Server.Concurrency limit exceeded"
+
+var refusedResponse = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: " +
+	strconv.Itoa(len(refusedBody)) + "\r\nConnection: close\r\n\r\n" + refusedBody
 
 // prefetchSize is how much a small read reads ahead: a chat request with
 // its headers is typically under 2 KiB; a larger one is read on from the
@@ -37,9 +74,20 @@ var prefetchBufs = sync.Pool{New: func() any { b := make([]byte, prefetchSize); 
 // ahead. Only the goroutine serving the connection reads from it.
 type prefetchConn struct {
 	net.Conn
-	buf   *[]byte   // read ahead and not yet consumed; nil when none (the usual state)
-	r, w  int       // the unread bytes are (*buf)[r:w]
-	state keptState // once handed back after a stream (hijack.go)
+	buf    *[]byte       // read ahead and not yet consumed; nil when none (the usual state)
+	r, w   int           // the unread bytes are (*buf)[r:w]
+	state  keptState     // once handed back after a stream (hijack.go)
+	open   *atomic.Int64 // the listener's count, left at the first Close; nil: not counted
+	closed atomic.Bool
+}
+
+// Close closes the connection and, the first time, leaves the listener's
+// count.
+func (c *prefetchConn) Close() error {
+	if c.open != nil && c.closed.CompareAndSwap(false, true) {
+		c.open.Add(-1)
+	}
+	return c.Conn.Close()
 }
 
 func (c *prefetchConn) Read(p []byte) (int, error) {

@@ -70,7 +70,7 @@ func TestPrefetchConnExposesSocket(t *testing.T) {
 			c.Close()
 		}
 	}()
-	c, err := prefetchListener{ln}.Accept()
+	c, err := prefetchListener{Listener: ln}.Accept()
 	if err != nil {
 		t.Fatal(err)
 	}

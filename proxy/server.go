@@ -95,6 +95,7 @@ type Server struct {
 	active       atomic.Int64  // exchanges not yet finished
 	streams      atomic.Int64  // streams relayed on a hijacked connection, which fasthttp no longer counts (hijack.go)
 	kept         keptConns     // connections handed back to fasthttp after a stream (hijack.go)
+	conns        atomic.Int64  // client connections open, held to MaxConnections (prefetch.go)
 	draining     atomic.Bool   // shutdown began: /ready fails, new requests get 503
 	abortStreams atomic.Bool   // drain deadline passed: streams in progress are ended
 }
@@ -203,7 +204,9 @@ const serverWriteBufferSize = 1 << 10
 func (s *Server) Handler() fasthttp.RequestHandler { return s.handle }
 
 // Serve accepts connections on ln until Shutdown.
-func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(prefetchListener{ln}) }
+func (s *Server) Serve(ln net.Listener) error {
+	return s.srv.Serve(prefetchListener{Listener: ln, max: s.cfg.MaxConnections, open: &s.conns})
+}
 
 // Shutdown stops accepting, lets requests in progress finish until ctx
 // ends, then ends the streams still running (their clients get an error
