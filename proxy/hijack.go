@@ -29,14 +29,19 @@ import (
 // between responses.
 
 // hijackable reports whether a stream on ctx can be relayed on its
-// connection: HTTP/1.1 (chunked framing) and a connection fasthttp got
-// from the router's listener, which a hijacked stream hands back.
+// connection: HTTP/1.1 (chunked framing), a connection fasthttp got from
+// the router's listener (a hijacked stream hands it back), and one still
+// open. fasthttp clears the connection's deadlines before it runs the
+// hijack and skips the hijack if that fails, which happens only on a
+// closed connection; the relay would then never run nor release what the
+// request holds, so such a stream takes fasthttp's body path, whose failed
+// write closes the relay. Clearing the deadlines here first tells.
 func hijackable(ctx *fasthttp.RequestCtx) bool {
 	if !ctx.Request.Header.IsHTTP11() {
 		return false
 	}
-	_, ok := ctx.Conn().(*prefetchConn)
-	return ok
+	c, ok := ctx.Conn().(*prefetchConn)
+	return ok && c.SetDeadline(time.Time{}) == nil
 }
 
 // hijackStream commits the head built on ctx.Response and relays r on the
