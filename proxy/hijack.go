@@ -66,6 +66,7 @@ func (s *Server) hijackStream(ctx *fasthttp.RequestCtx, r *relay) {
 		// it (a later stream hijacks it again).
 		s.kept.add(served)
 		if s.draining.Load() { // Shutdown began since: its closeIdle may have run before add
+			s.kept.remove(served)
 			served.Close() //nolint:errcheck
 			return
 		}
@@ -124,11 +125,15 @@ func (s *Server) connState(nc net.Conn, st fasthttp.ConnState) {
 	case fasthttp.StateIdle:
 		c.state.idle.Store(true)
 	case fasthttp.StateClosed, fasthttp.StateHijacked:
-		c.state.kept.Store(false)
-		s.kept.mu.Lock()
-		delete(s.kept.set, c)
-		s.kept.mu.Unlock()
+		s.kept.remove(c)
 	}
+}
+
+func (k *keptConns) remove(c *prefetchConn) {
+	c.state.kept.Store(false)
+	k.mu.Lock()
+	delete(k.set, c)
+	k.mu.Unlock()
 }
 
 // writeChunked writes head, then the stream's events in chunked framing,
