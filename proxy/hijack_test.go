@@ -13,14 +13,32 @@ import (
 
 const chatWhole = `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
 
+// requestText is one chat request as the client writes it, with extra
+// header lines.
+func requestText(body string, extra ...string) string {
+	return "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\nContent-Length: " +
+		strconv.Itoa(len(body)) + "\r\n" + strings.Join(extra, "") + "\r\n" + body
+}
+
 // rawRequest writes one chat request on c, with extra header lines.
 func rawRequest(t *testing.T, c net.Conn, body string, extra ...string) {
 	t.Helper()
-	req := "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\nContent-Length: " +
-		strconv.Itoa(len(body)) + "\r\n" + strings.Join(extra, "") + "\r\n" + body
-	if _, err := io.WriteString(c, req); err != nil {
+	if _, err := io.WriteString(c, requestText(body, extra...)); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// dialRouter opens a raw client connection to tr, closed at the test's end,
+// that gives up on any read or write after d.
+func dialRouter(t *testing.T, tr *testRouter, d time.Duration) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(tr.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(d)) //nolint:errcheck
+	return c
 }
 
 // readAnswer reads one response from br whole (chunked or not) and returns
@@ -44,12 +62,7 @@ func readAnswer(t *testing.T, br *bufio.Reader) (int, string, bool) {
 func TestStreamConnectionServesTheNextRequests(t *testing.T) {
 	up := newFakeVLLM(t)
 	tr := startRouter(t, []string{up.url})
-	c, err := net.Dial("tcp", strings.TrimPrefix(tr.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck
+	c := dialRouter(t, tr, 10*time.Second)
 	br := bufio.NewReader(c)
 	for i, body := range []string{chatStream, chatWhole, chatStream, chatWhole} {
 		rawRequest(t, c, body)
@@ -82,18 +95,8 @@ func TestStreamWithAPipelinedRequestClosesAfterIt(t *testing.T) {
 	up := newFakeVLLM(t)
 	up.prefill = 50 * time.Millisecond
 	tr := startRouter(t, []string{up.url})
-	c, err := net.Dial("tcp", strings.TrimPrefix(tr.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck
-	var both strings.Builder
-	for _, body := range []string{chatStream, chatWhole} {
-		both.WriteString("POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\nContent-Length: " +
-			strconv.Itoa(len(body)) + "\r\n\r\n" + body)
-	}
-	if _, err := io.WriteString(c, both.String()); err != nil { // one write: both in the router's first read
+	c := dialRouter(t, tr, 10*time.Second)
+	if _, err := io.WriteString(c, requestText(chatStream)+requestText(chatWhole)); err != nil { // one write: both in the router's first read
 		t.Fatal(err)
 	}
 	br := bufio.NewReader(c)
@@ -144,41 +147,31 @@ func BenchmarkWriteChunk(b *testing.B) {
 func TestHijackedStreamsCountTowardMaxConnections(t *testing.T) {
 	up := newFakeVLLM(t)
 	up.tokens = 3
-	up.gap = 300 * time.Millisecond // the streams last ~1 s
+	up.gap = 300 * time.Millisecond // each stream lasts ~0.6 s
 	tr := startRouter(t, []string{up.url}, withConfig(func(c *Config) { c.MaxConnections = 2 }))
-	addr := strings.TrimPrefix(tr.url, "http://")
 	var streams []net.Conn
-	var readers []*bufio.Reader
+	var bodies []io.Reader
 	for range 2 {
-		c, err := net.Dial("tcp", addr)
+		c := dialRouter(t, tr, 10*time.Second)
+		rawRequest(t, c, chatStream)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil) // the head: the stream runs
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck
-		rawRequest(t, c, chatStream)
-		br := bufio.NewReader(c)
-		if _, err := http.ReadResponse(br, nil); err != nil { // the head: the stream runs
-			t.Fatal(err)
-		}
-		streams, readers = append(streams, c), append(readers, br)
+		streams, bodies = append(streams, c), append(bodies, resp.Body)
 	}
 	if n := tr.srv.streams.Load(); n != 2 {
 		t.Fatalf("%d streams on hijacked connections, want 2", n)
 	}
-	over, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer over.Close()
-	over.SetDeadline(time.Now().Add(5 * time.Second)) //nolint:errcheck
+	over := dialRouter(t, tr, 5*time.Second)
 	resp, err := http.ReadResponse(bufio.NewReader(over), nil)
 	if err != nil || resp.StatusCode != http.StatusServiceUnavailable {
 		t.Fatalf("third connection: %v, %v; want a 503", resp, err)
 	}
-	for i, br := range readers { // both streams end whole; then their clients leave
-		if _, err := http.ReadResponse(bufio.NewReader(io.MultiReader(strings.NewReader("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"), br)), nil); err != nil {
-			t.Fatal(err)
+	for i, body := range bodies { // both streams end whole; then their clients leave
+		got, err := io.ReadAll(body)
+		if err != nil || strings.Count(string(got), `"content":"tok`) != up.tokens || !strings.HasSuffix(strings.TrimSpace(string(got)), "data: [DONE]") {
+			t.Fatalf("stream %d: %v, %q", i, err, got)
 		}
 		streams[i].Close()
 	}
