@@ -136,28 +136,28 @@ func (k *keptConns) remove(c *prefetchConn) {
 	k.mu.Unlock()
 }
 
-// writeChunked writes head, then the stream's events in chunked framing,
-// each read's worth as one chunk, then the last chunk. An error means the
-// client is gone.
+// writeChunked writes head, then the stream's events in chunked framing
+// (WriteTo's loop, each read's worth as one chunk), then the last chunk. An
+// error means the client is gone.
 func (r *relay) writeChunked(w io.Writer, head []byte) error {
 	if _, err := w.Write(head); err != nil {
 		return err
 	}
-	for {
-		if r.outPos < len(r.out) {
-			if err := writeChunk(w, r.out[r.outPos:]); err != nil {
-				return err
-			}
-		}
-		r.out, r.outPos = r.out[:0], 0
-		if r.eof {
-			_, err := io.WriteString(w, "0\r\n\r\n")
-			return err
-		}
-		if err := r.fill(); err != nil {
-			return err
-		}
+	if _, err := r.WriteTo(chunkWriter{w}); err != nil {
+		return err
 	}
+	_, err := io.WriteString(w, "0\r\n\r\n")
+	return err
+}
+
+// chunkWriter writes each Write as one chunk (writeChunk).
+type chunkWriter struct{ w io.Writer }
+
+func (c chunkWriter) Write(b []byte) (int, error) {
+	if err := writeChunk(c.w, b); err != nil {
+		return 0, err
+	}
+	return len(b), nil
 }
 
 // writeChunk writes b as one chunk in one write, framed in a pooled buffer.

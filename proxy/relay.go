@@ -138,7 +138,8 @@ func (r *relay) abort(err error) {
 // directly, each read's worth as one chunk: no copy into fasthttp's own
 // 4 KiB copy buffer, which a waiting stream would otherwise hold too. An
 // error ends the stream (the client is gone); fasthttp then calls
-// CloseWithError with it.
+// CloseWithError with it. A stream on its hijacked connection runs the
+// same loop through chunkWriter (hijack.go).
 func (r *relay) WriteTo(w io.Writer) (int64, error) {
 	var total int64
 	for {
