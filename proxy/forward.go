@@ -309,6 +309,7 @@ func (s *Server) startStream(ctx *fasthttp.RequestCtx, x *exchange, resp *fastht
 	ctx.Response.ImmediateHeaderFlush = true
 	r := newRelay(x, resp, strip)
 	r.watch = w
+	r.conn = ctx.Conn() // the hijacked one replaces it (hijack.go)
 	w.retarget(r.abort)
 	releaseClientBody(ctx, x)
 	if hijackable(ctx) {

@@ -55,6 +55,7 @@ func (s *Server) hijackStream(ctx *fasthttp.RequestCtx, r *relay) {
 		// fasthttp has set Connection: close by now where it would close
 		// after the response: the client asked, or shutdown began.
 		keep := !ctx.Response.Header.ConnectionClose()
+		r.conn = c
 		err := r.writeChunked(c, ctx.Response.Header.Header())
 		r.CloseWithError(err)
 		s.streams.Add(-1)
@@ -137,13 +138,21 @@ func (k *keptConns) remove(c *prefetchConn) {
 }
 
 // writeChunked writes head, then the stream's events in chunked framing
-// (WriteTo's loop, each read's worth as one chunk), then the last chunk. An
-// error means the client is gone.
+// (WriteTo's loop, each read's worth as one chunk), then the last chunk,
+// each write within the idle timeout (armWrite). An error means the client
+// is gone.
 func (r *relay) writeChunked(w io.Writer, head []byte) error {
+	defer r.disarmWrite()
+	if err := r.armWrite(); err != nil {
+		return err
+	}
 	if _, err := w.Write(head); err != nil {
 		return err
 	}
 	if _, err := r.WriteTo(chunkWriter{w}); err != nil {
+		return err
+	}
+	if err := r.armWrite(); err != nil {
 		return err
 	}
 	_, err := io.WriteString(w, "0\r\n\r\n")

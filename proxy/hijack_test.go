@@ -191,3 +191,30 @@ func TestHijackedStreamsCountTowardMaxConnections(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// A client that stops reading a stream counts as gone once one write to it
+// has waited the idle timeout: the stream ends, its connection is closed
+// and the engine's request is canceled. Unbounded, the relay would block in
+// that write for good once the socket buffers filled, holding the engine's
+// sequence, the replica's lease and the upstream connection.
+func TestStreamToAClientThatStopsReadingEnds(t *testing.T) {
+	for _, proto := range []string{"HTTP/1.1", "HTTP/1.0"} { // hijacked; written by fasthttp
+		t.Run(proto, func(t *testing.T) {
+			up := newFakeVLLM(t)
+			up.tokens = 400000 // ~50 MB of events: more than loopback's socket buffers hold
+			tr := startRouter(t, []string{up.url}, withConfig(func(c *Config) { c.IdleTimeout = 300 * time.Millisecond }))
+			c := dialRouter(t, tr, 10*time.Second)
+			req := strings.Replace(requestText(chatStream), "HTTP/1.1", proto, 1)
+			if _, err := io.WriteString(c, req); err != nil {
+				t.Fatal(err)
+			}
+			// Read nothing: the router's writes stall once the buffers fill.
+			waitFor(t, "the engine's request to be canceled", func() bool { return up.canceled.Load() == 1 })
+			waitFor(t, "no stream to be counted", func() bool { return tr.srv.streams.Load() == 0 })
+			c.SetReadDeadline(time.Now().Add(5 * time.Second)) //nolint:errcheck
+			if _, err := io.Copy(io.Discard, c); err != nil {  // what was buffered, then the close
+				t.Fatalf("the router did not close the connection: %v", err)
+			}
+		})
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/valyala/fasthttp"
 )
@@ -50,6 +51,12 @@ type relay struct {
 	abortErr  atomic.Pointer[error] // set by abort, from the watcher
 	watch     *clientWatch
 	closeOnce sync.Once
+
+	// conn is the client connection WriteTo's writes go to, nil if unknown:
+	// each write must complete within the idle timeout (armWrite), or the
+	// client is gone. wdl is the write deadline in force.
+	conn net.Conn
+	wdl  time.Time
 }
 
 // relayBufs hold a stream's unsplit upstream bytes (in) and its processed
@@ -142,8 +149,12 @@ func (r *relay) abort(err error) {
 // same loop through chunkWriter (hijack.go).
 func (r *relay) WriteTo(w io.Writer) (int64, error) {
 	var total int64
+	defer r.disarmWrite()
 	for {
 		if r.outPos < len(r.out) {
+			if err := r.armWrite(); err != nil {
+				return total, err
+			}
 			n, err := w.Write(r.out[r.outPos:])
 			total += int64(n)
 			r.outPos += n
@@ -158,6 +169,35 @@ func (r *relay) WriteTo(w io.Writer) (int64, error) {
 		if err := r.fill(); err != nil {
 			return total, err
 		}
+	}
+}
+
+// armWrite keeps a write deadline of about the idle timeout ahead of the
+// stream's next write to the client. A client that stops reading (a stuck
+// consumer, a peer that vanished without a FIN) would otherwise block that
+// write for good once the socket buffers fill, and with it the engine's
+// sequence, the replica's lease and the upstream connection; its write
+// fails instead, and the stream ends as the client's (ErrClientGone). The
+// deadline moves once per sixteenth of the timeout, not on every write.
+func (r *relay) armWrite() error {
+	limit := r.x.s.cfg.IdleTimeout
+	if r.conn == nil || limit <= 0 {
+		return nil
+	}
+	now := time.Now() // the socket's clock, not the router's (which tests inject)
+	if r.wdl.Sub(now) > limit-limit/16 {
+		return nil
+	}
+	r.wdl = now.Add(limit)
+	return r.conn.SetWriteDeadline(r.wdl)
+}
+
+// disarmWrite lifts the stream's write deadline: the connection may serve
+// the client's next request, whose writes are fasthttp's.
+func (r *relay) disarmWrite() {
+	if !r.wdl.IsZero() {
+		r.conn.SetWriteDeadline(time.Time{}) //nolint:errcheck // a closed connection has none to lift
+		r.wdl = time.Time{}
 	}
 }
 
