@@ -218,3 +218,25 @@ func TestStreamToAClientThatStopsReadingEnds(t *testing.T) {
 		})
 	}
 }
+
+// A whole response to a client that does not read it is cut off after the
+// idle timeout, with the connection: the router holds neither for good.
+func TestWholeResponseToAClientThatStopsReadingEnds(t *testing.T) {
+	up := newFakeVLLM(t)
+	up.tokens = 4 << 20 // a 16 MiB answer: more than loopback's socket buffers hold
+	tr := startRouter(t, []string{up.url}, withConfig(func(c *Config) { c.IdleTimeout = 300 * time.Millisecond }))
+	c := dialRouter(t, tr, 10*time.Second)
+	rawRequest(t, c, chatWhole)
+	// Read nothing: once the router has the answer it writes it, stalls
+	// and times out.
+	waitFor(t, "the request's record", func() bool { return len(tr.srv.records.since(0, 0)) == 1 })
+	time.Sleep(time.Second)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second)) //nolint:errcheck
+	n, err := io.Copy(io.Discard, c)
+	if err != nil {
+		t.Fatalf("the router did not close the connection: %v (read %d bytes)", err, n)
+	}
+	if n >= 16<<20 {
+		t.Fatalf("read %d bytes: the whole answer, not cut off", n)
+	}
+}

@@ -167,7 +167,11 @@ func New(o Options) (*Server, error) {
 		ReadTimeout:        s.cfg.ReadTimeout,    // a client must send its request within this (slowloris)
 		Concurrency:        s.cfg.MaxConnections, // connections over it get fasthttp's 503 and are closed
 		IdleTimeout:        2 * time.Minute,
-		// WriteTimeout stays 0: it would cap whole streams.
+		// A response must be written within the idle timeout, so a client
+		// that stops reading cannot hold its connection and a whole body
+		// for good. A stream's relay moves the deadline on with each of its
+		// writes (relay.armWrite), so this caps no stream's length.
+		WriteTimeout:                  s.cfg.IdleTimeout,
 		WriteBufferSize:               serverWriteBufferSize,
 		NoDefaultServerHeader:         true,
 		DisableHeaderNamesNormalizing: true,
