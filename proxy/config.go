@@ -28,7 +28,7 @@ const (
 type Config struct {
 	ConnectTimeout   time.Duration // TCP connect to a replica [2s]
 	FirstByteTimeout time.Duration // request written → first response byte [120s]
-	IdleTimeout      time.Duration // longest gap between two reads of a response stream, and longest one write of it to the client may block [60s]
+	IdleTimeout      time.Duration // longest gap between two reads of a response stream, and longest one write of a response to the client may block [60s]
 	TotalTimeout     time.Duration // whole request; 0 = unlimited [0]
 	MaxBodyBytes     int           // request body limit [8 MiB]
 	MaxHeaderBytes   int           // request line + headers limit (fasthttp's read buffer); more is 431 [16 KiB]

@@ -93,7 +93,7 @@ type logConfig struct {
 type timeoutsConfig struct {
 	Connect   time.Duration `yaml:"connect"`    // TCP connect to a replica; default 2s
 	FirstByte time.Duration `yaml:"first_byte"` // request sent → first response byte (engine queue + prefill); default 120s
-	Idle      time.Duration `yaml:"idle"`       // max gap between two stream events, and max time one write of a stream to its client may block; default 60s
+	Idle      time.Duration `yaml:"idle"`       // max gap between two stream events, and max time one write of a response to its client may block; default 60s
 	Total     time.Duration `yaml:"total"`      // whole request, 0 = unlimited; default 0
 }
 
