@@ -309,7 +309,9 @@ func (s *Server) startStream(ctx *fasthttp.RequestCtx, x *exchange, resp *fastht
 	ctx.Response.ImmediateHeaderFlush = true
 	r := newRelay(x, resp, strip)
 	r.watch = w
-	r.conn = ctx.Conn() // the hijacked one replaces it (hijack.go)
+	if c, ok := ctx.Conn().(*prefetchConn); ok { // our listener's; an embedder's server keeps its own write limits
+		r.conn = c // the hijacked one replaces it (hijack.go)
+	}
 	w.retarget(r.abort)
 	releaseClientBody(ctx, x)
 	if hijackable(ctx) {
