@@ -373,6 +373,32 @@ func (m RouterMatch) PredictorError() (e PredictorErr, n int) {
 	return PredictorErr{AbsMs50: q(abs, 0.5), AbsMs90: q(abs, 0.9), Rel50: q(rel, 0.5), Rel90: q(rel, 0.9)}, len(abs)
 }
 
+// PerRequestJSON is, for each matched request in the client's order, what
+// the router saw of it: the replica that served it, its wait at the router
+// and tries, its router-side TTFT, and the TTFT the predictor expected
+// against the one measured over the same span (null when unknown) — the
+// requests behind PredictorError's percentiles, so an outlier can be found
+// and placed in its run.
+func (m RouterMatch) PerRequestJSON() []map[string]any {
+	out := make([]map[string]any, 0, len(m.Pairs))
+	for _, p := range m.Pairs {
+		r := p.Router
+		out = append(out, map[string]any{
+			"request_id": r.RequestID, "replica": r.Replica, "attempts": r.Attempts,
+			"queue_s": r.QueueS, "ttft_s": r.TTFTS,
+			"predicted_ttft_s": positiveOrNil(r.PredictedTTFTS), "placed_ttft_s": positiveOrNil(r.PlacedTTFTS),
+		})
+	}
+	return out
+}
+
+func positiveOrNil(v float64) any {
+	if v > 0 {
+		return v
+	}
+	return nil
+}
+
 // ByReplica groups the matched requests by the replica that served them,
 // in replica-name order.
 func (m RouterMatch) ByReplica() []ReplicaSummary {

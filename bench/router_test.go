@@ -291,6 +291,13 @@ func TestMatchRouterRecords(t *testing.T) {
 	if !near(rd.TPOT.Max, 899.5) {
 		t.Errorf("router TPOT max %v, want 899.5", rd.TPOT.Max)
 	}
+	// Per request, in the client's order; b has a prediction, a none.
+	m.Pairs[1].Router.Replica, m.Pairs[1].Router.PredictedTTFTS, m.Pairs[1].Router.PlacedTTFTS = "r1", 0.15, 0.19
+	per := m.PerRequestJSON()
+	if len(per) != 2 || per[0]["request_id"] != "a" || per[0]["predicted_ttft_s"] != nil ||
+		per[1]["replica"] != "r1" || per[1]["predicted_ttft_s"] != 0.15 || per[1]["placed_ttft_s"] != 0.19 || per[1]["queue_s"] != 0.01 {
+		t.Errorf("per request %v", per)
+	}
 }
 
 func TestEngineURLsAndMetricsURL(t *testing.T) {

@@ -261,6 +261,7 @@ func (rep *ServerReport) JSON(ps []float64) map[string]any {
 	if e, n := rep.Match.PredictorError(); n > 0 {
 		out["gpurouter_predictor_ttft_abs_error_ms"] = map[string]any{"n": n, "p50": e.AbsMs50, "p90": e.AbsMs90, "rel_p50": e.Rel50, "rel_p90": e.Rel90}
 	}
+	out["gpurouter_router_requests"] = rep.Match.PerRequestJSON()
 	out["gpurouter_replicas"] = reps
 	return out
 }
