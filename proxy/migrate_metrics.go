@@ -13,7 +13,7 @@ func newMigrationMetrics(reg prometheus.Registerer) (*migrationMetrics, error) {
 	m := &migrationMetrics{
 		results: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpurouter_migrations_total",
-			Help: "Streams whose replica failed (or was drained past its grace period) after their first byte, by model, that replica, and result: continued (on another replica), failed (no replica took the continuation), not_continuable (migration off for the request, its limit reached, or what it streamed can't be continued: a tool call, reasoning, too long).",
+			Help: "Streams whose replica failed (or was drained past its grace period) after their first byte, by model, that replica, and result: continued (on another replica), failed (no replica took the continuation), abandoned (the client left, the router stopped or the total deadline passed while it moved), not_continuable (migration off for the request, its limit reached, or what it streamed can't be continued: a tool call, reasoning, too long).",
 		}, []string{"model", "replica", "result"}),
 		stall: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "gpurouter_migration_stall_seconds",

@@ -81,6 +81,12 @@ func (r *relay) resume(cause error) bool {
 			x.up, x.rm, x.lease, x.last = old.up, old.rm, old.lease, old.last
 		}
 		m.stop(err)
+		if r.abortErr.Load() != nil {
+			// Not a failure to move: the client left, or the router is
+			// stopping, or the total deadline passed (upstreamFailed).
+			s.m.mig.result(model, from, "abandoned")
+			return false
+		}
 		s.m.mig.result(model, from, "failed")
 		s.log.Warn("stream not continued", zap.String("request_id", x.id), zap.String("replica", from),
 			zap.NamedError("cause", cause), zap.Error(err))
@@ -166,6 +172,9 @@ func (r *relay) switchTo(body []byte) error {
 			continue
 		}
 		if err != nil {
+			// The watch ended the request (forward): the relay's own
+			// watch would tell the relay the same a check later.
+			r.abort(err)
 			return err
 		}
 		if resp.StatusCode() != fasthttp.StatusOK || !isEventStream(resp) {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -14,7 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpurouter/gpurouter/balancer"
 	"github.com/gpurouter/gpurouter/bench/sim"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // Streams that outlive their replica, against the simulator: its text is a
@@ -347,5 +350,60 @@ func TestMigrationIdleReplica(t *testing.T) {
 	}
 	if moved == 0 {
 		t.Error("no stream left the stuck replica")
+	}
+}
+
+// A client that leaves while its stream is moving ends the stream as a
+// client that left: "canceled", and the move "abandoned" — not a stream
+// broken for want of a replica. The other replica hangs, so the move is
+// still waiting for its head when the client goes.
+func TestMigrationAbandonedByTheClient(t *testing.T) {
+	f := simPair(t, 2, 4)
+	tr := startRouterWith(t, f.URLs(), withMigration(Migration{Max: 1}), withConfig(func(c *Config) { c.IdleTimeout = 300 * time.Millisecond }))
+	path, body := migrationBody(0, 2000)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(tr.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", path, len(body), body)
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	from := slices.IndexFunc(tr.reps, func(r *balancer.Replica) bool { return r.Name() == resp.Header.Get("X-Gpurouter-Replica") })
+	if from < 0 {
+		t.Fatalf("stream on %q, not a known replica", resp.Header.Get("X-Gpurouter-Replica"))
+	}
+	to := 1 - from
+	sc := bufio.NewScanner(resp.Body)
+	for n := 0; n < 5 && sc.Scan(); {
+		if strings.Contains(sc.Text(), `"content"`) {
+			n++
+		}
+	}
+	if err := f.Replicas()[to].SetFaults(sim.Faults{Hang: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Replicas()[from].SetFaults(sim.Faults{Speed: 1e-6}); err != nil { // a step now takes hours
+		t.Fatal(err)
+	}
+	waitFor(t, "the continuation sent to the other replica", func() bool { return tr.reps[to].InFlight() == 1 })
+	conn.Close()
+	waitFor(t, "the request's record", func() bool { return len(tr.srv.records.since(0, 0)) == 1 })
+	if rec := tr.srv.records.since(0, 0)[0]; rec.Outcome != "canceled" {
+		t.Errorf("outcome %q (replica %s), want canceled", rec.Outcome, rec.Replica)
+	}
+	mig := tr.srv.m.mig.results
+	name := tr.reps[from].Name()
+	if n := testutil.ToFloat64(mig.WithLabelValues("m", name, "failed")); n != 0 {
+		t.Errorf("%v moves counted failed", n)
+	}
+	if n := testutil.ToFloat64(mig.WithLabelValues("m", name, "abandoned")); n != 1 {
+		t.Errorf("%v moves counted abandoned, want 1", n)
 	}
 }

@@ -272,13 +272,7 @@ func (r *relay) fill() error {
 		return nil
 	}
 	if ap := r.abortErr.Load(); ap != nil {
-		if errors.Is(*ap, ErrClientGone) {
-			r.failure = *ap
-			r.eof = true
-			return *ap
-		}
-		r.fail(*ap)
-		return nil
+		return r.aborted(*ap)
 	}
 	switch {
 	case errors.Is(err, io.EOF) && r.sawDone:
@@ -297,10 +291,29 @@ func (r *relay) fill() error {
 	return nil
 }
 
+// aborted ends the stream for abort's reason: a client that left gets
+// nothing more (the error stops the writer), anyone else an error event.
+func (r *relay) aborted(err error) error {
+	if errors.Is(err, ErrClientGone) {
+		r.failure = err
+		r.eof = true
+		return err
+	}
+	r.fail(err)
+	return nil
+}
+
 // upstreamFailed ends the stream with err — unless it can go on on another
-// replica (migrate_resume.go).
+// replica (migrate_resume.go). A stream draining off its replica that
+// can't move finishes where it is.
 func (r *relay) upstreamFailed(err error) {
-	if !r.resume(err) && !errors.Is(err, errLeaving) { // not moved: it finishes where it is
+	switch {
+	case r.resume(err) || errors.Is(err, errLeaving):
+	case r.abortErr.Load() != nil:
+		// The client left (or the router is stopping) while the stream
+		// was moving: that ends it, not the replica it was moving from.
+		r.aborted(*r.abortErr.Load()) //nolint:errcheck // the writer stops at eof
+	default:
 		r.fail(err)
 	}
 }
