@@ -268,8 +268,9 @@ func TestSoak(t *testing.T) {
 	if bad := a.failed["event/bad_upstream"]; bad > notContinuable {
 		t.Errorf("%d streams ended with bad_upstream, %d of them could not be continued", bad, notContinuable)
 	}
-	t.Logf("migration: %d streams moved (%v), %d could not be continued",
-		outcomes["migrated"], sumMetric(t, tr.base+"/metrics", "gpurouter_migrations_total", "result", "continued"), notContinuable)
+	t.Logf("migration: %d streams moved (%v), %d could not be continued, %v clients left while theirs moved",
+		outcomes["migrated"], sumMetric(t, tr.base+"/metrics", "gpurouter_migrations_total", "result", "continued"), notContinuable,
+		sumMetric(t, tr.base+"/metrics", "gpurouter_migrations_total", "result", "abandoned"))
 	// Every failure is a clear one: an OpenAI error with a status and a
 	// code, or an error event with a code before [DONE] — never a dropped
 	// connection, a stream without [DONE] or an unreadable answer. Sheds
