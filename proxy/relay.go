@@ -309,6 +309,8 @@ func (r *relay) aborted(err error) error {
 func (r *relay) upstreamFailed(err error) {
 	switch {
 	case r.resume(err) || errors.Is(err, errLeaving):
+		// Moved, or (leaving a drained replica, with nowhere to go) going
+		// on where it is.
 	case r.abortErr.Load() != nil:
 		// The client left (or the router is stopping) while the stream
 		// was moving: that ends it, not the replica it was moving from.
