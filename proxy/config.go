@@ -56,6 +56,11 @@ type Config struct {
 	// RecordRing is how many recent per-request timing records
 	// /debug/requests keeps [8192].
 	RecordRing int
+
+	// GoroutineStreams relays every stream on a goroutine of its own, as
+	// fasthttp's body, instead of in the stream loop (pump_linux.go; Linux
+	// only), which costs less CPU per event [false].
+	GoroutineStreams bool
 }
 
 func (c Config) withDefaults() Config {

@@ -71,6 +71,9 @@ type exchange struct {
 	attempts  int
 	sent      time.Time // last attempt handed to the upstream client
 	firstByte time.Time // upstream response headers read
+	// upc is the connection the response came on, when it is one a
+	// stream's relay may take from fasthttp (pump_linux.go); else nil.
+	upc *deadlineConn
 
 	// Step 6 (relay.go, forward.go's respondWhole): tokens as they came.
 	firstTok time.Time // first token chunk relayed
@@ -83,7 +86,6 @@ type exchange struct {
 	tokenChunks      int32
 	promptTokens     int // from the engine's usage (0 if none came)
 	completionTokens int
-	gotUsage         bool
 
 	// Steps 5–6 (migrate.go): what continuing the stream on another
 	// replica needs; nil when the request may not be continued.
@@ -91,10 +93,11 @@ type exchange struct {
 
 	// Step 7 (finish). outcome and done side by side: the exchange keeps
 	// to its size class (size_test.go).
-	status  int
-	outcome outcome
-	done    atomic.Bool
-	err     error
+	status   int
+	outcome  outcome
+	gotUsage bool // usage came from the engine (step 6), beside outcome for the size class
+	done     atomic.Bool
+	err      error
 }
 
 // pool is the pool the request was routed to; nil before step 2.

@@ -193,7 +193,7 @@ func (s *Server) forward(rt *routeTable, x *exchange, rep *balancer.Replica, ure
 	// Until the engine answers — a whole non-streamed generation, a long
 	// prefill — only the watch notices a client that leaves (or the total
 	// deadline, or a drain's end) and aborts the request.
-	pr := up.pending.expect(x.seq)
+	pr := up.pending.expect(x.seq, x.req.stream)
 	w.retarget(pr.abort)
 	err = up.client.Do(ureq, resp)
 	w.retarget(nil)
@@ -251,6 +251,10 @@ func (s *Server) forward(rt *routeTable, x *exchange, rep *balancer.Replica, ure
 		return nil, true, fmt.Errorf("%w: replica %s answered %d", ErrUpstream, rep.Name(), status)
 	}
 	x.up, x.rm, x.lease, x.firstByte = up, up.metricsFor(x.arm), lease, s.now()
+	x.upc = nil
+	if pr.dconn != nil && pr.dconn.headCut {
+		x.upc = pr.dconn
+	}
 	return resp, false, nil
 }
 
@@ -307,14 +311,23 @@ func (s *Server) startStream(ctx *fasthttp.RequestCtx, x *exchange, resp *fastht
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	ctx.Response.Header.Set("Cache-Control", "no-cache")
 	ctx.Response.ImmediateHeaderFlush = true
-	r := newRelay(x, resp, strip)
+	body := resp.BodyStream().(fasthttp.ReadCloserWithError)
+	hj := hijackable(ctx)
+	if hj && !s.cfg.GoroutineStreams {
+		// Relayed in the stream loop where it can be (pump_linux.go).
+		if b := s.pump.detach(x, resp, ctx.Conn()); b != nil {
+			body = b
+		}
+	}
+	x.upc = nil
+	r := newRelay(x, resp, body, strip)
 	r.watch = w
 	if c, ok := ctx.Conn().(*prefetchConn); ok { // our listener's; an embedder's server keeps its own write limits
 		r.conn = c // the hijacked one replaces it (hijack.go)
 	}
 	w.retarget(r.abort)
 	releaseClientBody(ctx, x)
-	if hijackable(ctx) {
+	if hj {
 		s.hijackStream(ctx, r) // hijack.go
 		return
 	}

@@ -149,6 +149,10 @@ func (r *relay) writeChunked(w io.Writer, head []byte) error {
 	if _, err := w.Write(head); err != nil {
 		return err
 	}
+	// In the stream loop while it can be (pump_linux.go), then here.
+	if err := r.pumpStream(w); err != nil {
+		return err
+	}
 	if _, err := r.WriteTo(chunkWriter{w}); err != nil {
 		return err
 	}

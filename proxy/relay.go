@@ -72,10 +72,12 @@ const relayBufSize = 1 << 10
 // events needed more keeps its own.
 const maxKeptRelayBuf = 8 * relayBufSize
 
-func newRelay(x *exchange, resp *fasthttp.Response, strip bool) *relay {
+// newRelay relays body, resp's stream (fasthttp's, or taken from it:
+// pump_linux.go).
+func newRelay(x *exchange, resp *fasthttp.Response, body fasthttp.ReadCloserWithError, strip bool) *relay {
 	return &relay{
 		x:     x,
-		body:  resp.BodyStream().(fasthttp.ReadCloserWithError),
+		body:  body,
 		resp:  resp,
 		strip: strip,
 	}
@@ -261,6 +263,15 @@ func (r *relay) fill() error {
 		r.gotBody = true
 		r.process()
 	}
+	return r.afterRead(err)
+}
+
+// afterRead ends or moves the stream as the outcome of a read of its
+// upstream says (err: the read's error, nil after one that delivered):
+// the total deadline, a replica leaving its pool, an abort, the stream's
+// end or failure. Like fill, it returns an error only when the client is
+// gone.
+func (r *relay) afterRead(err error) error {
 	if err == nil {
 		if r.x.s.totalExceeded(r.x) {
 			r.fail(fmt.Errorf("%w: total request deadline", ErrTimeout))

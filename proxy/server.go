@@ -78,6 +78,7 @@ type Server struct {
 	records  *recordRing
 	lat      *latencyStore // ITL and queue-time sketches per replica (latency.go)
 	srv      *fasthttp.Server
+	pump     *streamPump // the stream loop, run by Serve (pump_linux.go)
 
 	now    func() time.Time
 	jitter func(int64) int64
@@ -155,6 +156,7 @@ func New(o Options) (*Server, error) {
 	s.records = newRecordRing(s.cfg.RecordRing)
 	s.lat = newLatencyStore()
 	s.plainEst = admission.NewEstimator(admission.EstimateConfig{})
+	s.pump = newStreamPump(s.cfg)
 	if err := s.SetRoutes(o.Routes); err != nil {
 		return nil, err
 	}
@@ -207,8 +209,19 @@ const serverWriteBufferSize = 1 << 10
 // fasthttp.Server (tests, embedding).
 func (s *Server) Handler() fasthttp.RequestHandler { return s.handle }
 
-// Serve accepts connections on ln until Shutdown.
+// Serve accepts connections on ln until Shutdown, and runs the stream
+// loop meanwhile (pump_linux.go). Streams still running when it returns
+// go on on their own goroutines.
 func (s *Server) Serve(ln net.Listener) error {
+	ctx, stop := context.WithCancel(context.Background())
+	pumped := make(chan struct{})
+	go func() {
+		defer close(pumped)
+		if err := s.pump.Run(ctx); err != nil {
+			s.log.Warn("stream loop stopped: streams relayed on goroutines", zap.Error(err))
+		}
+	}()
+	defer func() { stop(); <-pumped }()
 	return s.srv.Serve(prefetchListener{Listener: ln, max: s.cfg.MaxConnections, open: &s.conns})
 }
 

@@ -24,6 +24,7 @@ type upstream struct {
 	byArm   []*replicaMetrics // children for the pool's arms at build time
 	lat     *replicaLatency   // the replica's ITL and queue-time sketches (latency.go)
 	pending pendingSet        // requests sent and not yet answered
+	idle    idleConns         // connections streams taken from fasthttp gave back (pump_linux.go)
 }
 
 func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, m *metrics, lat *latencyStore) *upstream {
@@ -59,6 +60,11 @@ func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, m *metrics, 
 		RetryIfErr:                staleRetry(&u.pending, m.stale.WithLabelValues(r.Name())),
 		MaxIdemponentCallAttempts: cfg.MaxConnsPerReplica + 1,
 		Dial: func(addr string) (net.Conn, error) {
+			if c := u.idle.take(time.Now(), cfg.MaxIdleConnTime); c != nil {
+				// Reused: a request that finds it closed by the engine is
+				// resent (staleRetry), as on one of fasthttp's own.
+				return &deadlineConn{Conn: c, firstByte: cfg.FirstByteTimeout, idle: cfg.IdleTimeout, pending: &u.pending, uses: 1}, nil
+			}
 			start := time.Now()
 			c, err := dialOffStack(dialer, addr)
 			if err != nil {
@@ -140,6 +146,14 @@ type deadlineConn struct {
 	cur       *pendingReq // the request being written or awaited; nil if not the router's
 	pending   *pendingSet // where the request being written is expected
 	armed     time.Time   // the read deadline set on Conn (armRead); zero if none
+
+	// A stream's response head is handed to fasthttp alone (limitHead),
+	// the body bytes that came with it kept in stash: fasthttp then holds
+	// nothing past the head, and the stream's socket can be taken from it
+	// (headCut; pump_linux.go's detach).
+	limitHead bool
+	headCut   bool
+	stash     []byte
 }
 
 func (c *deadlineConn) Write(p []byte) (int, error) {
@@ -151,6 +165,10 @@ func (c *deadlineConn) Write(p []byte) (int, error) {
 			return 0, net.ErrClosed // the client has already left
 		}
 		c.sent, c.awaiting, c.headEnd = true, true, 0
+		c.limitHead, c.headCut, c.stash = c.cur != nil && c.cur.stream, false, nil
+		if c.cur != nil {
+			c.cur.dconn = c
+		}
 		// A pooled connection the engine has closed since its last
 		// response is not looked at before writing (a syscall on every
 		// request): the write lands in the kernel, the engine's end
@@ -174,6 +192,11 @@ func (c *deadlineConn) markStale() {
 }
 
 func (c *deadlineConn) Read(p []byte) (int, error) {
+	if len(c.stash) > 0 { // the body bytes that came with a stream's head
+		n := copy(p, c.stash)
+		c.stash = c.stash[n:]
+		return n, nil
+	}
 	d := c.idle
 	if c.awaiting {
 		d = c.firstByte
@@ -185,7 +208,15 @@ func (c *deadlineConn) Read(p []byte) (int, error) {
 	if n > 0 {
 		c.sent = false
 		if c.awaiting {
-			c.awaiting = !c.bodyIn(p[:n])
+			k := c.headAt(p[:n])
+			c.awaiting = k < 0 || k == n
+			if k >= 0 && c.limitHead {
+				c.limitHead, c.headCut = false, true
+				if k < n {
+					c.stash = append([]byte(nil), p[k:n]...)
+					n = k
+				}
+			}
 		}
 	}
 	if err != nil && n == 0 && c.sent && peerClosedErr(err) {
@@ -217,14 +248,14 @@ func (c *deadlineConn) armRead(d time.Duration) error {
 	return c.Conn.SetReadDeadline(c.armed)
 }
 
-// bodyIn follows the response head's end through b and reports whether b
-// holds a byte past it.
-func (c *deadlineConn) bodyIn(b []byte) bool {
+// headAt follows the response head's end through b: the index in b just
+// past the head (0 when it ended before b), or -1 when the head goes on.
+func (c *deadlineConn) headAt(b []byte) int {
 	const crlf2 = "\r\n\r\n"
-	for _, ch := range b {
+	for i, ch := range b {
 		switch {
 		case c.headEnd == len(crlf2):
-			return true
+			return i
 		case ch == crlf2[c.headEnd]:
 			c.headEnd++
 		case ch == '\r':
@@ -233,7 +264,10 @@ func (c *deadlineConn) bodyIn(b []byte) bool {
 			c.headEnd = 0
 		}
 	}
-	return false
+	if c.headEnd == len(crlf2) {
+		return len(b)
+	}
+	return -1
 }
 
 // SetReadDeadline ignores fasthttp's absolute deadlines (it only ever
@@ -258,8 +292,8 @@ const seqHeader = "X-Gpurouter-Seq"
 var seqLine = []byte("\r\n" + seqHeader + ": ")
 
 // expect registers the request numbered seq before it is sent.
-func (s *pendingSet) expect(seq uint64) *pendingReq {
-	pr := &pendingReq{}
+func (s *pendingSet) expect(seq uint64, stream bool) *pendingReq {
+	pr := &pendingReq{stream: stream}
 	s.m.Store(seq, pr)
 	return pr
 }
@@ -315,6 +349,12 @@ type pendingReq struct {
 	// stale is set when the request failed on a reused connection the
 	// engine had closed, and taken by staleRetry.
 	stale atomic.Bool
+	// stream: a streamed response is asked for, whose head its connection
+	// hands to fasthttp alone (deadlineConn.limitHead). dconn is the
+	// connection the request was last written on; both are used only on
+	// the request's goroutine.
+	stream bool
+	dconn  *deadlineConn
 }
 
 // attach records the connection the request is written on; false when
