@@ -44,9 +44,9 @@ type streamPump struct {
 
 	mu       sync.Mutex
 	running  bool
-	ep, wake int              // the epoll set and the eventfd that wakes it (valid while running)
-	incoming []*detachedBody  // handed over (take), not yet in the set
-	aborts   []*detachedBody  // closed from outside while in the loop
+	ep, wake int             // the epoll set and the eventfd that wakes it (valid while running)
+	incoming []*detachedBody // handed over (take), not yet in the set
+	aborts   []*detachedBody // closed from outside while in the loop
 	spare    [2][]*detachedBody
 
 	// The loop's own, touched by Run's goroutine only.
