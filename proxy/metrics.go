@@ -29,7 +29,9 @@ type metrics struct {
 	stale      *prometheus.CounterVec   // replica
 	promptToks *prometheus.CounterVec
 	genToks    *prometheus.CounterVec
-	mig        *migrationMetrics // migrate_metrics.go
+	mig        *migrationMetrics      // migrate_metrics.go
+	loopIn     prometheus.Counter     // streams taken into the stream loop (pump_linux.go)
+	loopOut    *prometheus.CounterVec // reason
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -85,8 +87,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "gpurouter_generation_tokens_total",
 			Help: "Generated tokens of finished requests, as the engine reported them in usage.",
 		}, lr),
+		loopIn: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gpurouter_stream_loop_streams_total",
+			Help: "Streams relayed in the stream loop (Linux; upstream.goroutine_streams false) once their head was out. Minus the exits: the streams in it now.",
+		}),
+		loopOut: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpurouter_stream_loop_exits_total",
+			Help: "Streams handed back from the stream loop to a goroutine of their own, by reason: end (the engine's response ended), upstream_error (reset, broken framing), timeout (first byte or idle), slow_client (its socket took less than an event), client_gone (a write failed), aborted (the client left, shutdown or the total deadline), leaving (its replica is leaving its pool: the stream moves), stopped (the loop stopped).",
+		}, []string{"reason"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.retries, m.stale, m.ttft, m.itl, m.tpot, m.e2e, m.queue, m.connect, m.promptToks, m.genToks} {
+	for _, c := range []prometheus.Collector{m.requests, m.retries, m.stale, m.ttft, m.itl, m.tpot, m.e2e, m.queue, m.connect, m.promptToks, m.genToks, m.loopIn, m.loopOut} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

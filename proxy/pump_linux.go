@@ -8,12 +8,14 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"strconv"
 	"sync"
 	"syscall"
 	"time"
 	"unsafe"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 	"golang.org/x/sys/unix"
 )
@@ -41,6 +43,8 @@ import (
 // streamPump is the stream loop. Its zero value is not usable: newStreamPump.
 type streamPump struct {
 	firstByte, idle time.Duration
+	in              prometheus.Counter
+	out             [loopExits]prometheus.Counter // by loopExit
 
 	mu       sync.Mutex
 	running  bool
@@ -55,14 +59,38 @@ type streamPump struct {
 	frame    []byte                // a chunk being written to a client
 	events   []unix.EpollEvent
 	lastScan time.Time
+	handed   bool // a stream went back to its goroutine this round
 }
 
 // pumpScan is how often the loop looks for streams past their first-byte
 // or idle timeout: each fires at most this late.
 const pumpScan = 100 * time.Millisecond
 
-func newStreamPump(cfg Config) *streamPump {
-	return &streamPump{firstByte: cfg.FirstByteTimeout, idle: cfg.IdleTimeout, ep: -1, wake: -1}
+func newStreamPump(cfg Config, m *metrics) *streamPump {
+	p := &streamPump{firstByte: cfg.FirstByteTimeout, idle: cfg.IdleTimeout, ep: -1, wake: -1, in: m.loopIn}
+	for e := range p.out {
+		p.out[e] = m.loopOut.WithLabelValues(loopExit(e).String())
+	}
+	return p
+}
+
+// loopExit is why a stream left the loop (gpurouter_stream_loop_exits_total).
+type loopExit uint8
+
+const (
+	exitEnd loopExit = iota
+	exitUpstreamError
+	exitTimeout
+	exitSlowClient
+	exitClientGone
+	exitAborted
+	exitLeaving
+	exitStopped
+	loopExits
+)
+
+func (e loopExit) String() string {
+	return [...]string{"end", "upstream_error", "timeout", "slow_client", "client_gone", "aborted", "leaving", "stopped"}[e]
 }
 
 // Run runs the loop until ctx ends, then hands every stream in it back
@@ -121,6 +149,12 @@ func (p *streamPump) Run(ctx context.Context) error {
 			p.lastScan = now
 			p.expire(now)
 		}
+		if p.handed {
+			// The goroutines given streams back are runnable on this P,
+			// which the next raw wait would keep from them: let them run.
+			p.handed = false
+			runtime.Gosched()
+		}
 	}
 	return nil
 }
@@ -151,11 +185,11 @@ func (p *streamPump) stop() {
 	defer p.mu.Unlock()
 	p.running = false
 	for _, b := range p.incoming {
-		p.handBack(b, pumpResult{})
+		p.handBack(b, pumpResult{}, exitStopped)
 	}
 	p.incoming, p.aborts = nil, nil
 	for _, b := range p.streams {
-		p.release(b, pumpResult{})
+		p.release(b, pumpResult{}, exitStopped)
 	}
 	unix.Close(p.ep)
 	unix.Close(p.wake)
@@ -189,6 +223,7 @@ func (p *streamPump) take(b *detachedBody) (pumpResult, bool) {
 	}
 	b.inPump = true
 	b.mu.Unlock()
+	p.in.Inc() // one exit counted for each, in handBack
 	p.incoming = append(p.incoming, b)
 	p.mu.Unlock()
 	p.poke()
@@ -216,7 +251,7 @@ func (p *streamPump) admit(now time.Time) {
 		b.pfd = b.fd // unchanged while the stream is in the loop: only handBack closes it
 		ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP, Fd: int32(b.pfd)}
 		if err := unix.EpollCtl(p.ep, unix.EPOLL_CTL_ADD, b.pfd, &ev); err != nil {
-			p.handBack(b, pumpResult{})
+			p.handBack(b, pumpResult{}, exitStopped)
 			continue
 		}
 		b.in = true
@@ -232,7 +267,7 @@ func (p *streamPump) admit(now time.Time) {
 	}
 	for _, b := range ab {
 		if b.in { // else handed back already, for another reason
-			p.release(b, pumpResult{})
+			p.release(b, pumpResult{}, exitAborted)
 		}
 	}
 	clear(in)
@@ -273,7 +308,7 @@ func (p *streamPump) grow(b *detachedBody) bool {
 	if len(r.in) >= maxEventBytes {
 		r.fail(errors.Join(ErrUpstream, errors.New("event larger than "+strconv.Itoa(maxEventBytes)+" bytes")))
 		if p.send(b) {
-			p.release(b, pumpResult{})
+			p.release(b, pumpResult{}, exitUpstreamError)
 		}
 		return false
 	}
@@ -311,7 +346,15 @@ func (p *streamPump) deliver(b *detachedBody, raw []byte, readErr error, now tim
 	}
 	r.process()
 	if readErr != nil {
-		p.release(b, pumpResult{readErr: readErr})
+		// The events before the end go out now (the engine's last ones,
+		// [DONE] among them), not when the goroutine next runs.
+		if p.send(b) {
+			why := exitUpstreamError
+			if readErr == io.EOF {
+				why = exitEnd
+			}
+			p.release(b, pumpResult{readErr: readErr}, why)
+		}
 		return
 	}
 	b.deadline = now.Add(b.limit())
@@ -319,14 +362,14 @@ func (p *streamPump) deliver(b *detachedBody, raw []byte, readErr error, now tim
 	if x.s.totalExceeded(x) {
 		r.fail(errors.Join(ErrTimeout, errors.New("total request deadline")))
 	} else if m := x.mig; m != nil && m.pol.DrainGrace > 0 && m.off == nil && !r.eof && m.leaving(x, x.s.now()) {
-		p.release(b, pumpResult{leaving: true})
+		p.release(b, pumpResult{leaving: true}, exitLeaving)
 		return
 	}
 	if !p.send(b) {
 		return
 	}
-	if r.eof {
-		p.release(b, pumpResult{})
+	if r.eof { // the total deadline ended it
+		p.release(b, pumpResult{}, exitTimeout)
 		return
 	}
 	if len(r.in) == 0 {
@@ -362,9 +405,9 @@ func (p *streamPump) send(b *detachedBody) bool {
 	case n == len(f):
 		return true
 	case werr == nil || werr == unix.EAGAIN:
-		p.release(b, pumpResult{unsent: append([]byte(nil), f[n:]...)})
+		p.release(b, pumpResult{unsent: append([]byte(nil), f[n:]...)}, exitSlowClient)
 	default:
-		p.release(b, pumpResult{clientErr: werr})
+		p.release(b, pumpResult{clientErr: werr}, exitClientGone)
 	}
 	return false
 }
@@ -374,22 +417,23 @@ func (p *streamPump) send(b *detachedBody) bool {
 func (p *streamPump) expire(now time.Time) {
 	for _, b := range p.streams {
 		if now.After(b.deadline) {
-			p.release(b, pumpResult{readErr: os.ErrDeadlineExceeded})
+			p.release(b, pumpResult{readErr: os.ErrDeadlineExceeded}, exitTimeout)
 		}
 	}
 }
 
 // release takes b out of the set and hands it back.
-func (p *streamPump) release(b *detachedBody, res pumpResult) {
+func (p *streamPump) release(b *detachedBody, res pumpResult, why loopExit) {
 	unix.EpollCtl(p.ep, unix.EPOLL_CTL_DEL, b.pfd, nil) //nolint:errcheck // it is closed below or wrapped later either way
 	delete(p.streams, b.pfd)
 	b.in = false
-	p.handBack(b, res)
+	p.handBack(b, res, why)
 }
 
 // handBack gives b's stream back to its goroutine; a stream closed while
 // in the loop has its socket closed now.
-func (p *streamPump) handBack(b *detachedBody, res pumpResult) {
+func (p *streamPump) handBack(b *detachedBody, res pumpResult, why loopExit) {
+	p.out[why].Inc()
 	b.mu.Lock()
 	b.inPump = false
 	if b.closed && b.fd >= 0 {
@@ -398,6 +442,7 @@ func (p *streamPump) handBack(b *detachedBody, res pumpResult) {
 	}
 	b.mu.Unlock()
 	b.back <- res
+	p.handed = true
 }
 
 // pumpResult is why the loop handed a stream back.

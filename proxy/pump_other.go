@@ -14,7 +14,7 @@ import (
 // every stream is relayed on its own goroutine.
 type streamPump struct{}
 
-func newStreamPump(Config) *streamPump { return &streamPump{} }
+func newStreamPump(Config, *metrics) *streamPump { return &streamPump{} }
 
 // Run returns when ctx ends: there is no loop to run.
 func (p *streamPump) Run(ctx context.Context) error {

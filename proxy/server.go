@@ -156,7 +156,7 @@ func New(o Options) (*Server, error) {
 	s.records = newRecordRing(s.cfg.RecordRing)
 	s.lat = newLatencyStore()
 	s.plainEst = admission.NewEstimator(admission.EstimateConfig{})
-	s.pump = newStreamPump(s.cfg)
+	s.pump = newStreamPump(s.cfg, s.m)
 	if err := s.SetRoutes(o.Routes); err != nil {
 		return nil, err
 	}

@@ -114,6 +114,7 @@ type upstreamConfig struct {
 	MaxConnsPerReplica int           `yaml:"max_conns_per_replica"` // concurrent connections (= streams) per replica; default 1024
 	MaxIdleConnTime    time.Duration `yaml:"max_idle_conn_time"`    // keep-alive idle; below uvicorn's 5s; default 4s
 	MaxHeaderBytes     int           `yaml:"max_header_bytes"`      // an engine's response line + headers, more is 502; default 1024
+	GoroutineStreams   bool          `yaml:"goroutine_streams"`     // relay each stream on its own goroutine, not in the stream loop; default false
 }
 
 type healthConfig struct {

@@ -203,6 +203,7 @@ func TestConfigDefaults(t *testing.T) {
 		{"retry.backoff_max", cfg.Retry.BackoffMax, 200 * time.Millisecond},
 		{"upstream.max_idle_conn_time", cfg.Upstream.MaxIdleConnTime, 4 * time.Second},
 		{"upstream.max_header_bytes", cfg.Upstream.MaxHeaderBytes, 1024},
+		{"upstream.goroutine_streams", cfg.Upstream.GoroutineStreams, false},
 		{"health.path", cfg.Health.Path, "/health"},
 		{"breaker.consecutive_failures", cfg.Breaker.ConsecutiveFailures, 5},
 		{"shutdown.drain_timeout", cfg.Shutdown.DrainTimeout, 30 * time.Second},

@@ -97,6 +97,7 @@ func newRouterProbing(cfg fileConfig, log *zap.Logger, prober balancer.Prober) (
 			MaxConnsPerReplica: cfg.Upstream.MaxConnsPerReplica,
 			MaxIdleConnTime:    cfg.Upstream.MaxIdleConnTime,
 			MaxUpstreamHeader:  cfg.Upstream.MaxHeaderBytes,
+			GoroutineStreams:   cfg.Upstream.GoroutineStreams,
 		},
 		Routes:      r.fleet.Routes(),
 		Score:       scoreConfig(cfg),
