@@ -42,6 +42,7 @@ type fakeVLLM struct {
 	// Observations.
 	requests atomic.Int64
 	canceled atomic.Int64
+	apiConns sync.Map // the connections API requests came on, by remote address
 	received chan *http.Request // request heads, if the test wants them (buffered)
 	bodies   chan []byte
 	headers  chan http.Header
@@ -77,6 +78,7 @@ func (f *fakeVLLM) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	f.requests.Add(1)
+	f.apiConns.Store(r.RemoteAddr, true)
 	body, _ := io.ReadAll(r.Body)
 	select {
 	case f.bodies <- body:

@@ -1,0 +1,213 @@
+//go:build linux
+
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// exitsOf reads gpurouter_stream_loop_exits_total for reason.
+func exitsOf(tr *testRouter, reason string) float64 {
+	return testutil.ToFloat64(tr.srv.m.loopOut.WithLabelValues(reason))
+}
+
+// streamTokens posts a chat stream and returns its token events' contents
+// and whether it ended with [DONE].
+func streamTokens(t *testing.T, url string) (tokens []string, done bool) {
+	t.Helper()
+	resp := post(t, url+"/v1/chat/completions", chatStream)
+	defer resp.Body.Close()
+	for _, ev := range sseEvents(t, resp.Body) {
+		switch {
+		case ev == "[DONE]":
+			done = true
+		case strings.Contains(ev, `"error"`):
+			tokens = append(tokens, "error: "+ev)
+		case strings.Contains(ev, `"content":"tok`):
+			i := strings.Index(ev, `"content":"`) + len(`"content":"`)
+			tokens = append(tokens, ev[i:i+strings.IndexByte(ev[i:], '"')])
+		}
+	}
+	return tokens, done
+}
+
+// Streams are relayed in the loop from head to [DONE], event by event, and
+// the upstream connection a stream took from fasthttp serves the next
+// request, as a pooled one would.
+func TestStreamLoopRelaysAndReusesTheConnection(t *testing.T) {
+	up := newFakeVLLM(t)
+	up.tokens, up.gap = 5, 5*time.Millisecond
+	tr := startRouter(t, []string{up.url})
+	for i := 0; i < 3; i++ {
+		toks, done := streamTokens(t, tr.url)
+		if want := "tok0 ,tok1 ,tok2 ,tok3 ,tok4 "; strings.Join(toks, ",") != want || !done {
+			t.Fatalf("stream %d: tokens %q done %v, want %q and [DONE]", i, toks, done, want)
+		}
+	}
+	if in := testutil.ToFloat64(tr.srv.m.loopIn); in != 3 {
+		t.Fatalf("%v streams entered the loop, want 3", in)
+	}
+	if end := exitsOf(tr, "end"); end != 3 {
+		t.Fatalf("%v streams left the loop at their end, want 3", end)
+	}
+	n := 0
+	up.apiConns.Range(func(any, any) bool { n++; return true })
+	if n != 1 {
+		t.Fatalf("three streams in a row came on %d connections, want 1", n)
+	}
+}
+
+// scriptedUpstream is an engine written byte by byte: for each POST it sends
+// script's pieces, pausing between them, then closes the connection.
+func scriptedUpstream(t *testing.T, script ...string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					io.Copy(io.Discard, req.Body) //nolint:errcheck
+					if req.Method != http.MethodPost {
+						io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n") //nolint:errcheck
+						continue
+					}
+					for _, piece := range script {
+						if _, err := io.WriteString(c, piece); err != nil {
+							return
+						}
+						time.Sleep(20 * time.Millisecond)
+					}
+					return
+				}
+			}()
+		}
+	}()
+	return "http://" + ln.Addr().String()
+}
+
+const sseHead = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+func chunk(ev string) string { return strconv.FormatInt(int64(len(ev)), 16) + "\r\n" + ev + "\r\n" }
+
+func tokenEvent(i int) string {
+	return `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"tok` + strconv.Itoa(i) + ` "}}]}` + "\n\n"
+}
+
+// An engine that sends its head and first event in one segment: the bytes
+// past the head, which fasthttp never saw, are the loop's first read; an
+// event split across two chunks, and a chunk holding two events, come out
+// whole and in order.
+func TestStreamLoopHeadWithTheFirstEvent(t *testing.T) {
+	second := tokenEvent(1)
+	url := scriptedUpstream(t,
+		sseHead+chunk(tokenEvent(0)),
+		chunk(second[:10]), chunk(second[10:]),
+		chunk(tokenEvent(2)+tokenEvent(3)),
+		chunk("data: [DONE]\n\n")+"0\r\n\r\n",
+	)
+	tr := startRouter(t, []string{url})
+	toks, done := streamTokens(t, tr.url)
+	if want := "tok0 ,tok1 ,tok2 ,tok3 "; strings.Join(toks, ",") != want || !done {
+		t.Fatalf("tokens %q done %v, want %q and [DONE]", toks, done, want)
+	}
+	if in, end := testutil.ToFloat64(tr.srv.m.loopIn), exitsOf(tr, "end"); in != 1 || end != 1 {
+		t.Fatalf("loop: %v in, %v out at the end; want 1 and 1", in, end)
+	}
+}
+
+// Broken chunked framing is a broken upstream: the client gets what came
+// before it, an error event and [DONE].
+func TestStreamLoopBrokenFraming(t *testing.T) {
+	url := scriptedUpstream(t, sseHead, chunk(tokenEvent(0)), "zz\r\nnot a chunk")
+	tr := startRouter(t, []string{url})
+	toks, done := streamTokens(t, tr.url)
+	if len(toks) != 2 || toks[0] != "tok0 " || !strings.Contains(toks[1], "error") || !done {
+		t.Fatalf("tokens %q done %v, want tok0, an error event and [DONE]", toks, done)
+	}
+	if n := exitsOf(tr, "upstream_error"); n != 1 {
+		t.Fatalf("%v streams left the loop on an upstream error, want 1", n)
+	}
+}
+
+// A client that leaves mid-stream ends the engine's sequence (its
+// connection is closed) while the stream is in the loop.
+func TestStreamLoopClientLeaves(t *testing.T) {
+	up := newFakeVLLM(t)
+	up.tokens, up.gap = 200, 10*time.Millisecond
+	tr := startRouter(t, []string{up.url}, withConfig(func(c *Config) { c.DisconnectCheck = 20 * time.Millisecond }))
+	resp := post(t, tr.url+"/v1/chat/completions", chatStream)
+	br := bufio.NewReader(resp.Body)
+	for i := 0; i < 3; i++ { // a few events: the stream is in the loop
+		if _, err := br.ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp.Body.Close()
+	waitFor(t, "the engine to see the client leave", func() bool { return up.canceled.Load() == 1 })
+	waitFor(t, "the stream to leave the loop", func() bool {
+		return exitsOf(tr, "aborted")+exitsOf(tr, "client_gone") == 1
+	})
+}
+
+// When the loop stops (the server's Serve returns at shutdown) the streams
+// in it go on on their own goroutines, to their end.
+func TestStreamLoopStopHandsStreamsBack(t *testing.T) {
+	up := newFakeVLLM(t)
+	up.tokens, up.gap = 20, 20*time.Millisecond
+	tr := startRouter(t, []string{up.url})
+	resp := post(t, tr.url+"/v1/chat/completions", chatStream)
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	for i := 0; i < 4; i++ {
+		if _, err := br.ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	shut := make(chan error, 1)
+	go func() { shut <- tr.srv.Shutdown(ctx) }()
+	evs := sseEvents(t, br)
+	if len(evs) == 0 || evs[len(evs)-1] != "[DONE]" {
+		t.Fatalf("stream did not end with [DONE] after the loop stopped: %q", evs)
+	}
+	n := 0
+	for _, ev := range evs {
+		if strings.Contains(ev, `"content":"tok`) {
+			n++
+		}
+	}
+	if n < 17 { // up to three were read above with the role chunk
+		t.Fatalf("%d token events after the loop stopped, want the rest of 20", n)
+	}
+	if err := <-shut; err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	if s := exitsOf(tr, "stopped"); s != 1 {
+		t.Fatalf("%v streams handed back as the loop stopped, want 1", s)
+	}
+}
