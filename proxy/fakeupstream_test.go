@@ -42,7 +42,7 @@ type fakeVLLM struct {
 	// Observations.
 	requests atomic.Int64
 	canceled atomic.Int64
-	apiConns sync.Map // the connections API requests came on, by remote address
+	apiConns sync.Map           // the connections API requests came on, by remote address
 	received chan *http.Request // request heads, if the test wants them (buffered)
 	bodies   chan []byte
 	headers  chan http.Header
