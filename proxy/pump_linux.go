@@ -179,6 +179,26 @@ func (p *streamPump) wait() (int, error) {
 	return int(r), nil
 }
 
+// rawRead and rawWrite are read(2) and write(2) on non-blocking sockets,
+// as raw system calls: they never wait, so the runtime need not be told
+// (entersyscall), which would let it take the loop's P away while a write
+// runs the loopback's receive path, and make the loop win it back.
+func rawRead(fd int, b []byte) (int, error) {
+	r, _, e := unix.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)))
+	if e != 0 {
+		return 0, e
+	}
+	return int(r), nil
+}
+
+func rawWrite(fd int, b []byte) (int, error) {
+	r, _, e := unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)))
+	if e != 0 {
+		return 0, e
+	}
+	return int(r), nil
+}
+
 // stop ends the loop: every stream goes back to its goroutine as it is.
 func (p *streamPump) stop() {
 	p.mu.Lock()
@@ -285,7 +305,7 @@ func (p *streamPump) pull(b *detachedBody, now time.Time) {
 	if len(r.in) == cap(r.in) && !p.grow(b) {
 		return
 	}
-	n, err := unix.Read(b.pfd, p.buf[:min(cap(r.in)-len(r.in), len(p.buf))])
+	n, err := rawRead(b.pfd, p.buf[:min(cap(r.in)-len(r.in), len(p.buf))])
 	switch {
 	case err == unix.EAGAIN || err == unix.EINTR:
 		if len(r.in) == 0 {
@@ -394,7 +414,7 @@ func (p *streamPump) send(b *detachedBody) bool {
 	var n int
 	var werr error
 	if err := b.client.Write(func(fd uintptr) bool {
-		n, werr = unix.Write(int(fd), f)
+		n, werr = rawWrite(int(fd), f)
 		return true // never wait: a socket that takes less goes back to the goroutine
 	}); err != nil {
 		werr = err
