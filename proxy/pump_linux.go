@@ -59,7 +59,7 @@ type streamPump struct {
 	frame    []byte                // a chunk being written to a client
 	events   []unix.EpollEvent
 	lastScan time.Time
-	handed   bool // a stream went back to its goroutine this round
+	yield    bool // this round made goroutines runnable
 }
 
 // pumpScan is how often the loop looks for streams past their first-byte
@@ -149,10 +149,14 @@ func (p *streamPump) Run(ctx context.Context) error {
 			p.lastScan = now
 			p.expire(now)
 		}
-		if p.handed {
-			// The goroutines given streams back are runnable on this P,
-			// which the next raw wait would keep from them: let them run.
-			p.handed = false
+		if p.yield {
+			// What this round made runnable — the goroutines given their
+			// streams back, the requests a first token let out of the
+			// admission queue (exchange.tokenChunk) — waits on this P,
+			// which the next raw wait would keep from it (another P
+			// steals it only when idle): let it run now. Not every round:
+			// a yield costs a wake-up of another thread.
+			p.yield = false
 			runtime.Gosched()
 		}
 	}
@@ -342,6 +346,9 @@ func (p *streamPump) grow(b *detachedBody) bool {
 // passes the events on; readErr is how the read ended (nil: it delivered).
 func (p *streamPump) deliver(b *detachedBody, raw []byte, readErr error, now time.Time) {
 	r := b.r
+	if r.x.firstTok.IsZero() { // the first token may let queued requests out
+		defer func() { p.yield = p.yield || !r.x.firstTok.IsZero() }()
+	}
 	for len(raw) > 0 && readErr == nil && !b.dec.done() {
 		if r.buf == nil {
 			r.takeBuf()
@@ -462,7 +469,7 @@ func (p *streamPump) handBack(b *detachedBody, res pumpResult, why loopExit) {
 	}
 	b.mu.Unlock()
 	b.back <- res
-	p.handed = true
+	p.yield = true
 }
 
 // pumpResult is why the loop handed a stream back.
