@@ -211,3 +211,22 @@ func TestStreamLoopStopHandsStreamsBack(t *testing.T) {
 		t.Fatalf("%v streams handed back as the loop stopped, want 1", s)
 	}
 }
+
+// An informational head (103 Early Hints) before the response's own is
+// not where the body starts: the stream's bytes after the real head are
+// relayed, none lost to fasthttp's buffer.
+func TestStreamLoopAfterAnInformationalHead(t *testing.T) {
+	url := scriptedUpstream(t,
+		"HTTP/1.1 103 Early Hints\r\nLink: </x>; rel=preload\r\n\r\n"+sseHead+chunk(tokenEvent(0)),
+		chunk(tokenEvent(1)),
+		chunk("data: [DONE]\n\n")+"0\r\n\r\n",
+	)
+	tr := startRouter(t, []string{url})
+	toks, done := streamTokens(t, tr.url)
+	if want := "tok0 ,tok1 "; strings.Join(toks, ",") != want || !done {
+		t.Fatalf("tokens %q done %v, want %q and [DONE]", toks, done, want)
+	}
+	if in := testutil.ToFloat64(tr.srv.m.loopIn); in != 1 {
+		t.Fatalf("%v streams in the loop, want 1", in)
+	}
+}

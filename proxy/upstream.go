@@ -142,6 +142,8 @@ type deadlineConn struct {
 	sent      bool        // a request was written and no response byte read yet
 	awaiting  bool        // no byte of the response body read yet
 	headEnd   int         // bytes of the head's closing CRLF CRLF seen so far
+	headPos   int         // bytes of the head seen so far
+	status    byte        // the head's status code's first digit, once seen
 	uses      int         // requests written on the connection, this one included
 	cur       *pendingReq // the request being written or awaited; nil if not the router's
 	pending   *pendingSet // where the request being written is expected
@@ -164,7 +166,7 @@ func (c *deadlineConn) Write(p []byte) (int, error) {
 		if c.cur != nil && !c.cur.attach(c.Conn) {
 			return 0, net.ErrClosed // the client has already left
 		}
-		c.sent, c.awaiting, c.headEnd = true, true, 0
+		c.sent, c.awaiting, c.headEnd, c.headPos, c.status = true, true, 0, 0, 0
 		c.limitHead, c.headCut, c.stash = c.cur != nil && c.cur.stream, false, nil
 		if c.cur != nil {
 			c.cur.dconn = c
@@ -250,12 +252,22 @@ func (c *deadlineConn) armRead(d time.Duration) error {
 
 // headAt follows the response head's end through b: the index in b just
 // past the head (0 when it ended before b), or -1 when the head goes on.
+// An informational (1xx) head, which fasthttp reads and skips, is not the
+// end: the head is the one after it.
 func (c *deadlineConn) headAt(b []byte) int {
 	const crlf2 = "\r\n\r\n"
 	for i, ch := range b {
+		if c.headEnd == len(crlf2) {
+			if c.status != '1' {
+				return i
+			}
+			c.headEnd, c.headPos, c.status = 0, 0, 0 // the next head follows
+		}
+		if c.headPos == len("HTTP/1.1 ") {
+			c.status = ch // the status code's first digit
+		}
+		c.headPos++
 		switch {
-		case c.headEnd == len(crlf2):
-			return i
 		case ch == crlf2[c.headEnd]:
 			c.headEnd++
 		case ch == '\r':
@@ -264,7 +276,7 @@ func (c *deadlineConn) headAt(b []byte) int {
 			c.headEnd = 0
 		}
 	}
-	if c.headEnd == len(crlf2) {
+	if c.headEnd == len(crlf2) && c.status != '1' {
 		return len(b)
 	}
 	return -1
