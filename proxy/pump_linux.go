@@ -5,6 +5,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -47,7 +48,8 @@ type streamPump struct {
 	out             [loopExits]prometheus.Counter // by loopExit
 
 	mu       sync.Mutex
-	running  bool
+	running  bool            // open: streams may be handed over
+	looping  bool            // Run's goroutine runs the loop
 	ep, wake int             // the epoll set and the eventfd that wakes it (valid while running)
 	incoming []*detachedBody // handed over (take), not yet in the set
 	aborts   []*detachedBody // closed from outside while in the loop
@@ -93,9 +95,16 @@ func (e loopExit) String() string {
 	return [...]string{"end", "upstream_error", "timeout", "slow_client", "client_gone", "aborted", "leaving", "stopped"}[e]
 }
 
-// Run runs the loop until ctx ends, then hands every stream in it back
-// to its goroutine. A second Run while one runs returns at once.
-func (p *streamPump) Run(ctx context.Context) error {
+// open readies the loop to take streams (its epoll set, its wake-up), so
+// that streams handed over before Run's goroutine first runs wait for it
+// instead of missing the loop: Serve opens it before accepting. Opening
+// an open loop does nothing.
+func (p *streamPump) open() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.running {
+		return nil
+	}
 	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
 		return err
@@ -110,14 +119,23 @@ func (p *streamPump) Run(ctx context.Context) error {
 		unix.Close(wake)
 		return err
 	}
+	p.running, p.ep, p.wake = true, ep, wake
+	return nil
+}
+
+// Run runs the loop until ctx ends (opening it first, unless it is open),
+// then hands every stream in it back to its goroutine and closes it. A
+// second Run while one runs returns at once.
+func (p *streamPump) Run(ctx context.Context) error {
+	if err := p.open(); err != nil {
+		return err
+	}
 	p.mu.Lock()
-	if p.running {
+	if p.looping {
 		p.mu.Unlock()
-		unix.Close(ep)
-		unix.Close(wake)
 		return nil
 	}
-	p.running, p.ep, p.wake = true, ep, wake
+	p.looping = true
 	p.mu.Unlock()
 	p.streams = make(map[int]*detachedBody)
 	p.buf = make([]byte, 64<<10)
@@ -141,7 +159,12 @@ func (p *streamPump) Run(ctx context.Context) error {
 				p.admit(now)
 				continue
 			}
-			if b := p.streams[fd]; b != nil {
+			b := p.streams[fd]
+			switch {
+			case b == nil:
+			case ev.Pad == clientTag:
+				p.hungUp(b)
+			default:
 				p.pull(b, now)
 			}
 		}
@@ -207,7 +230,7 @@ func rawWrite(fd int, b []byte) (int, error) {
 func (p *streamPump) stop() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.running = false
+	p.running, p.looping = false, false
 	for _, b := range p.incoming {
 		p.handBack(b, pumpResult{}, exitStopped)
 	}
@@ -280,6 +303,7 @@ func (p *streamPump) admit(now time.Time) {
 		}
 		b.in = true
 		p.streams[b.pfd] = b
+		p.watchClient(b)
 		if b.deadline.IsZero() {
 			b.deadline = now.Add(b.limit())
 		}
@@ -297,6 +321,36 @@ func (p *streamPump) admit(now time.Time) {
 	clear(in)
 	clear(ab)
 	p.spare[0], p.spare[1] = in[:0], ab[:0]
+}
+
+// clientTag marks the epoll events of a stream's client socket (the
+// event's Fd is the stream's upstream descriptor either way).
+const clientTag = 1
+
+// watchClient has the loop tell when b's client hangs up, in place of the
+// client watch's periodic checks (watch.go), which are paused meanwhile:
+// per stream, a check a DisconnectCheck was a timer firing and a system
+// call, for every waiting stream.
+func (p *streamPump) watchClient(b *detachedBody) {
+	cfd := -1
+	if err := b.client.Control(func(fd uintptr) { cfd = int(fd) }); err != nil || cfd < 0 {
+		return
+	}
+	ev := unix.EpollEvent{Events: unix.EPOLLRDHUP, Fd: int32(b.pfd), Pad: clientTag}
+	if unix.EpollCtl(p.ep, unix.EPOLL_CTL_ADD, cfd, &ev) != nil {
+		return // the watch goes on checking
+	}
+	b.cfd = cfd
+	if w := b.r.watch; w != nil {
+		w.pause()
+	}
+}
+
+// hungUp ends b's stream as the client watch would have: its client has
+// closed the connection.
+func (p *streamPump) hungUp(b *detachedBody) {
+	b.r.abort(fmt.Errorf("%w: connection closed by client", ErrClientGone))
+	p.release(b, pumpResult{}, exitAborted)
 }
 
 // pull reads what b's upstream has, up to the relay's room for it (as
@@ -443,6 +497,11 @@ func (p *streamPump) send(b *detachedBody) bool {
 // the goroutine relay ends (or moves) them as a timed-out read.
 func (p *streamPump) expire(now time.Time) {
 	for _, b := range p.streams {
+		if x := b.r.x; x.s.totalExceeded(x) { // the paused watch's other check
+			b.r.abort(fmt.Errorf("%w: total request deadline %s", ErrTimeout, x.s.cfg.TotalTimeout))
+			p.release(b, pumpResult{}, exitAborted)
+			continue
+		}
 		if now.After(b.deadline) {
 			p.release(b, pumpResult{readErr: os.ErrDeadlineExceeded}, exitTimeout)
 		}
@@ -452,6 +511,10 @@ func (p *streamPump) expire(now time.Time) {
 // release takes b out of the set and hands it back.
 func (p *streamPump) release(b *detachedBody, res pumpResult, why loopExit) {
 	unix.EpollCtl(p.ep, unix.EPOLL_CTL_DEL, b.pfd, nil) //nolint:errcheck // it is closed below or wrapped later either way
+	if b.cfd >= 0 {
+		unix.EpollCtl(p.ep, unix.EPOLL_CTL_DEL, b.cfd, nil) //nolint:errcheck // the goroutine's again
+		b.cfd = -1
+	}
 	delete(p.streams, b.pfd)
 	b.in = false
 	p.handBack(b, res, why)
@@ -499,6 +562,7 @@ type detachedBody struct {
 	// The loop's, while the stream is in it.
 	in              bool      // in the epoll set
 	pfd             int       // fd as the set knows it
+	cfd             int       // the client's socket, in the set for hang-ups; -1 if not
 	deadline        time.Time // first byte or idle: the read must come by then
 	firstByte, idle time.Duration
 
@@ -562,7 +626,7 @@ func (p *streamPump) detach(x *exchange, resp *fasthttp.Response, client net.Con
 	}
 	b := &detachedBody{
 		pump: p, stash: c.stash, client: craw, back: make(chan pumpResult, 1),
-		firstByte: c.firstByte, idle: c.idle, fd: fd,
+		firstByte: c.firstByte, idle: c.idle, fd: fd, cfd: -1,
 	}
 	if !resp.ConnectionClose() && x.up != nil {
 		b.reuse = &x.up.idle
@@ -688,6 +752,9 @@ func (r *relay) pumpStream(w io.Writer) error {
 	res, ok := b.pump.take(b)
 	if !ok {
 		return nil
+	}
+	if r.watch != nil {
+		r.watch.resume() // the loop watched the client meanwhile
 	}
 	if len(res.unsent) > 0 {
 		if err := r.armWrite(); err != nil {

@@ -154,11 +154,13 @@ func TestStreamLoopBrokenFraming(t *testing.T) {
 }
 
 // A client that leaves mid-stream ends the engine's sequence (its
-// connection is closed) while the stream is in the loop.
+// connection is closed) while the stream is in the loop: the loop sees the
+// hang-up itself, the client watch's checks being paused meanwhile (an hour
+// apart here, so only the loop can have seen it).
 func TestStreamLoopClientLeaves(t *testing.T) {
 	up := newFakeVLLM(t)
 	up.tokens, up.gap = 200, 10*time.Millisecond
-	tr := startRouter(t, []string{up.url}, withConfig(func(c *Config) { c.DisconnectCheck = 20 * time.Millisecond }))
+	tr := startRouter(t, []string{up.url}, withConfig(func(c *Config) { c.DisconnectCheck = time.Hour }))
 	resp := post(t, tr.url+"/v1/chat/completions", chatStream)
 	br := bufio.NewReader(resp.Body)
 	for i := 0; i < 3; i++ { // a few events: the stream is in the loop
@@ -171,6 +173,27 @@ func TestStreamLoopClientLeaves(t *testing.T) {
 	waitFor(t, "the stream to leave the loop", func() bool {
 		return exitsOf(tr, "aborted")+exitsOf(tr, "client_gone") == 1
 	})
+}
+
+// A stream waiting in the loop for its first event still ends at the total
+// deadline (the paused client watch's other check), not at first_byte's.
+func TestStreamLoopTotalDeadline(t *testing.T) {
+	up := newFakeVLLM(t)
+	up.prefill = 3 * time.Second
+	tr := startRouter(t, []string{up.url}, withConfig(func(c *Config) {
+		c.TotalTimeout, c.FirstByteTimeout, c.DisconnectCheck = 300*time.Millisecond, 10*time.Second, time.Hour
+	}))
+	start := time.Now()
+	toks, done := streamTokens(t, tr.url)
+	if len(toks) != 1 || !strings.Contains(toks[0], "total request deadline") || !done {
+		t.Fatalf("events %q done %v, want the total deadline's error event and [DONE]", toks, done)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("the stream ended after %s, want soon after its 300ms total deadline", took)
+	}
+	if n := exitsOf(tr, "aborted"); n != 1 {
+		t.Fatalf("%v streams aborted in the loop, want 1", n)
+	}
 }
 
 // When the loop stops (the server's Serve returns at shutdown) the streams
@@ -228,5 +251,18 @@ func TestStreamLoopAfterAnInformationalHead(t *testing.T) {
 	}
 	if in := testutil.ToFloat64(tr.srv.m.loopIn); in != 1 {
 		t.Fatalf("%v streams in the loop, want 1", in)
+	}
+}
+
+// goroutine_streams: every stream on its own goroutine, none in the loop.
+func TestGoroutineStreamsLeaveTheLoopOut(t *testing.T) {
+	up := newFakeVLLM(t)
+	tr := startRouter(t, []string{up.url}, withConfig(func(c *Config) { c.GoroutineStreams = true }))
+	toks, done := streamTokens(t, tr.url)
+	if len(toks) != 5 || !done {
+		t.Fatalf("tokens %q done %v, want 5 and [DONE]", toks, done)
+	}
+	if in := testutil.ToFloat64(tr.srv.m.loopIn); in != 0 {
+		t.Fatalf("%v streams in the loop, want none", in)
 	}
 }

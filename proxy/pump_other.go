@@ -16,6 +16,8 @@ type streamPump struct{}
 
 func newStreamPump(Config, *metrics) *streamPump { return &streamPump{} }
 
+func (p *streamPump) open() error { return nil }
+
 // Run returns when ctx ends: there is no loop to run.
 func (p *streamPump) Run(ctx context.Context) error {
 	<-ctx.Done()

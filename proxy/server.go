@@ -214,15 +214,33 @@ func (s *Server) Handler() fasthttp.RequestHandler { return s.handle }
 // go on on their own goroutines.
 func (s *Server) Serve(ln net.Listener) error {
 	ctx, stop := context.WithCancel(context.Background())
-	pumped := make(chan struct{})
+	looped := s.runStreamLoop(ctx)
+	defer func() { stop(); <-looped }()
+	return s.srv.Serve(prefetchListener{Listener: ln, max: s.cfg.MaxConnections, open: &s.conns})
+}
+
+// runStreamLoop opens the stream loop, before the first connection comes,
+// and runs it until ctx ends; the channel closes once it has stopped.
+// Without it (GoroutineStreams, or a loop that can't open) every stream
+// runs on its own goroutine.
+func (s *Server) runStreamLoop(ctx context.Context) <-chan struct{} {
+	done := make(chan struct{})
+	if s.cfg.GoroutineStreams {
+		close(done)
+		return done
+	}
+	if err := s.pump.open(); err != nil {
+		s.log.Warn("no stream loop: streams relayed on goroutines", zap.Error(err))
+		close(done)
+		return done
+	}
 	go func() {
-		defer close(pumped)
+		defer close(done)
 		if err := s.pump.Run(ctx); err != nil {
 			s.log.Warn("stream loop stopped: streams relayed on goroutines", zap.Error(err))
 		}
 	}()
-	defer func() { stop(); <-pumped }()
-	return s.srv.Serve(prefetchListener{Listener: ln, max: s.cfg.MaxConnections, open: &s.conns})
+	return done
 }
 
 // Shutdown stops accepting, lets requests in progress finish until ctx

@@ -34,6 +34,7 @@ type clientWatch struct {
 	timer   Timer
 	raw     syscall.RawConn // nil when the client conn is not a plain socket (TLS, in-memory)
 	ready   bool            // the first check has prepared conn
+	paused  bool            // the stream loop watches the client meanwhile (pump_linux.go)
 	stopped atomic.Bool
 }
 
@@ -112,9 +113,32 @@ func (w *clientWatch) tick() {
 		return
 	}
 	w.mu.Lock()
+	t, paused := w.timer, w.paused
+	w.mu.Unlock()
+	if !paused {
+		t.Reset(w.every)
+	}
+}
+
+// pause stops the checks while the stream loop watches the client itself
+// (an epoll event when it hangs up), which costs nothing per stream; a
+// check already running may still run once. resume starts them again.
+func (w *clientWatch) pause() {
+	w.mu.Lock()
+	w.paused = true
 	t := w.timer
 	w.mu.Unlock()
-	t.Reset(w.every)
+	t.Stop()
+}
+
+func (w *clientWatch) resume() {
+	w.mu.Lock()
+	w.paused = false
+	t := w.timer
+	w.mu.Unlock()
+	if !w.stopped.Load() {
+		t.Reset(w.every)
+	}
 }
 
 // fire ends the request for err through its current owner. The watch
