@@ -1,0 +1,178 @@
+//go:build linux
+
+package proxy
+
+import (
+	"errors"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// One stream's bytes through the loop (pump_linux.go): read off the
+// engine's socket, unframed, processed by the relay, written to the client.
+
+// rawRead and rawWrite are read(2) and write(2) on non-blocking sockets,
+// as raw system calls: they never wait, so the runtime need not be told
+// (entersyscall), which would let it take the loop's P away while a write
+// runs the loopback's receive path, and make the loop win it back.
+func rawRead(fd int, b []byte) (int, error) {
+	r, _, e := unix.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)))
+	if e != 0 {
+		return 0, e
+	}
+	return int(r), nil
+}
+
+func rawWrite(fd int, b []byte) (int, error) {
+	r, _, e := unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)))
+	if e != 0 {
+		return 0, e
+	}
+	return int(r), nil
+}
+
+// pull reads what b's upstream has, up to the relay's room for it (as
+// relay.fill reads), and delivers it.
+func (p *streamPump) pull(b *detachedBody, now time.Time) {
+	r := b.r
+	if r.buf == nil {
+		r.takeBuf()
+	}
+	if len(r.in) == cap(r.in) && !p.grow(b) {
+		return
+	}
+	n, err := rawRead(b.pfd, p.buf[:min(cap(r.in)-len(r.in), len(p.buf))])
+	switch {
+	case err == unix.EAGAIN || err == unix.EINTR:
+		if len(r.in) == 0 {
+			r.putBuf()
+		}
+		return
+	case err != nil:
+		p.deliver(b, nil, &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", err)}, now)
+	case n == 0:
+		p.deliver(b, nil, io.EOF, now)
+	default:
+		p.deliver(b, p.buf[:n], nil, now)
+	}
+}
+
+// grow makes room in a full relay buffer as relay.fill does: false when
+// the event outgrew maxEventBytes (the stream then ends, handed back).
+func (p *streamPump) grow(b *detachedBody) bool {
+	r := b.r
+	if len(r.in) >= maxEventBytes {
+		r.fail(errors.Join(ErrUpstream, errors.New("event larger than "+strconv.Itoa(maxEventBytes)+" bytes")))
+		if p.send(b) {
+			p.release(b, pumpResult{}, exitUpstreamError)
+		}
+		return false
+	}
+	grown := make([]byte, len(r.in), 2*cap(r.in)+relayBufSize)
+	copy(grown, r.in)
+	r.buf, r.in = grown, grown
+	return true
+}
+
+// deliver takes raw upstream bytes through b's decoder into its relay and
+// passes the events on; readErr is how the read ended (nil: it delivered).
+func (p *streamPump) deliver(b *detachedBody, raw []byte, readErr error, now time.Time) {
+	r := b.r
+	if r.x.firstTok.IsZero() { // the first token may let queued requests out
+		defer func() { p.yield = p.yield || !r.x.firstTok.IsZero() }()
+	}
+	for len(raw) > 0 && readErr == nil && !b.dec.done() {
+		if r.buf == nil {
+			r.takeBuf()
+		}
+		if len(r.in) == cap(r.in) {
+			r.process()
+			if len(r.in) == cap(r.in) && !p.grow(b) {
+				return
+			}
+		}
+		n, used, err := b.dec.decode(r.in[len(r.in):cap(r.in)], raw)
+		raw = raw[used:]
+		r.in = r.in[:len(r.in)+n]
+		if n > 0 {
+			r.gotBody = true
+		}
+		readErr = err
+	}
+	if readErr == nil && b.dec.done() {
+		readErr = io.EOF // the last chunk: the engine's response is over
+		b.extra = len(raw) > 0
+	}
+	r.process()
+	if readErr != nil {
+		// The events before the end go out now (the engine's last ones,
+		// [DONE] among them), not when the goroutine next runs.
+		if p.send(b) {
+			why := exitUpstreamError
+			if readErr == io.EOF {
+				why = exitEnd
+			}
+			p.release(b, pumpResult{readErr: readErr}, why)
+		}
+		return
+	}
+	b.deadline = now.Add(b.limit())
+	x := r.x
+	if x.s.totalExceeded(x) {
+		r.fail(errors.Join(ErrTimeout, errors.New("total request deadline")))
+	} else if m := x.mig; m != nil && m.pol.DrainGrace > 0 && m.off == nil && !r.eof && m.leaving(x, x.s.now()) {
+		p.release(b, pumpResult{leaving: true}, exitLeaving)
+		return
+	}
+	if !p.send(b) {
+		return
+	}
+	if r.eof { // the total deadline ended it
+		p.release(b, pumpResult{}, exitTimeout)
+		return
+	}
+	if len(r.in) == 0 {
+		r.putBuf() // nothing partial: the stream waits without buffers
+	}
+}
+
+// send writes the relay's processed events to the client as one chunk,
+// now, without blocking; false when the stream was handed back (the
+// client's socket is full, or the client is gone).
+func (p *streamPump) send(b *detachedBody) bool {
+	r := b.r
+	data := r.out[r.outPos:]
+	if len(data) == 0 {
+		return true
+	}
+	f := strconv.AppendInt(p.frame[:0], int64(len(data)), 16)
+	f = append(f, "\r\n"...)
+	f = append(f, data...)
+	f = append(f, "\r\n"...)
+	p.frame = f
+	var n int
+	var werr error
+	if err := b.client.Write(func(fd uintptr) bool {
+		n, werr = rawWrite(int(fd), f)
+		return true // never wait: a socket that takes less goes back to the goroutine
+	}); err != nil {
+		werr = err
+	}
+	r.out, r.outPos = r.out[:0], 0
+	n = max(n, 0)
+	switch {
+	case n == len(f):
+		return true
+	case werr == nil || werr == unix.EAGAIN:
+		p.release(b, pumpResult{unsent: append([]byte(nil), f[n:]...)}, exitSlowClient)
+	default:
+		p.release(b, pumpResult{clientErr: werr}, exitClientGone)
+	}
+	return false
+}
