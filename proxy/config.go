@@ -1,6 +1,9 @@
 package proxy
 
-import "time"
+import (
+	"runtime"
+	"time"
+)
 
 // Defaults for Config's zero fields; cmd/gpurouter's file schema documents
 // and fills the same values.
@@ -61,6 +64,12 @@ type Config struct {
 	// fasthttp's body, instead of in the stream loop (pump_linux.go; Linux
 	// only), which costs less CPU per event [false].
 	GoroutineStreams bool
+	// StreamLoops is how many stream loops share the streams, each on a
+	// thread of its own (new streams go to each in turn): at
+	// ~10 µs of CPU an event (`gpurouter bench proxy-cost`) one loop's core
+	// relays about 100k events a second, so a large router needs several
+	// [0: one per four of GOMAXPROCS, at least one].
+	StreamLoops int
 }
 
 func (c Config) withDefaults() Config {
@@ -92,6 +101,9 @@ func (c Config) withDefaults() Config {
 	defInt(&c.RecordRing, DefaultRecordRing)
 	if c.TotalTimeout < 0 {
 		c.TotalTimeout = 0
+	}
+	if c.StreamLoops <= 0 {
+		c.StreamLoops = max(1, runtime.GOMAXPROCS(0)/4)
 	}
 	return c
 }

@@ -315,7 +315,7 @@ func (s *Server) startStream(ctx *fasthttp.RequestCtx, x *exchange, resp *fastht
 	hj := hijackable(ctx)
 	if hj && !s.cfg.GoroutineStreams {
 		// Relayed in the stream loop where it can be (pump_linux.go).
-		if b := s.pump.detach(x, resp, ctx.Conn()); b != nil {
+		if b := s.pump().detach(x, resp, ctx.Conn()); b != nil {
 			body = b
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -41,6 +42,8 @@ type streamPump struct {
 	firstByte, idle time.Duration
 	in              prometheus.Counter
 	out             [loopExits]prometheus.Counter // by loopExit
+
+	size atomic.Int64 // streams in the loop now: taken and not yet handed back
 
 	mu       sync.Mutex
 	running  bool            // open: streams may be handed over
@@ -246,6 +249,7 @@ func (p *streamPump) take(b *detachedBody) (pumpResult, bool) {
 	b.inPump = true
 	b.mu.Unlock()
 	p.in.Inc() // one exit counted for each, in handBack
+	p.size.Add(1)
 	p.incoming = append(p.incoming, b)
 	p.mu.Unlock()
 	p.poke()
@@ -366,6 +370,7 @@ func (p *streamPump) handBack(b *detachedBody, res pumpResult, why loopExit) {
 		b.fd = -1
 	}
 	b.mu.Unlock()
+	p.size.Add(-1)
 	b.back <- res
 	p.yield = true
 }

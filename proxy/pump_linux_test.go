@@ -266,3 +266,46 @@ func TestGoroutineStreamsLeaveTheLoopOut(t *testing.T) {
 		t.Fatalf("%v streams in the loop, want none", in)
 	}
 }
+
+// Several loops share the streams, new ones going to each in turn; each
+// relays its own to the end.
+func TestStreamLoopsShareTheStreams(t *testing.T) {
+	up := newFakeVLLM(t)
+	up.tokens, up.gap = 30, 20*time.Millisecond
+	tr := startRouter(t, []string{up.url}, withConfig(func(c *Config) { c.StreamLoops = 3 }))
+	const streams = 6
+	results := make(chan int, streams)
+	for range streams {
+		go func() {
+			resp, err := http.Post(tr.url+"/v1/chat/completions", "application/json", strings.NewReader(chatStream))
+			if err != nil {
+				results <- -1
+				return
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			n := strings.Count(string(body), `"content":"tok`)
+			if !strings.Contains(string(body), "[DONE]") {
+				n = -n
+			}
+			results <- n
+		}()
+	}
+	waitFor(t, "every stream in a loop", func() bool {
+		var n int64
+		for _, p := range tr.srv.pumps {
+			n += p.size.Load()
+		}
+		return n == streams
+	})
+	for i, p := range tr.srv.pumps {
+		if n := p.size.Load(); n != streams/3 {
+			t.Errorf("loop %d holds %d streams, want %d", i, n, streams/3)
+		}
+	}
+	for range streams {
+		if n := <-results; n != 30 {
+			t.Fatalf("a stream ended with %d token events (negative: no [DONE]), want 30", n)
+		}
+	}
+}

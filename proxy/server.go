@@ -14,6 +14,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -78,7 +79,8 @@ type Server struct {
 	records  *recordRing
 	lat      *latencyStore // ITL and queue-time sketches per replica (latency.go)
 	srv      *fasthttp.Server
-	pump     *streamPump // the stream loop, run by Serve (pump_linux.go)
+	pumps    []*streamPump // the stream loops, run by Serve (pump_linux.go)
+	nextPump atomic.Uint64 // the loop the last stream went to
 
 	now    func() time.Time
 	jitter func(int64) int64
@@ -156,7 +158,9 @@ func New(o Options) (*Server, error) {
 	s.records = newRecordRing(s.cfg.RecordRing)
 	s.lat = newLatencyStore()
 	s.plainEst = admission.NewEstimator(admission.EstimateConfig{})
-	s.pump = newStreamPump(s.cfg, s.m)
+	for range s.cfg.StreamLoops {
+		s.pumps = append(s.pumps, newStreamPump(s.cfg, s.m))
+	}
 	if err := s.SetRoutes(o.Routes); err != nil {
 		return nil, err
 	}
@@ -214,33 +218,42 @@ func (s *Server) Handler() fasthttp.RequestHandler { return s.handle }
 // go on on their own goroutines.
 func (s *Server) Serve(ln net.Listener) error {
 	ctx, stop := context.WithCancel(context.Background())
-	looped := s.runStreamLoop(ctx)
+	looped := s.runStreamLoops(ctx)
 	defer func() { stop(); <-looped }()
 	return s.srv.Serve(prefetchListener{Listener: ln, max: s.cfg.MaxConnections, open: &s.conns})
 }
 
-// runStreamLoop opens the stream loop, before the first connection comes,
-// and runs it until ctx ends; the channel closes once it has stopped.
-// Without it (GoroutineStreams, or a loop that can't open) every stream
-// runs on its own goroutine.
-func (s *Server) runStreamLoop(ctx context.Context) <-chan struct{} {
+// runStreamLoops opens the stream loops, before the first connection
+// comes, and runs them until ctx ends; the channel closes once all have
+// stopped. Without them (GoroutineStreams, or loops that can't open) every
+// stream runs on its own goroutine.
+func (s *Server) runStreamLoops(ctx context.Context) <-chan struct{} {
 	done := make(chan struct{})
-	if s.cfg.GoroutineStreams {
-		close(done)
-		return done
-	}
-	if err := s.pump.open(); err != nil {
-		s.log.Warn("no stream loop: streams relayed on goroutines", zap.Error(err))
-		close(done)
-		return done
+	var wg sync.WaitGroup
+	for _, p := range s.pumps {
+		if s.cfg.GoroutineStreams {
+			break
+		}
+		if err := p.open(); err != nil {
+			s.log.Warn("no stream loop: streams relayed on goroutines", zap.Error(err))
+			break
+		}
+		wg.Go(func() {
+			if err := p.Run(ctx); err != nil {
+				s.log.Warn("stream loop stopped: its streams go on on goroutines", zap.Error(err))
+			}
+		})
 	}
 	go func() {
-		defer close(done)
-		if err := s.pump.Run(ctx); err != nil {
-			s.log.Warn("stream loop stopped: streams relayed on goroutines", zap.Error(err))
-		}
+		wg.Wait()
+		close(done)
 	}()
 	return done
+}
+
+// pump is the stream loop a new stream goes to, in turn.
+func (s *Server) pump() *streamPump {
+	return s.pumps[s.nextPump.Add(1)%uint64(len(s.pumps))]
 }
 
 // Shutdown stops accepting, lets requests in progress finish until ctx

@@ -115,6 +115,7 @@ type upstreamConfig struct {
 	MaxIdleConnTime    time.Duration `yaml:"max_idle_conn_time"`    // keep-alive idle; below uvicorn's 5s; default 4s
 	MaxHeaderBytes     int           `yaml:"max_header_bytes"`      // an engine's response line + headers, more is 502; default 1024
 	GoroutineStreams   bool          `yaml:"goroutine_streams"`     // relay each stream on its own goroutine, not in the stream loop; default false
+	StreamLoops        int           `yaml:"stream_loops"`          // stream loops sharing the streams; default 0: one per four of GOMAXPROCS, at least one
 }
 
 type healthConfig struct {

@@ -204,6 +204,7 @@ func TestConfigDefaults(t *testing.T) {
 		{"upstream.max_idle_conn_time", cfg.Upstream.MaxIdleConnTime, 4 * time.Second},
 		{"upstream.max_header_bytes", cfg.Upstream.MaxHeaderBytes, 1024},
 		{"upstream.goroutine_streams", cfg.Upstream.GoroutineStreams, false},
+		{"upstream.stream_loops", cfg.Upstream.StreamLoops, 0},
 		{"health.path", cfg.Health.Path, "/health"},
 		{"breaker.consecutive_failures", cfg.Breaker.ConsecutiveFailures, 5},
 		{"shutdown.drain_timeout", cfg.Shutdown.DrainTimeout, 30 * time.Second},

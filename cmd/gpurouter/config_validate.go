@@ -50,6 +50,9 @@ func validate(cfg fileConfig) error {
 	if cfg.Upstream.MaxHeaderBytes < minUpstreamHeader {
 		v.add("upstream.max_header_bytes", "must be >= %d, got %d", minUpstreamHeader, cfg.Upstream.MaxHeaderBytes)
 	}
+	if cfg.Upstream.StreamLoops < 0 {
+		v.add("upstream.stream_loops", "must be >= 0 (0: one per four of GOMAXPROCS), got %d", cfg.Upstream.StreamLoops)
+	}
 
 	if !strings.HasPrefix(cfg.Health.Path, "/") {
 		v.add("health.path", "must start with /, got %q", cfg.Health.Path)

@@ -98,6 +98,7 @@ func newRouterProbing(cfg fileConfig, log *zap.Logger, prober balancer.Prober) (
 			MaxIdleConnTime:    cfg.Upstream.MaxIdleConnTime,
 			MaxUpstreamHeader:  cfg.Upstream.MaxHeaderBytes,
 			GoroutineStreams:   cfg.Upstream.GoroutineStreams,
+			StreamLoops:        cfg.Upstream.StreamLoops,
 		},
 		Routes:      r.fleet.Routes(),
 		Score:       scoreConfig(cfg),
