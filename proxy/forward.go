@@ -316,7 +316,10 @@ func (s *Server) startStream(ctx *fasthttp.RequestCtx, x *exchange, resp *fastht
 	if hj && !s.cfg.GoroutineStreams {
 		// Relayed in the stream loop where it can be (pump_linux.go).
 		if b := s.pump().detach(x, resp, ctx.Conn()); b != nil {
-			body = b
+			// The head is copied and the body taken: nothing of the
+			// response is needed for the rest of the stream.
+			fasthttp.ReleaseResponse(resp)
+			body, resp = b, nil
 		}
 	}
 	x.upc = nil

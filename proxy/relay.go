@@ -414,7 +414,7 @@ func (r *relay) CloseWithError(err error) error {
 		} else {
 			r.body.CloseWithError(nil)
 		}
-		if r.resp != nil { // nil after a failed migration
+		if r.resp != nil { // nil after a failed migration, or once the stream loop took the body (startStream)
 			fasthttp.ReleaseResponse(r.resp)
 			r.resp = nil
 		}
