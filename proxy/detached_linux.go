@@ -92,7 +92,8 @@ func (p *streamPump) detach(x *exchange, resp *fasthttp.Response, client net.Con
 		return nil
 	}
 	fd := -1
-	if err := uraw.Control(func(s uintptr) { fd, err = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0) }); err != nil || fd < 0 {
+	var dupErr error
+	if err := uraw.Control(func(s uintptr) { fd, dupErr = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0) }); err != nil || dupErr != nil || fd < 0 {
 		return nil
 	}
 	b := &detachedBody{
