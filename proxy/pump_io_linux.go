@@ -3,7 +3,7 @@
 package proxy
 
 import (
-	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -68,7 +68,7 @@ func (p *streamPump) pull(b *detachedBody, now time.Time) {
 func (p *streamPump) grow(b *detachedBody) bool {
 	r := b.r
 	if len(r.in) >= maxEventBytes {
-		r.fail(errors.Join(ErrUpstream, errors.New("event larger than "+strconv.Itoa(maxEventBytes)+" bytes")))
+		r.fail(fmt.Errorf("%w: event larger than %d bytes", ErrUpstream, maxEventBytes)) // as relay.fill
 		if p.send(b) {
 			p.release(b, pumpResult{}, exitUpstreamError)
 		}
@@ -125,7 +125,7 @@ func (p *streamPump) deliver(b *detachedBody, raw []byte, readErr error, now tim
 	b.deadline = now.Add(b.limit())
 	x := r.x
 	if x.s.totalExceeded(x) {
-		r.fail(errors.Join(ErrTimeout, errors.New("total request deadline")))
+		r.fail(fmt.Errorf("%w: total request deadline", ErrTimeout)) // as relay.afterRead
 	} else if m := x.mig; m != nil && m.pol.DrainGrace > 0 && m.off == nil && !r.eof && m.leaving(x, x.s.now()) {
 		p.release(b, pumpResult{leaving: true}, exitLeaving)
 		return
