@@ -10,11 +10,14 @@ import (
 // gives back (pump_linux.go): a stream taken from fasthttp takes its
 // connection with it, out of fasthttp's pool, so once the stream has ended
 // cleanly the connection waits here, and the replica's Dial hands it out
-// before it dials — as fasthttp would have reused it. Its zero value is
-// an empty set.
+// before it dials — as fasthttp would have reused it. Connections idle
+// past maxIdle are closed whenever the set is used: on the replica's next
+// dial or stream end. Its zero value is an empty set that keeps
+// connections until they are taken.
 type idleConns struct {
-	mu    sync.Mutex
-	conns []idleConn // oldest first
+	maxIdle time.Duration // 0: no limit
+	mu      sync.Mutex
+	conns   []idleConn // oldest first
 }
 
 type idleConn struct {
@@ -26,41 +29,62 @@ type idleConn struct {
 // more connections than a replica's usual keep-alive pool would.
 const maxIdleConns = 64
 
-// put keeps c, closing the oldest connection when the set is full.
+// put keeps c, closing the oldest connection when the set is full and
+// those idle past maxIdle.
 func (l *idleConns) put(c net.Conn, now time.Time) {
 	l.mu.Lock()
-	var drop net.Conn
+	drop := l.expire(now)
 	if len(l.conns) == maxIdleConns {
-		drop = l.conns[0].c
+		drop = append(drop, l.conns[0].c)
 		l.conns = append(l.conns[:0], l.conns[1:]...)
 	}
 	l.conns = append(l.conns, idleConn{c, now})
 	l.mu.Unlock()
-	if drop != nil {
-		drop.Close() //nolint:errcheck
-	}
+	closeAll(drop)
 }
 
-// take returns the most recently kept connection idle for less than
-// maxIdle, closing those idle longer (the engine may have closed them:
-// uvicorn does after 5 s); nil when there is none.
-func (l *idleConns) take(now time.Time, maxIdle time.Duration) net.Conn {
+// take returns the most recently kept connection, closing those idle past
+// maxIdle (the engine may have closed them: uvicorn does after 5 s); nil
+// when there is none.
+func (l *idleConns) take(now time.Time) net.Conn {
 	l.mu.Lock()
-	var stale []idleConn
+	drop := l.expire(now)
 	var c net.Conn
-	for n := len(l.conns); n > 0; n = len(l.conns) {
-		ic := l.conns[n-1]
+	if n := len(l.conns); n > 0 {
+		c = l.conns[n-1].c
 		l.conns[n-1] = idleConn{}
 		l.conns = l.conns[:n-1]
-		if now.Sub(ic.since) < maxIdle {
-			c = ic.c
-			break
-		}
-		stale = append(stale, ic)
 	}
 	l.mu.Unlock()
-	for _, ic := range stale {
-		ic.c.Close() //nolint:errcheck
-	}
+	closeAll(drop)
 	return c
+}
+
+// expire takes the connections idle past maxIdle out of the set (the
+// oldest are first) and returns them, to be closed outside the lock.
+func (l *idleConns) expire(now time.Time) []net.Conn {
+	if l.maxIdle <= 0 {
+		return nil
+	}
+	k := 0
+	for k < len(l.conns) && now.Sub(l.conns[k].since) >= l.maxIdle {
+		k++
+	}
+	if k == 0 {
+		return nil
+	}
+	drop := make([]net.Conn, k)
+	for i := range k {
+		drop[i] = l.conns[i].c
+	}
+	n := copy(l.conns, l.conns[k:])
+	clear(l.conns[n:])
+	l.conns = l.conns[:n]
+	return drop
+}
+
+func closeAll(cs []net.Conn) {
+	for _, c := range cs {
+		c.Close() //nolint:errcheck
+	}
 }

@@ -29,6 +29,7 @@ type upstream struct {
 
 func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, m *metrics, lat *latencyStore) *upstream {
 	u := &upstream{replica: r, pool: p, all: m, lat: lat.forReplica(p.Model(), r.Name())}
+	u.idle.maxIdle = cfg.MaxIdleConnTime
 	for _, a := range p.Arms() {
 		u.byArm = append(u.byArm, m.forReplica(p.Model(), r.Name(), a.Name))
 	}
@@ -60,7 +61,7 @@ func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, m *metrics, 
 		RetryIfErr:                staleRetry(&u.pending, m.stale.WithLabelValues(r.Name())),
 		MaxIdemponentCallAttempts: cfg.MaxConnsPerReplica + 1,
 		Dial: func(addr string) (net.Conn, error) {
-			if c := u.idle.take(time.Now(), cfg.MaxIdleConnTime); c != nil {
+			if c := u.idle.take(time.Now()); c != nil {
 				// Reused: a request that finds it closed by the engine is
 				// resent (staleRetry), as on one of fasthttp's own.
 				return &deadlineConn{Conn: c, firstByte: cfg.FirstByteTimeout, idle: cfg.IdleTimeout, pending: &u.pending, uses: 1}, nil
