@@ -60,6 +60,8 @@ type streamPump struct {
 	events   []unix.EpollEvent
 	lastScan time.Time
 	yield    bool // this round made goroutines runnable
+	loops    int  // the server's stream loops, this one included
+	holdP    bool // wait as a raw system call (wait)
 }
 
 // pumpScan is how often the loop looks for streams past their first-byte
@@ -67,7 +69,7 @@ type streamPump struct {
 const pumpScan = 100 * time.Millisecond
 
 func newStreamPump(cfg Config, m *metrics) *streamPump {
-	p := &streamPump{firstByte: cfg.FirstByteTimeout, idle: cfg.IdleTimeout, ep: -1, wake: -1, in: m.loopIn}
+	p := &streamPump{firstByte: cfg.FirstByteTimeout, idle: cfg.IdleTimeout, ep: -1, wake: -1, in: m.loopIn, loops: cfg.StreamLoops}
 	for e := range p.out {
 		p.out[e] = m.loopOut.WithLabelValues(loopExit(e).String())
 	}
@@ -169,6 +171,7 @@ func (p *streamPump) Run(ctx context.Context) error {
 		if now.Sub(p.lastScan) >= pumpScan {
 			p.lastScan = now
 			p.expire(now)
+			p.holdP = runtime.GOMAXPROCS(0) > p.loops // GOMAXPROCS may change (container limits)
 		}
 		if p.yield {
 			// What this round made runnable — the goroutines given their
@@ -192,10 +195,17 @@ func (p *streamPump) Run(ctx context.Context) error {
 // wake-ups per event — nor polls the thread every 20 µs meanwhile. The
 // loop keeps its P while it waits, at most pumpScan; a stop-the-world or
 // a preemption interrupts the wait with a signal (EINTR, as epoll_pwait
-// is never restarted after a signal handler).
+// is never restarted after a signal handler). Unless the loops would
+// hold every P (GOMAXPROCS no more than the loops: a one-core router):
+// then nothing else would run but when the runtime preempts a loop, every
+// 10–20 ms, so the loop waits as any system call does, and pays the
+// wake-ups.
 func (p *streamPump) wait() (int, error) {
 	if len(p.streams) == 0 {
 		return unix.EpollWait(p.ep, p.events, -1)
+	}
+	if !p.holdP {
+		return unix.EpollWait(p.ep, p.events, int(pumpScan/time.Millisecond))
 	}
 	r, _, e := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(p.ep), uintptr(unsafe.Pointer(&p.events[0])), uintptr(len(p.events)), uintptr(pumpScan/time.Millisecond), 0, 0)
 	if e != 0 {
