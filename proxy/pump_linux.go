@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,8 +24,9 @@ import (
 // nothing, fasthttp's buffered chunk parsing and a deadline's clock read —
 // half again the CPU a proxy doing its own I/O spends per event (`gpurouter
 // bench proxy-cost`, the epoll-bare column). So once a stream's head is
-// out, its upstream socket leaves fasthttp and Go's netpoller for one
-// epoll set that a single goroutine waits on: each wake-up reads every
+// out, its upstream socket leaves fasthttp and Go's netpoller for an
+// epoll set that a single goroutine waits on (one per loop: Server.pumps,
+// Config.StreamLoops): each wake-up reads every
 // stream that has bytes, takes off the chunked framing (chunked.go), runs
 // the relay's own event processing (relay.process: timings, usage, the
 // migration's tracking) and writes the events to the client's socket at
@@ -43,7 +45,7 @@ type streamPump struct {
 	in              prometheus.Counter
 	out             [loopExits]prometheus.Counter // by loopExit
 
-	size atomic.Int64 // streams in the loop now: taken and not yet handed back
+	size atomic.Int64 // streams in the loop now: taken and not yet handed back (gpurouter_stream_loop_streams)
 
 	mu       sync.Mutex
 	running  bool            // open: streams may be handed over
@@ -62,6 +64,22 @@ type streamPump struct {
 	yield    bool // this round made goroutines runnable
 	loops    int  // the server's stream loops, this one included
 	holdP    bool // wait as a raw system call (wait)
+}
+
+// registerLoopGauges publishes each loop's streams in flight, so a loop
+// that holds more than its share shows.
+func registerLoopGauges(reg prometheus.Registerer, pumps []*streamPump) error {
+	for i, p := range pumps {
+		g := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "gpurouter_stream_loop_streams",
+			Help:        "Streams in a stream loop now, by loop (Linux; upstream.stream_loops of them).",
+			ConstLabels: prometheus.Labels{"loop": strconv.Itoa(i)},
+		}, func() float64 { return float64(p.size.Load()) })
+		if err := reg.Register(g); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // pumpScan is how often the loop looks for streams past their first-byte

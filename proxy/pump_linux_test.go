@@ -298,10 +298,24 @@ func TestStreamLoopsShareTheStreams(t *testing.T) {
 		}
 		return n == streams
 	})
-	for i, p := range tr.srv.pumps {
-		if n := p.size.Load(); n != streams/3 {
-			t.Errorf("loop %d holds %d streams, want %d", i, n, streams/3)
+	mfs, err := tr.srv.gather.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	loops := 0
+	for _, mf := range mfs {
+		if mf.GetName() != "gpurouter_stream_loop_streams" {
+			continue
 		}
+		for _, m := range mf.GetMetric() {
+			loops++
+			if n := m.GetGauge().GetValue(); n != streams/3 {
+				t.Errorf("loop %s holds %v streams, want %d", m.GetLabel()[0].GetValue(), n, streams/3)
+			}
+		}
+	}
+	if loops != 3 {
+		t.Errorf("gpurouter_stream_loop_streams has %d loops, want 3", loops)
 	}
 	for range streams {
 		if n := <-results; n != 30 {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 )
 
@@ -17,6 +18,9 @@ type streamPump struct{}
 func newStreamPump(Config, *metrics) *streamPump { return &streamPump{} }
 
 func (p *streamPump) open() error { return nil }
+
+// registerLoopGauges has no loops to publish.
+func registerLoopGauges(prometheus.Registerer, []*streamPump) error { return nil }
 
 // Run returns when ctx ends: there is no loop to run.
 func (p *streamPump) Run(ctx context.Context) error {

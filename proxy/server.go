@@ -161,6 +161,9 @@ func New(o Options) (*Server, error) {
 	for range s.cfg.StreamLoops {
 		s.pumps = append(s.pumps, newStreamPump(s.cfg, s.m))
 	}
+	if err := registerLoopGauges(reg, s.pumps); err != nil {
+		return nil, fmt.Errorf("proxy: metrics: %w", err)
+	}
 	if err := s.SetRoutes(o.Routes); err != nil {
 		return nil, err
 	}
@@ -214,7 +217,7 @@ const serverWriteBufferSize = 1 << 10
 func (s *Server) Handler() fasthttp.RequestHandler { return s.handle }
 
 // Serve accepts connections on ln until Shutdown, and runs the stream
-// loop meanwhile (pump_linux.go). Streams still running when it returns
+// loops meanwhile (pump_linux.go). Streams still running when it returns
 // go on on their own goroutines.
 func (s *Server) Serve(ln net.Listener) error {
 	ctx, stop := context.WithCancel(context.Background())
