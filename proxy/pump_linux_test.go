@@ -70,43 +70,27 @@ func TestStreamLoopRelaysAndReusesTheConnection(t *testing.T) {
 // scriptedUpstream is an engine written byte by byte: for each POST it sends
 // script's pieces, pausing between them, then closes the connection.
 func scriptedUpstream(t *testing.T, script ...string) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
+	return loopbackServer(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
 		for {
-			c, err := ln.Accept()
+			req, err := http.ReadRequest(br)
 			if err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					io.Copy(io.Discard, req.Body) //nolint:errcheck
-					if req.Method != http.MethodPost {
-						io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n") //nolint:errcheck
-						continue
-					}
-					for _, piece := range script {
-						if _, err := io.WriteString(c, piece); err != nil {
-							return
-						}
-						time.Sleep(20 * time.Millisecond)
-					}
+			io.Copy(io.Discard, req.Body) //nolint:errcheck
+			if req.Method != http.MethodPost {
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n") //nolint:errcheck
+				continue
+			}
+			for _, piece := range script {
+				if _, err := io.WriteString(c, piece); err != nil {
 					return
 				}
-			}()
+				time.Sleep(20 * time.Millisecond)
+			}
+			return
 		}
-	}()
-	return "http://" + ln.Addr().String()
+	})
 }
 
 const sseHead = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"

@@ -205,6 +205,19 @@ func TestKilledReplicasGive503NotBadGateway(t *testing.T) {
 // rawUpstream accepts connections and answers each with reply (then
 // closes it); "" closes at once, before any response byte.
 func rawUpstream(t *testing.T, reply string) string {
+	return loopbackServer(t, func(c net.Conn) {
+		c.SetDeadline(time.Now().Add(5 * time.Second)) //nolint:errcheck
+		buf := make([]byte, 4096)
+		c.Read(buf) //nolint:errcheck // the request head (and body): enough to answer
+		if reply != "" {
+			io.WriteString(c, reply) //nolint:errcheck
+		}
+	})
+}
+
+// loopbackServer serves every connection on a loopback port with serve,
+// on a goroutine of its own, closing it after; it stops with the test.
+func loopbackServer(t *testing.T, serve func(net.Conn)) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -219,12 +232,7 @@ func rawUpstream(t *testing.T, reply string) string {
 			}
 			go func() {
 				defer c.Close()
-				c.SetDeadline(time.Now().Add(5 * time.Second)) //nolint:errcheck
-				buf := make([]byte, 4096)
-				c.Read(buf) //nolint:errcheck // the request head (and body): enough to answer
-				if reply != "" {
-					io.WriteString(c, reply) //nolint:errcheck
-				}
+				serve(c)
 			}()
 		}
 	}()
