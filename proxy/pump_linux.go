@@ -361,7 +361,11 @@ func (p *streamPump) hungUp(b *detachedBody) {
 }
 
 // expire hands back the streams past their first-byte or idle timeout:
-// the goroutine relay ends (or moves) them as a timed-out read.
+// the goroutine relay ends (or moves) them as a timed-out read. It also
+// ends those past the total deadline, one of the paused client watch's
+// checks (watchClient sees the hang-ups); the watch's third, the drain
+// deadline, needs no twin: Shutdown sets it after Serve has returned, by
+// when the loop has handed every stream back and their watches run again.
 func (p *streamPump) expire(now time.Time) {
 	for _, b := range p.streams {
 		if x := b.r.x; x.s.totalExceeded(x) { // the paused watch's other check
