@@ -161,7 +161,7 @@ func (b *detachedBody) netConn() (net.Conn, error) {
 			return nil, err
 		}
 		gotBody := b.r != nil && b.r.gotBody
-		b.conn = &deadlineConn{Conn: fc, firstByte: b.firstByte, idle: b.idle, awaiting: !gotBody, headEnd: 4}
+		b.conn = (&deadlineConn{Conn: fc, firstByte: b.firstByte, idle: b.idle, awaiting: !gotBody, headEnd: 4}).withSock()
 		b.raw = make([]byte, relayBufSize)
 	}
 	return b.conn, nil

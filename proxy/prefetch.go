@@ -39,14 +39,14 @@ func (l prefetchListener) Accept() (net.Conn, error) {
 			return nil, err
 		}
 		if l.open == nil {
-			return &prefetchConn{Conn: c}, nil
+			return newPrefetchConn(c, nil), nil
 		}
 		if n := l.open.Add(1); l.max > 0 && n > int64(l.max) {
 			l.open.Add(-1)
 			refuseConn(c)
 			continue
 		}
-		return &prefetchConn{Conn: c, open: l.open}, nil
+		return newPrefetchConn(c, l.open), nil
 	}
 }
 
@@ -79,6 +79,13 @@ type prefetchConn struct {
 	state  keptState     // once handed back after a stream (hijack.go)
 	open   *atomic.Int64 // the listener's count, left at the first Close; nil: not counted
 	closed atomic.Bool
+	sock   rawSock // Linux: the socket's raw reads and writes (rawsock_linux.go)
+}
+
+func newPrefetchConn(c net.Conn, open *atomic.Int64) *prefetchConn {
+	pc := &prefetchConn{Conn: c, open: open}
+	pc.sock.set(c)
+	return pc
 }
 
 // Close closes the connection and, the first time, leaves the listener's
@@ -101,10 +108,10 @@ func (c *prefetchConn) Read(p []byte) (int, error) {
 		return n, nil
 	}
 	if len(p) >= prefetchSize/2 {
-		return c.Conn.Read(p) // a buffer of its own: read straight into it
+		return c.readConn(p) // a buffer of its own: read straight into it
 	}
 	b := prefetchBufs.Get().(*[]byte)
-	n, err := c.Conn.Read(*b)
+	n, err := c.readConn(*b)
 	k := copy(p, (*b)[:n])
 	if k == n {
 		prefetchBufs.Put(b)
@@ -114,6 +121,20 @@ func (c *prefetchConn) Read(p []byte) (int, error) {
 	// bytes comes back when they are used up and the socket is read again.
 	c.buf, c.r, c.w = b, k, n
 	return k, nil
+}
+
+func (c *prefetchConn) readConn(p []byte) (int, error) {
+	if c.sock.ok() {
+		return c.sock.read(p)
+	}
+	return c.Conn.Read(p)
+}
+
+func (c *prefetchConn) Write(p []byte) (int, error) {
+	if c.sock.ok() {
+		return c.sock.write(p)
+	}
+	return c.Conn.Write(p)
 }
 
 // SyscallConn exposes the socket for the client watch's peeks (watch.go).

@@ -64,7 +64,7 @@ func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, m *metrics, 
 			if c := u.idle.take(time.Now()); c != nil {
 				// Reused: a request that finds it closed by the engine is
 				// resent (staleRetry), as on one of fasthttp's own.
-				return &deadlineConn{Conn: c, firstByte: cfg.FirstByteTimeout, idle: cfg.IdleTimeout, pending: &u.pending, uses: 1}, nil
+				return (&deadlineConn{Conn: c, firstByte: cfg.FirstByteTimeout, idle: cfg.IdleTimeout, pending: &u.pending, uses: 1}).withSock(), nil
 			}
 			start := time.Now()
 			c, err := dialOffStack(dialer, addr)
@@ -72,8 +72,7 @@ func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, m *metrics, 
 				return nil, err
 			}
 			connect.Observe(time.Since(start).Seconds())
-			dc := &deadlineConn{Conn: c, firstByte: cfg.FirstByteTimeout, idle: cfg.IdleTimeout, pending: &u.pending}
-			return dc, nil
+			return (&deadlineConn{Conn: c, firstByte: cfg.FirstByteTimeout, idle: cfg.IdleTimeout, pending: &u.pending}).withSock(), nil
 		},
 	}
 	return u
@@ -157,6 +156,21 @@ type deadlineConn struct {
 	limitHead bool
 	headCut   bool
 	stash     []byte
+
+	sock rawSock // Linux: the socket's raw reads and writes (rawsock_linux.go)
+}
+
+// withSock sets c's raw socket I/O where the system has it.
+func (c *deadlineConn) withSock() *deadlineConn {
+	c.sock.set(c.Conn)
+	return c
+}
+
+func (c *deadlineConn) readConn(p []byte) (int, error) {
+	if c.sock.ok() {
+		return c.sock.read(p)
+	}
+	return c.Conn.Read(p)
 }
 
 func (c *deadlineConn) Write(p []byte) (int, error) {
@@ -178,7 +192,13 @@ func (c *deadlineConn) Write(p []byte) (int, error) {
 		// answers with a reset, and the read below flags the request.
 		c.uses++
 	}
-	n, err := c.Conn.Write(p)
+	var n int
+	var err error
+	if c.sock.ok() {
+		n, err = c.sock.write(p)
+	} else {
+		n, err = c.Conn.Write(p)
+	}
 	if err != nil && c.awaiting && peerClosedErr(err) {
 		c.markStale()
 	}
@@ -207,7 +227,7 @@ func (c *deadlineConn) Read(p []byte) (int, error) {
 	if err := c.armRead(d); err != nil {
 		return 0, err
 	}
-	n, err := c.Conn.Read(p)
+	n, err := c.readConn(p)
 	if n > 0 {
 		c.sent = false
 		if c.awaiting {

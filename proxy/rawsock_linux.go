@@ -1,0 +1,144 @@
+//go:build linux
+
+package proxy
+
+import (
+	"errors"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// rawSock reads and writes a connection's non-blocking socket with raw
+// read(2) and write(2), waiting in Go's netpoller only when the socket has
+// nothing to read or no room (syscall.RawConn). net.Conn's own Read and
+// Write tell the runtime they enter a system call; a loopback write runs
+// the receiver's whole TCP path inside it, often long enough for the
+// runtime's monitor to hand the goroutine's P to another thread, which it
+// wakes for that, and to wake itself ever more often while that goes on.
+// These calls never block, so the runtime need not know. Deadlines and
+// Close behave as for net.Conn: the waits are the netpoller's.
+//
+// Reads are serialized among themselves and writes among themselves, as
+// net.Conn's are. The zero value is unset: ok reports false and the owner
+// uses its net.Conn.
+type rawSock struct {
+	rmu, wmu        sync.Mutex // a read's fields, a write's fields
+	rc              syscall.RawConn
+	laddr, raddr    net.Addr
+	rp, wp          []byte // the read's buffer, the write's bytes left
+	rn, wn          int
+	rerr, werr      error
+	readFn, writeFn func(uintptr) bool // method values, made once: no allocation per call
+}
+
+// set takes c's socket when it is a TCP connection and the build is not
+// the race detector's (race_on.go); false leaves the zero value.
+func (s *rawSock) set(c net.Conn) bool {
+	if raceBuild {
+		return false
+	}
+	return s.take(c)
+}
+
+// take takes c's socket when it is a TCP connection.
+func (s *rawSock) take(c net.Conn) bool {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return false
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	s.rc, s.laddr, s.raddr = rc, tc.LocalAddr(), tc.RemoteAddr()
+	s.readFn, s.writeFn = s.doRead, s.doWrite
+	return true
+}
+
+func (s *rawSock) ok() bool { return s.rc != nil }
+
+func (s *rawSock) doRead(fd uintptr) bool {
+	for {
+		n, err := rawRead(int(fd), s.rp)
+		switch err {
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return false // wait for bytes
+		}
+		s.rn, s.rerr = max(n, 0), err
+		return true
+	}
+}
+
+func (s *rawSock) doWrite(fd uintptr) bool {
+	for len(s.wp) > 0 {
+		n, err := rawWrite(int(fd), s.wp)
+		switch err {
+		case nil:
+			s.wn += n
+			s.wp = s.wp[n:]
+		case unix.EINTR:
+		case unix.EAGAIN:
+			return false // wait for room
+		default:
+			s.werr = err
+			return true
+		}
+	}
+	return true
+}
+
+// read is net.Conn's Read: io.EOF at the peer's end, *net.OpError else.
+func (s *rawSock) read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	s.rmu.Lock()
+	s.rp, s.rn, s.rerr = p, 0, nil
+	err := s.rc.Read(s.readFn)
+	n, rerr := s.rn, s.rerr
+	s.rp = nil
+	s.rmu.Unlock()
+	switch {
+	case err != nil:
+		return 0, s.opError("read", err)
+	case rerr != nil:
+		return 0, s.opError("read", os.NewSyscallError("read", rerr))
+	case n == 0:
+		return 0, io.EOF
+	}
+	return n, nil
+}
+
+// write is net.Conn's Write: all of p, or an error with what was written.
+func (s *rawSock) write(p []byte) (int, error) {
+	s.wmu.Lock()
+	s.wp, s.wn, s.werr = p, 0, nil
+	err := s.rc.Write(s.writeFn)
+	n, werr := s.wn, s.werr
+	s.wp = nil
+	s.wmu.Unlock()
+	switch {
+	case err != nil:
+		return n, s.opError("write", err)
+	case werr != nil:
+		return n, s.opError("write", os.NewSyscallError("write", werr))
+	}
+	return n, nil
+}
+
+// opError words err as net.Conn's would be: the raw calls' errors say
+// "raw-read" and "raw-write".
+func (s *rawSock) opError(op string, err error) error {
+	var oe *net.OpError
+	if errors.As(err, &oe) {
+		err = oe.Err
+	}
+	return &net.OpError{Op: op, Net: "tcp", Source: s.laddr, Addr: s.raddr, Err: err}
+}
