@@ -175,7 +175,9 @@ func (x *exchange) finish(err error, status int) {
 	}
 	x.releaseTicket()
 	s := x.s
-	s.active.Add(-1)
+	// Out of the count last: once Active reads 0 (a drain's wait, a test),
+	// every finished request's metrics, record and log line are written.
+	defer s.active.Add(-1)
 
 	model, replica := "", ""
 	if p := x.pool(); p != nil {
