@@ -25,7 +25,7 @@ func (c *rawConnOf) Write(p []byte) (int, error) { return c.s.write(p) }
 
 // tcpPair is a loopback connection: the side under test (wrapped by wrap)
 // and its peer.
-func tcpPair(t *testing.T, wrap func(net.Conn) net.Conn) (net.Conn, *net.TCPConn) {
+func tcpPair(t testing.TB, wrap func(testing.TB, net.Conn) net.Conn) (net.Conn, *net.TCPConn) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -41,20 +41,21 @@ func tcpPair(t *testing.T, wrap func(net.Conn) net.Conn) (net.Conn, *net.TCPConn
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close(); p.Close() })
-	return wrap(c), p.(*net.TCPConn)
+	return wrap(t, c), p.(*net.TCPConn)
 }
 
-// TestRawSockActsAsNetConn runs the same exchanges on a plain net.Conn and
-// on rawSock: the bytes, the waits (a write larger than the socket takes,
-// a read before the bytes come), io.EOF, deadlines, Close and a reset must
-// read the same to fasthttp and to peerClosedErr.
-func TestRawSockActsAsNetConn(t *testing.T) {
-	impls := []struct {
-		name string
-		wrap func(net.Conn) net.Conn
-	}{
-		{"net.Conn", func(c net.Conn) net.Conn { return c }},
-		{"rawSock", func(c net.Conn) net.Conn {
+// sockImpl is one way to do a connection's I/O: wrap returns the
+// connection to read and write through.
+type sockImpl struct {
+	name string
+	wrap func(testing.TB, net.Conn) net.Conn
+}
+
+// sockImpls are net.Conn's own I/O and rawSock's.
+func sockImpls() []sockImpl {
+	return []sockImpl{
+		{"net.Conn", func(_ testing.TB, c net.Conn) net.Conn { return c }},
+		{"rawSock", func(t testing.TB, c net.Conn) net.Conn {
 			rc := &rawConnOf{Conn: c}
 			if !rc.s.take(c) {
 				t.Fatal("rawSock did not take a TCP connection")
@@ -62,7 +63,14 @@ func TestRawSockActsAsNetConn(t *testing.T) {
 			return rc
 		}},
 	}
-	for _, im := range impls {
+}
+
+// TestRawSockActsAsNetConn runs the same exchanges on a plain net.Conn and
+// on rawSock: the bytes, the waits (a write larger than the socket takes,
+// a read before the bytes come), io.EOF, deadlines, Close and a reset must
+// read the same to fasthttp and to peerClosedErr.
+func TestRawSockActsAsNetConn(t *testing.T) {
+	for _, im := range sockImpls() {
 		t.Run(im.name, func(t *testing.T) {
 			t.Run("bytes both ways, waits, EOF", func(t *testing.T) {
 				c, p := tcpPair(t, im.wrap)
@@ -172,38 +180,13 @@ func TestRawSockLeavesOtherConns(t *testing.T) {
 // socket, through rawSock, against net.Conn's (b.ReportAllocs: none
 // per call).
 func BenchmarkRawSockWrite(b *testing.B) {
-	for _, raw := range []bool{false, true} {
-		name := "net.Conn"
-		if raw {
-			name = "rawSock"
-		}
-		b.Run(name, func(b *testing.B) {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer ln.Close()
-			c, err := net.Dial("tcp", ln.Addr().String())
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer c.Close()
-			p, err := ln.Accept()
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer p.Close()
-			var w io.ReadWriter = c
-			if raw {
-				rc := &rawConnOf{Conn: c}
-				rc.s.take(c)
-				w = rc
-			}
+	for _, im := range sockImpls() {
+		b.Run(im.name, func(b *testing.B) {
+			w, p := tcpPair(b, im.wrap)
 			msg := make([]byte, 512)
 			buf := make([]byte, 512)
 			b.ReportAllocs()
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
+			for b.Loop() {
 				if _, err := w.Write(msg); err != nil {
 					b.Fatal(err)
 				}
