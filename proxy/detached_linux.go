@@ -21,8 +21,12 @@ type detachedBody struct {
 	pump   *streamPump
 	r      *relay
 	dec    chunkDecoder
-	stash  []byte          // body bytes read with the head, not yet decoded
-	client syscall.RawConn // the client's socket, written by the loop
+	stash  []byte             // body bytes read with the head, not yet decoded
+	client syscall.RawConn    // the client's socket, written by the loop
+	write  func(uintptr) bool // writeFrame, for client.Write
+	frame  []byte             // what write writes (send's chunk), while it does
+	wn     int                // and how it went
+	werr   error
 	back   chan pumpResult
 	// reuse takes the connection back once the response has ended cleanly
 	// (CloseWithError); nil when the engine said it closes it. extra: bytes
@@ -100,6 +104,7 @@ func (p *streamPump) detach(x *exchange, resp *fasthttp.Response, client net.Con
 		pump: p, stash: c.stash, client: craw, back: make(chan pumpResult, 1),
 		firstByte: c.firstByte, idle: c.idle, fd: fd, cfd: -1,
 	}
+	b.write = b.writeFrame
 	if !resp.ConnectionClose() && x.up != nil {
 		b.reuse = &x.up.idle
 	}

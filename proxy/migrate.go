@@ -84,6 +84,7 @@ type migration struct {
 
 	tokens    int  // output tokens so far: ids counted while idsOK, else text chunks
 	idsOK     bool // every chunk with output carried its token ids
+	idsSeen   bool // some chunk carried token ids
 	promptN   int  // prompt tokens, from prompt_token_ids (0 until known)
 	promptEst int  // the router's estimate of them, until they are known
 	finished  bool // a chunk carried a finish_reason: only the end was lost

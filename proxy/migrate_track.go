@@ -79,9 +79,16 @@ func (m *migration) token(dst, ev []byte) (out []byte, keep bool) {
 	if hasFin {
 		at = fin.end
 	}
-	ids, hasIDs := fieldFrom(ev, at, keyTokenIDs)
-	if !hasIDs {
-		ids, hasIDs = field(ev, keyTokenIDs) // another engine's order
+	var ids span
+	hasIDs := false
+	if m.idsOK || m.idsSeen {
+		// Not once output came without them (and none ever had them):
+		// the engine does not return token ids, asked or not, so the
+		// rest of the stream is not searched twice an event for them.
+		if ids, hasIDs = fieldFrom(ev, at, keyTokenIDs); !hasIDs {
+			ids, hasIDs = field(ev, keyTokenIDs) // another engine's order
+		}
+		m.idsSeen = m.idsSeen || hasIDs
 	}
 	var pids span
 	hasPIDs := false

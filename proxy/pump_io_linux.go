@@ -37,6 +37,14 @@ func rawWrite(fd int, b []byte) (int, error) {
 	return int(r), nil
 }
 
+// writeFrame is the loop's write of b.frame to the client's socket, made
+// a method value once (detach) so that a write allocates nothing. It never
+// waits: a socket that takes less goes back to the goroutine (send).
+func (b *detachedBody) writeFrame(fd uintptr) bool {
+	b.wn, b.werr = rawWrite(int(fd), b.frame)
+	return true
+}
+
 // pull reads what b's upstream has, up to the relay's room for it (as
 // relay.fill reads), and delivers it.
 func (p *streamPump) pull(b *detachedBody, now time.Time) {
@@ -92,7 +100,7 @@ func (p *streamPump) deliver(b *detachedBody, raw []byte, readErr error, now tim
 			r.takeBuf()
 		}
 		if len(r.in) == cap(r.in) {
-			r.process()
+			r.process(p.at)
 			if len(r.in) == cap(r.in) && !p.grow(b) {
 				return
 			}
@@ -109,7 +117,7 @@ func (p *streamPump) deliver(b *detachedBody, raw []byte, readErr error, now tim
 		readErr = io.EOF // the last chunk: the engine's response is over
 		b.extra = len(raw) > 0
 	}
-	r.process()
+	r.process(p.at)
 	if readErr != nil {
 		// The events before the end go out now (the engine's last ones,
 		// [DONE] among them), not when the goroutine next runs.
@@ -124,9 +132,9 @@ func (p *streamPump) deliver(b *detachedBody, raw []byte, readErr error, now tim
 	}
 	b.deadline = now.Add(b.limit())
 	x := r.x
-	if x.s.totalExceeded(x) {
+	if x.s.exceededAt(x, p.at) {
 		r.fail(fmt.Errorf("%w: total request deadline", ErrTimeout)) // as relay.afterRead
-	} else if m := x.mig; m != nil && m.pol.DrainGrace > 0 && m.off == nil && !r.eof && m.leaving(x, x.s.now()) {
+	} else if m := x.mig; m != nil && m.pol.DrainGrace > 0 && m.off == nil && !r.eof && m.leaving(x, p.at) {
 		p.release(b, pumpResult{leaving: true}, exitLeaving)
 		return
 	}
@@ -156,16 +164,13 @@ func (p *streamPump) send(b *detachedBody) bool {
 	f = append(f, data...)
 	f = append(f, "\r\n"...)
 	p.frame = f
-	var n int
-	var werr error
-	if err := b.client.Write(func(fd uintptr) bool {
-		n, werr = rawWrite(int(fd), f)
-		return true // never wait: a socket that takes less goes back to the goroutine
-	}); err != nil {
-		werr = err
+	b.frame = f
+	if err := b.client.Write(b.write); err != nil {
+		b.wn, b.werr = 0, err
 	}
+	n, werr := max(b.wn, 0), b.werr
+	b.frame, b.werr = nil, nil
 	r.out, r.outPos = r.out[:0], 0
-	n = max(n, 0)
 	switch {
 	case n == len(f):
 		return true

@@ -42,6 +42,7 @@ import (
 // streamPump is the stream loop. Its zero value is not usable: newStreamPump.
 type streamPump struct {
 	firstByte, idle time.Duration
+	clock           func() time.Time // the exchanges' clock (Options.Now); nil: the sockets' own, time.Now
 	in              prometheus.Counter
 	out             [loopExits]prometheus.Counter // by loopExit
 
@@ -61,9 +62,10 @@ type streamPump struct {
 	frame    []byte                // a chunk being written to a client
 	events   []unix.EpollEvent
 	lastScan time.Time
-	yield    bool // this round made goroutines runnable
-	loops    int  // the server's stream loops, this one included
-	holdP    bool // wait as a raw system call (wait)
+	at       time.Time // the exchanges' clock at this wake-up: every event's timings
+	yield    bool      // this round made goroutines runnable
+	loops    int       // the server's stream loops, this one included
+	holdP    bool      // wait as a raw system call (wait)
 }
 
 // registerLoopGauges publishes each loop's streams in flight, so a loop
@@ -86,8 +88,8 @@ func registerLoopGauges(reg prometheus.Registerer, pumps []*streamPump) error {
 // or idle timeout: each fires at most this late.
 const pumpScan = 100 * time.Millisecond
 
-func newStreamPump(cfg Config, m *metrics) *streamPump {
-	p := &streamPump{firstByte: cfg.FirstByteTimeout, idle: cfg.IdleTimeout, ep: -1, wake: -1, in: m.loopIn, loops: cfg.StreamLoops}
+func newStreamPump(cfg Config, m *metrics, clock func() time.Time) *streamPump {
+	p := &streamPump{firstByte: cfg.FirstByteTimeout, idle: cfg.IdleTimeout, ep: -1, wake: -1, in: m.loopIn, loops: cfg.StreamLoops, clock: clock}
 	for e := range p.out {
 		p.out[e] = m.loopOut.WithLabelValues(loopExit(e).String())
 	}
@@ -171,6 +173,10 @@ func (p *streamPump) Run(ctx context.Context) error {
 			n = 0
 		}
 		now := time.Now() // the sockets' clock: one read per wake-up
+		p.at = now
+		if p.clock != nil {
+			p.at = p.clock()
+		}
 		for _, ev := range p.events[:n] {
 			fd := int(ev.Fd)
 			if fd == p.wake {

@@ -6,6 +6,7 @@ import (
 	"context"
 	"io"
 	"net"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
@@ -15,7 +16,7 @@ import (
 // every stream is relayed on its own goroutine.
 type streamPump struct{}
 
-func newStreamPump(Config, *metrics) *streamPump { return &streamPump{} }
+func newStreamPump(Config, *metrics, func() time.Time) *streamPump { return &streamPump{} }
 
 func (p *streamPump) open() error { return nil }
 

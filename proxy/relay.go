@@ -261,7 +261,7 @@ func (r *relay) fill() error {
 	}
 	if n > 0 {
 		r.gotBody = true
-		r.process()
+		r.process(r.x.s.now())
 	}
 	return r.afterRead(err)
 }
@@ -331,9 +331,10 @@ func (r *relay) upstreamFailed(err error) {
 	}
 }
 
-// process moves every complete event from in to out, recording timings.
-func (r *relay) process() {
-	now := r.x.s.now()
+// process moves every complete event from in to out, recording timings
+// at now (the exchange's clock, read once by the caller for every event
+// of a read).
+func (r *relay) process(now time.Time) {
 	tracked := r.x.mig != nil
 	rest := r.in
 	for {

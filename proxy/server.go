@@ -159,7 +159,7 @@ func New(o Options) (*Server, error) {
 	s.lat = newLatencyStore()
 	s.plainEst = admission.NewEstimator(admission.EstimateConfig{})
 	for range s.cfg.StreamLoops {
-		s.pumps = append(s.pumps, newStreamPump(s.cfg, s.m))
+		s.pumps = append(s.pumps, newStreamPump(s.cfg, s.m, o.Now))
 	}
 	if err := registerLoopGauges(reg, s.pumps); err != nil {
 		return nil, fmt.Errorf("proxy: metrics: %w", err)
@@ -303,8 +303,14 @@ func (s *Server) waitStreams(ctx context.Context) error {
 // Active is the number of requests in progress.
 func (s *Server) Active() int64 { return s.active.Load() }
 
-func (s *Server) totalExceeded(x *exchange) bool {
-	return s.cfg.TotalTimeout > 0 && s.now().Sub(x.received) > s.cfg.TotalTimeout
+// totalExceeded reports that x has run past the total request deadline
+// (timeouts.total).
+func (s *Server) totalExceeded(x *exchange) bool { return s.exceededAt(x, s.now()) }
+
+// exceededAt is totalExceeded at now, the server's clock read by the
+// caller.
+func (s *Server) exceededAt(x *exchange, now time.Time) bool {
+	return s.cfg.TotalTimeout > 0 && now.Sub(x.received) > s.cfg.TotalTimeout
 }
 
 // sequentialIDs makes request ids unique across processes (random prefix)
