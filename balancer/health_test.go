@@ -482,3 +482,27 @@ func TestLeaseAliveStamps(t *testing.T) {
 	}
 	l.Done(balancer.ErrNotReplicaFault)
 }
+
+// TestLeaseAliveAtSpacesTheStamps: a stream's events stamp the replica on
+// its own clock, but at most once per 50 ms of the stream's (the replica
+// keeps the stamp to 100 ms), so that an event needs no clock read more.
+func TestLeaseAliveAtSpacesTheStamps(t *testing.T) {
+	c := newFakeClock()
+	r := newReplica(t, "a", c, replicaOpts{})
+	l, _ := r.Acquire()
+	defer l.Done(balancer.ErrNotReplicaFault)
+	t0 := time.Unix(1000, 0)
+	l.AliveAt(t0)
+	if !r.AliveWithin(0) {
+		t.Fatal("the stream's first event did not count as output")
+	}
+	c.advance(time.Minute)
+	l.AliveAt(t0.Add(10 * time.Millisecond))
+	if r.AliveWithin(time.Second) {
+		t.Fatal("an event 10 ms after the last stamp stamped the replica again")
+	}
+	l.AliveAt(t0.Add(60 * time.Millisecond))
+	if !r.AliveWithin(time.Second) {
+		t.Fatal("an event 60 ms after the last stamp did not count as output")
+	}
+}

@@ -300,14 +300,16 @@ type leaseState struct {
 	// counted in the replica's queued prefill until the first token; when
 	// it was sent; the TTFT fit's x for it and the TTFT predicted then; the
 	// requests in flight it joined (the TPOT fit's x).
+	prefilling bool // beside long: the state keeps to its size class
 	prompt     int64
-	prefilling bool
 	sentNs     int64
 	x          float64
 	waitX      float64 // requests waiting in the engine ahead of it at send
 	predTTFT   float64
 	inFlight   float64
 	decodeFrom int64 // the replica's promptSent at the first token
+
+	aliveNs int64 // the caller's clock at the last AliveAt that stamped the replica
 }
 
 // LeaseCost is what a request brings to the replica it is placed on, for
@@ -385,6 +387,22 @@ func (l Lease) Alive() {
 	if l.r != nil {
 		l.r.markAlive(l.r.now())
 	}
+}
+
+// AliveAt is Alive for a caller that has read the clock already, as a
+// stream has for each of its events: the replica is stamped (on its own
+// clock, as Alive does) at most once per half aliveResolution of the
+// caller's now, so that an event costs no clock read more.
+func (l Lease) AliveAt(now time.Time) {
+	if l.r == nil {
+		return
+	}
+	n := now.UnixNano()
+	if l.st.aliveNs != 0 && n-l.st.aliveNs < int64(aliveResolution/2) && n >= l.st.aliveNs {
+		return
+	}
+	l.st.aliveNs = n
+	l.r.markAlive(l.r.now())
 }
 
 // PrefillDone marks the end of the request's prefill (its first token):

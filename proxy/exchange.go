@@ -153,7 +153,7 @@ func (x *exchange) tokenChunk(now time.Time) {
 		x.lease.ObserveGap(gap, now)
 	}
 	x.lease.Progress(1)
-	x.lease.Alive()
+	x.lease.AliveAt(now)
 	x.lastTok = now
 }
 

@@ -14,7 +14,9 @@ import (
 // handle dispatches by path: the OpenAI API goes through proxyAPI, the
 // router's own endpoints are answered here.
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
-	path := string(ctx.Path())
+	// A view of fasthttp's buffer, valid for the handler's life: what
+	// outlives it (an error's text) is copied by fmt.
+	path := bytesView(ctx.Path())
 	switch path {
 	case "/health":
 		ctx.SetStatusCode(fasthttp.StatusOK)
