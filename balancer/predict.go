@@ -111,7 +111,7 @@ func (r *Replica) Predictor() PredictorState {
 	if b <= 0 {
 		b = DefaultPrefillSecondsPerToken
 	}
-	s.PrefillLoad = r.prefillLoad(b, r.freshEngine(), now)
+	s.PrefillLoad = r.prefillLoad(b, r.freshEngine(now), now)
 	return s
 }
 
@@ -342,10 +342,10 @@ func (r *Replica) engineQueued(e *EngineLoad, self int64, now time.Time) float64
 }
 
 // freshEngine is the engine snapshot when it is at most
-// DefaultStaleAfter old on the replica's clock, else nil.
-func (r *Replica) freshEngine() *EngineLoad {
+// DefaultStaleAfter old at now (the replica's clock), else nil.
+func (r *Replica) freshEngine(now time.Time) *EngineLoad {
 	e := r.tel.engine.Load()
-	if e == nil || r.now().Sub(e.At) > DefaultStaleAfter {
+	if e == nil || now.Sub(e.At) > DefaultStaleAfter {
 		return nil
 	}
 	return e
@@ -368,16 +368,16 @@ func (r *Replica) learnTTFT(x, waitX, y float64) {
 	r.pred.ttft.observe(x, max(y-w*waitX, 0))
 }
 
-// startPrefill counts a request's prompt as queued prefill work and
-// returns the fit's x for it (the tokens ahead plus its own), the requests
+// startPrefill counts a request's prompt as queued prefill work, sent at
+// now (the replica's clock), and returns the fit's x for it (the tokens ahead plus its own), the requests
 // it finds in the engine's waiting queue, and its predicted TTFT.
-func (r *Replica) startPrefill(prompt int64) (x, waitX, predicted float64) {
+func (r *Replica) startPrefill(prompt int64, now time.Time) (x, waitX, predicted float64) {
 	prompt = max(prompt, 0)
 	ahead := r.pred.prefillQueued.Add(prompt) - prompt
 	x = float64(max(ahead, 0) + prompt)
 	r.pred.promptSent.Add(prompt)
-	r.noteSend(r.now().UnixNano())
-	waitX = r.engineQueued(r.freshEngine(), 1, r.now())
+	r.noteSend(now.UnixNano())
+	waitX = r.engineQueued(r.freshEngine(now), 1, now)
 	a, b, ok := r.pred.ttft.coeffs()
 	if !ok {
 		a, b = 0, DefaultPrefillSecondsPerToken

@@ -361,8 +361,9 @@ func (r *Replica) AcquireRequest(c LeaseCost) (Lease, error) {
 	}
 	if c.PromptTokens > 0 {
 		st.prompt, st.prefilling = c.PromptTokens, true
-		st.x, st.waitX, st.predTTFT = r.startPrefill(c.PromptTokens)
-		st.sentNs = r.now().UnixNano()
+		now := r.now() // one reading for the send and what it is judged by
+		st.x, st.waitX, st.predTTFT = r.startPrefill(c.PromptTokens, now)
+		st.sentNs = now.UnixNano()
 		st.inFlight = float64(n)
 	}
 	return Lease{r: r, done: done, st: st}, nil

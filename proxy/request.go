@@ -263,7 +263,10 @@ func (r *request) readMessages(v gjson.Result) error {
 		}
 		var n int
 		content := m.Get("content")
-		n, err = contentSize("messages["+strconv.Itoa(i)+"].content", content)
+		var ok bool
+		if n, ok = contentSize(content); !ok {
+			err = badParam("messages["+strconv.Itoa(i)+"].content", "must be a string or an array of content parts")
+		}
 		if i == 0 {
 			// The system prompt is what requests of one application share;
 			// without one, the start of the first message stands in.
@@ -303,22 +306,23 @@ func firstTextHash(v gjson.Result) uint64 {
 }
 
 // contentSize sizes a message content: a string, null, or an array of parts
-// where text parts carry "text".
-func contentSize(param string, c gjson.Result) (int, error) {
+// where text parts carry "text"; false for anything else (the caller names
+// the field: a name built only for an error).
+func contentSize(c gjson.Result) (int, bool) {
 	switch {
 	case !c.Exists() || c.Type == gjson.Null:
-		return 0, nil
+		return 0, true
 	case c.Type == gjson.String:
-		return len(c.Str), nil
+		return len(c.Str), true
 	case c.IsArray():
 		n := 0
 		c.ForEach(func(_, part gjson.Result) bool {
 			n += len(part.Get("text").Str)
 			return true
 		})
-		return n, nil
+		return n, true
 	}
-	return 0, badParam(param, "must be a string or an array of content parts")
+	return 0, false
 }
 
 // textSize sizes a completions prompt or embeddings input: a string, an
