@@ -98,7 +98,7 @@ func (s *Server) admit(ctx *fasthttp.RequestCtx, x *exchange) error {
 	}
 	actx, cancel := context.WithCancelCause(s.base)
 	defer cancel(nil)
-	w := s.startWatch(x, ctx.Conn(), cancel)
+	w := s.startWatch(x, ctx.Conn(), abortFunc(cancel))
 	t, err := ctl.Admit(actx, x.cost)
 	w.stop()
 	x.admitted = s.now()

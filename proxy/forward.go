@@ -194,7 +194,7 @@ func (s *Server) forward(rt *routeTable, x *exchange, rep *balancer.Replica, ure
 	// prefill — only the watch notices a client that leaves (or the total
 	// deadline, or a drain's end) and aborts the request.
 	pr := up.pending.expect(x.seq, x.req.stream)
-	w.retarget(pr.abort)
+	w.retarget(pr)
 	err = up.client.Do(ureq, resp)
 	w.retarget(nil)
 	if cause := up.pending.settle(x.seq, pr); cause != nil {
@@ -328,7 +328,7 @@ func (s *Server) startStream(ctx *fasthttp.RequestCtx, x *exchange, resp *fastht
 	if c, ok := ctx.Conn().(*prefetchConn); ok { // our listener's; an embedder's server keeps its own write limits
 		r.conn = c // the hijacked one replaces it (hijack.go)
 	}
-	w.retarget(r.abort)
+	w.retarget(r)
 	releaseClientBody(ctx, x)
 	if hj {
 		s.hijackStream(ctx, r) // hijack.go
@@ -350,6 +350,26 @@ func releaseClientBody(ctx *fasthttp.RequestCtx, x *exchange) {
 	ctx.Request.ResetBody()
 }
 
+// readAtMost reads r to its end into buf, stopping once buf holds limit
+// bytes (the caller's sign that the body is too long). io.LimitReader's
+// reader would be one allocation a response more.
+func readAtMost(buf *bytebufferpool.ByteBuffer, r io.Reader, limit int) error {
+	for len(buf.B) < limit {
+		if len(buf.B) == cap(buf.B) {
+			buf.B = append(buf.B, 0)[:len(buf.B)]
+		}
+		n, err := r.Read(buf.B[len(buf.B):min(cap(buf.B), limit)])
+		buf.B = buf.B[:len(buf.B)+n]
+		switch {
+		case err == io.EOF:
+			return nil
+		case err != nil:
+			return err
+		}
+	}
+	return nil
+}
+
 // sameBacking reports whether a and b are slices of one array (both
 // reaching its end, as a body and its prefixes or suffixes do).
 func sameBacking(a, b []byte) bool {
@@ -365,8 +385,8 @@ func (s *Server) respondWhole(ctx *fasthttp.RequestCtx, x *exchange, resp *fasth
 	defer bytebufferpool.Put(buf)
 	var err error
 	if stream != nil {
-		w.retarget(func(e error) { stream.CloseWithError(e) })
-		_, err = buf.ReadFrom(io.LimitReader(stream, int64(s.cfg.MaxResponseBytes)+1))
+		w.retarget(abortFunc(func(e error) { stream.CloseWithError(e) }))
+		err = readAtMost(buf, stream, s.cfg.MaxResponseBytes+1)
 		w.stop()
 		if err == nil && buf.Len() > s.cfg.MaxResponseBytes {
 			err = fmt.Errorf("%w: response over %d bytes", ErrUpstream, s.cfg.MaxResponseBytes)
@@ -376,7 +396,6 @@ func (s *Server) respondWhole(ctx *fasthttp.RequestCtx, x *exchange, resp *fasth
 		buf.Set(resp.Body())
 	}
 	status := resp.StatusCode()
-	ctype := append([]byte(nil), resp.Header.ContentType()...)
 	if err == nil && status == fasthttp.StatusOK && !gjson.ValidBytes(buf.B) {
 		err = fmt.Errorf("%w: %s returned a malformed JSON body", ErrUpstream, x.up.replica.Name())
 	}
@@ -395,9 +414,9 @@ func (s *Server) respondWhole(ctx *fasthttp.RequestCtx, x *exchange, resp *fasth
 		x.promptTokens, x.completionTokens, x.gotUsage = p, c, true
 	}
 	copyHeaders(ctx, resp, x)
+	ctx.Response.Header.SetContentTypeBytes(resp.Header.ContentType())
 	fasthttp.ReleaseResponse(resp)
 	ctx.SetStatusCode(status)
-	ctx.Response.Header.SetContentTypeBytes(ctype)
 	ctx.SetBody(buf.B)
 	x.finish(nil, status)
 }

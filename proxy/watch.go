@@ -28,15 +28,26 @@ type clientWatch struct {
 	conn  net.Conn
 	every time.Duration
 
-	mu      sync.Mutex  // orders the first check's setup against stop; guards abort and fired
-	abort   func(error) // who ends the request now; nil between owners
-	fired   error       // why the watch fired: handed to every later owner too
+	mu      sync.Mutex // orders the first check's setup against stop; guards abort and fired
+	abort   aborter    // who ends the request now; nil between owners
+	fired   error      // why the watch fired: handed to every later owner too
 	timer   Timer
 	raw     syscall.RawConn // nil when the client conn is not a plain socket (TLS, in-memory)
 	ready   bool            // the first check has prepared conn
 	paused  bool            // the stream loop watches the client meanwhile (pump_linux.go)
 	stopped atomic.Bool
 }
+
+// aborter is who can end a request at a given time: the pending upstream
+// request (*pendingReq), the relay (*relay), a wait (abortFunc). An
+// interface, not a func: a pointer becomes one without an allocation, a
+// method value does not.
+type aborter interface{ abort(error) }
+
+// abortFunc is a function as an aborter.
+type abortFunc func(error)
+
+func (f abortFunc) abort(err error) { f(err) }
 
 // Timer is the part of *time.Timer a watch uses: what Options.AfterFunc
 // returns, so tests can fire a watch's checks by hand instead of waiting
@@ -57,7 +68,7 @@ func (s *Server) newTimer(d time.Duration, f func()) Timer {
 
 // startWatch arms a watch over conn that calls abort (or its later owners,
 // retarget) at most once each.
-func (s *Server) startWatch(x *exchange, conn net.Conn, abort func(error)) *clientWatch {
+func (s *Server) startWatch(x *exchange, conn net.Conn, abort aborter) *clientWatch {
 	w := &clientWatch{x: x, conn: conn, abort: abort, every: s.cfg.DisconnectCheck}
 	// abort may be nil: a watch started before its first owner (retarget).
 	// tick reads w.timer under mu: set it under mu too, for the race
@@ -148,22 +159,22 @@ func (w *clientWatch) resume() {
 func (w *clientWatch) fire(err error) {
 	w.mu.Lock()
 	w.fired = err
-	f := w.abort
+	a := w.abort
 	w.mu.Unlock()
-	if f != nil {
-		f(err)
+	if a != nil {
+		a.abort(err)
 	}
 }
 
-// retarget makes f the one a firing watch aborts (nil: no one for now);
-// f is called at once when the watch has fired already.
-func (w *clientWatch) retarget(f func(error)) {
+// retarget makes a the one a firing watch aborts (nil: no one for now);
+// a is told at once when the watch has fired already.
+func (w *clientWatch) retarget(a aborter) {
 	w.mu.Lock()
-	w.abort = f
+	w.abort = a
 	fired := w.fired
 	w.mu.Unlock()
-	if fired != nil && f != nil {
-		f(fired)
+	if fired != nil && a != nil {
+		a.abort(fired)
 	}
 }
 

@@ -57,7 +57,7 @@ func TestWatchInjectedTimer(t *testing.T) {
 	}
 	x := &exchange{s: s, received: t0}
 	var aborts []error
-	w := s.startWatch(x, nil, func(err error) { aborts = append(aborts, err) })
+	w := s.startWatch(x, nil, abortFunc(func(err error) { aborts = append(aborts, err) }))
 	if len(timers) != 1 {
 		t.Fatalf("startWatch armed %d injected timers, want 1", len(timers))
 	}
@@ -111,7 +111,7 @@ func TestWatchRetarget(t *testing.T) {
 	}
 	w := s.startWatch(&exchange{s: s, received: t0}, nil, nil)
 	var first, second []error
-	w.retarget(func(err error) { first = append(first, err) })
+	w.retarget(abortFunc(func(err error) { first = append(first, err) }))
 	timer.fire() // within the deadline: nothing
 	w.retarget(nil)
 	now = t0.Add(11 * time.Second)
@@ -119,12 +119,12 @@ func TestWatchRetarget(t *testing.T) {
 	if len(first) != 0 {
 		t.Fatalf("a former owner was aborted: %v", first)
 	}
-	w.retarget(func(err error) { second = append(second, err) })
+	w.retarget(abortFunc(func(err error) { second = append(second, err) }))
 	if len(second) != 1 || !errors.Is(second[0], ErrTimeout) {
 		t.Fatalf("the next owner got %v, want the deadline", second)
 	}
 	var third []error
-	w.retarget(func(err error) { third = append(third, err) })
+	w.retarget(abortFunc(func(err error) { third = append(third, err) }))
 	if len(third) != 1 {
 		t.Fatal("an owner after the one that got the abort was not told")
 	}
