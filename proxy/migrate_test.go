@@ -217,3 +217,28 @@ func FuzzMigrationTrack(f *testing.F) {
 		m.fixUsage(nil, ev, x)
 	})
 }
+
+// An engine that sends output without token ids is not searched for them
+// again, but a continuation on an engine that returns them (a fleet
+// mid-upgrade) still has them taken out of what the client sees.
+func TestTrackIDsFromAContinuationOnly(t *testing.T) {
+	m := &migration{pol: Migration{Max: 1, MaxSeqLen: 100}, chat: true, strip: true, idsOK: true, buf: &migBuffers{}}
+	noIDs := func(ev string) string {
+		return strings.NewReplacer(`,"token_ids":[40,41,42]`, "", `,"token_ids":[43]`, "", `,"prompt_token_ids":[1,2,3]`, "").Replace(ev)
+	}
+	for _, ev := range vllmChat[:2] {
+		m.token(nil, []byte(noIDs(ev)))
+	}
+	if m.idsOK || m.idsSeen || m.tokens != 1 || string(m.buf.text) != ` He said \"hi\"` {
+		t.Fatalf("after output without ids: idsOK %v idsSeen %v tokens %d text %q", m.idsOK, m.idsSeen, m.tokens, m.buf.text)
+	}
+	m.cont, m.contFirst, m.before = true, true, m.tokens
+	got, keep := m.token(nil, []byte(vllmChat[2]))
+	if want := strings.ReplaceAll(vllmChat[2], `,"token_ids":[43]`, ""); !keep || string(got) != want {
+		t.Fatalf("continuation chunk\n%s\nwant\n%s", got, want)
+	}
+	m.contFirst = false // as relay.tracked does after the continuation's first chunk
+	if got, _ := m.token(nil, []byte(vllmChat[1])); strings.Contains(string(got), "token_ids") {
+		t.Fatalf("the continuation's ids reached the client: %s", got)
+	}
+}

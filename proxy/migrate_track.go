@@ -81,10 +81,12 @@ func (m *migration) token(dst, ev []byte) (out []byte, keep bool) {
 	}
 	var ids span
 	hasIDs := false
-	if m.idsOK || m.idsSeen {
+	if m.idsOK || m.idsSeen || m.contFirst {
 		// Not once output came without them (and none ever had them):
 		// the engine does not return token ids, asked or not, so the
 		// rest of the stream is not searched twice an event for them.
+		// A continuation's engine may differ (a fleet mid-upgrade): its
+		// first output says again.
 		if ids, hasIDs = fieldFrom(ev, at, keyTokenIDs); !hasIDs {
 			ids, hasIDs = field(ev, keyTokenIDs) // another engine's order
 		}
