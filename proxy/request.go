@@ -6,6 +6,7 @@ import (
 	"strings"
 	"unsafe"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 )
@@ -84,23 +85,16 @@ func effectiveMax(k [2]outputKey) int {
 // its prefix for prefix-affinity routing: about 256 tokens.
 const prefixBytes = 1024
 
-// prefixHashOf hashes a prompt prefix (FNV-1a, finished with splitmix64) and
-// never returns 0, which means "no prefix". Deterministic across processes
-// so every router instance sends a prefix to the same replica.
+// prefixHashOf hashes a prompt prefix (xxHash64) and never returns 0,
+// which means "no prefix". Deterministic across processes so every router
+// instance sends a prefix to the same replica. xxHash reads eight bytes at
+// a time: a 1 KiB prefix costs ~0.1 µs, where the byte-at-a-time FNV-1a it
+// replaced cost ~1 µs on every request with a long system prompt.
 func prefixHashOf(s string) uint64 {
 	if len(s) > prefixBytes {
 		s = s[:prefixBytes]
 	}
-	h := uint64(14695981039346656037)
-	for i := 0; i < len(s); i++ {
-		h ^= uint64(s[i])
-		h *= 1099511628211
-	}
-	h ^= h >> 30
-	h *= 0xbf58476d1ce4e5b9
-	h ^= h >> 27
-	h *= 0x94d049bb133111eb
-	return (h ^ h>>31) | 1
+	return xxhash.Sum64String(s) | 1
 }
 
 // promptTokens estimates the prompt size in tokens from its bytes (about 4
