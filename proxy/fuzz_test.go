@@ -43,7 +43,7 @@ func FuzzParseRequest(f *testing.F) {
 			checkMaxTokensClamp(t, body, ep, r)
 		}
 		if r.stream && !r.clientUsage {
-			out, err := withIncludeUsage(body, r.hasOptions)
+			out, err := withIncludeUsage(body, &r)
 			if err != nil {
 				return // sjson refuses some valid-but-odd documents; the handler answers 400
 			}

@@ -129,7 +129,7 @@ func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint,
 	// chunk, and hide it again if the client did not ask for it.
 	strip := false
 	if x.req.stream && !x.req.clientUsage && ep != epEmbeddings {
-		if body, err = withIncludeUsage(body, x.req.hasOptions); err != nil {
+		if body, err = withIncludeUsage(body, &x.req); err != nil {
 			s.reject(ctx, x, fmt.Errorf("%w: %v", ErrBadRequest, err))
 			return
 		}

@@ -162,27 +162,7 @@ func (s *Server) startMigration(ctx *fasthttp.RequestCtx, x *exchange, body []by
 // chunk's in its choice; older versions ignore the key. false when body is
 // not an object.
 func withTokenIDs(dst, body []byte) ([]byte, bool) {
-	i := 0
-	for i < len(body) && body[i] != '{' {
-		if body[i] != ' ' && body[i] != '\t' && body[i] != '\r' && body[i] != '\n' {
-			return dst, false
-		}
-		i++
-	}
-	if i == len(body) {
-		return dst, false
-	}
-	dst = append(dst, body[:i+1]...)
-	dst = append(dst, `"return_token_ids":true`...)
-	rest := body[i+1:]
-	j := 0
-	for j < len(rest) && (rest[j] == ' ' || rest[j] == '\t' || rest[j] == '\r' || rest[j] == '\n') {
-		j++
-	}
-	if j < len(rest) && rest[j] != '}' {
-		dst = append(dst, ',')
-	}
-	return append(dst, rest...), true
+	return withFirstMember(dst, body, `"return_token_ids":true`)
 }
 
 // release hands the buffers back; the migration must not be used after.
