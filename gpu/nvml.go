@@ -47,6 +47,7 @@ type nvmlDevice struct {
 	name     string
 	maxSMMHz uint32
 	xid      uint64 // critical Xid events seen since the session opened
+	memV1    bool   // the driver lacks nvmlDeviceGetMemoryInfo_v2
 }
 
 // NewNVML returns a session over lib: nvml.New() in production, a mock in

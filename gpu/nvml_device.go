@@ -23,11 +23,9 @@ func (d *nvmlDevice) read() (GPUStats, error) {
 		return st, d.fail("utilization", ret)
 	}
 	st.UtilizationPct = float64(u.Gpu)
-	m, ret := d.h.GetMemoryInfo()
-	if ret != nvml.SUCCESS {
+	if st.MemoryUsedBytes, st.MemoryTotalBytes, ret = d.memory(); ret != nvml.SUCCESS {
 		return st, d.fail("memory", ret)
 	}
-	st.MemoryUsedBytes, st.MemoryTotalBytes = m.Used, m.Total
 	if mw, ret := d.h.GetPowerUsage(); ret == nvml.SUCCESS {
 		st.PowerWatts = float64(mw) / 1000
 	}
@@ -51,6 +49,28 @@ func (d *nvmlDevice) read() (GPUStats, error) {
 		st.ECCUncorrected = e
 	}
 	return st, nil
+}
+
+// memory reads framebuffer use as nvidia-smi and the DCGM exporter report it.
+// The v1 call counts the driver's own reservation as used (615 MiB on an
+// idle H200 with driver 580, where nvidia-smi says 0), so the same GPU read
+// through the agent and through DCGM would disagree; v2 reports the
+// reservation apart. Drivers before 510 lack v2: after its first refusal
+// the device stays on v1.
+func (d *nvmlDevice) memory() (used, total uint64, ret nvml.Return) {
+	if !d.memV1 {
+		m, ret := d.h.GetMemoryInfo_v2()
+		switch ret {
+		case nvml.SUCCESS:
+			return m.Used, m.Total, ret
+		case nvml.ERROR_FUNCTION_NOT_FOUND, nvml.ERROR_NOT_SUPPORTED, nvml.ERROR_ARGUMENT_VERSION_MISMATCH:
+			d.memV1 = true
+		default:
+			return 0, 0, ret
+		}
+	}
+	m, ret := d.h.GetMemoryInfo()
+	return m.Used, m.Total, ret
 }
 
 func (d *nvmlDevice) fail(what string, ret nvml.Return) error {

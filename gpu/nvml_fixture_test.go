@@ -31,7 +31,8 @@ type fakeGPU struct {
 	index   int
 	uuid    string
 	util    uint32
-	mem     nvml.Memory
+	mem     nvml.Memory // as the v1 call reports it: Used counts the driver's reservation
+	reserve uint64      // the driver's reservation, which the v2 call reports apart
 	powerMW uint32
 	limitMW uint32
 	tempC   uint32
@@ -41,6 +42,8 @@ type fakeGPU struct {
 	lost    bool // every reading returns ERROR_GPU_IS_LOST
 	noPower bool // power readings are not supported
 	oldAPI  bool // GetCurrentClocksEventReasons missing (driver < 535)
+	noMemV2 bool // GetMemoryInfo_v2 missing (driver < 510)
+	memV2s  int  // calls of GetMemoryInfo_v2
 }
 
 func newFakeHost(n int) *fakeHost {
@@ -113,7 +116,8 @@ func (h *fakeHost) newGPU(i int) *fakeGPU {
 		Device: &mock.Device{}, host: h, index: i,
 		uuid:    fmt.Sprintf("GPU-a100%04x-0000-4000-8000-%012x", i, i),
 		util:    uint32(10 * i),
-		mem:     nvml.Memory{Total: 42949672960, Used: uint64(i) << 30, Free: 42949672960 - uint64(i)<<30},
+		mem:     nvml.Memory{Total: 42949672960, Used: uint64(i)<<30 + 615<<20, Free: 42949672960 - uint64(i)<<30 - 615<<20},
+		reserve: 615 << 20,
 		powerMW: 90000 + uint32(i)*1000, limitMW: 400000, tempC: 30 + uint32(i), smMHz: 1410,
 	}
 	d := g.Device
@@ -139,6 +143,17 @@ func (h *fakeHost) newGPU(i int) *fakeGPU {
 	}
 	d.GetMemoryInfoFunc = func() (m nvml.Memory, r nvml.Return) {
 		r = read(func() nvml.Return { m = g.mem; return nvml.SUCCESS })
+		return
+	}
+	d.GetMemoryInfo_v2Func = func() (m nvml.Memory_v2, r nvml.Return) {
+		r = read(func() nvml.Return {
+			g.memV2s++
+			if g.noMemV2 {
+				return nvml.ERROR_FUNCTION_NOT_FOUND
+			}
+			m = nvml.Memory_v2{Version: 2, Total: g.mem.Total, Reserved: g.reserve, Free: g.mem.Free, Used: g.mem.Used - g.reserve}
+			return nvml.SUCCESS
+		})
 		return
 	}
 	d.GetPowerUsageFunc = func() (v uint32, r nvml.Return) {

@@ -3,8 +3,11 @@ package gpu
 import (
 	"context"
 	"errors"
+	"os/exec"
 	"reflect"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
@@ -50,6 +53,37 @@ func TestNVMLReadsEveryGPU(t *testing.T) {
 	}
 	if len(gpus[0].ThrottleReasons) != 0 {
 		t.Errorf("an idle GPU has no slowdown reasons, got %v", gpus[0].ThrottleReasons)
+	}
+}
+
+// Memory in use excludes the driver's reservation, as nvidia-smi and DCGM's
+// FB_USED report it (a real idle H200 reads 615 MiB through the v1 call and
+// 0 through v2). A driver without the v2 call gets v1, asked for v2 once.
+func TestNVMLMemoryExcludesTheDriversReservation(t *testing.T) {
+	t.Parallel()
+	h := newFakeHost(2)
+	h.set(1, func(g *fakeGPU) { g.noMemV2 = true })
+	n := NewNVML(h, nil)
+	defer n.Close()
+	for range 3 {
+		gpus, err := n.Read(Selector{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := gpus[0].MemoryUsedBytes; got != 0 {
+			t.Errorf("idle GPU 0 with a 615 MiB reservation reads %d bytes used, want 0", got)
+		}
+		if got, want := gpus[1].MemoryUsedBytes, uint64(1<<30+615<<20); got != want {
+			t.Errorf("GPU 1 without the v2 call reads %d bytes used, want v1's %d", got, want)
+		}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if c := h.gpus[1].memV2s; c != 1 {
+		t.Errorf("GetMemoryInfo_v2 asked %d times of a driver that lacks it, want 1", c)
+	}
+	if c := h.gpus[0].memV2s; c != 3 {
+		t.Errorf("GetMemoryInfo_v2 asked %d times in 3 reads, want 3", c)
 	}
 }
 
@@ -217,11 +251,48 @@ func TestNVMLRealLibrary(t *testing.T) {
 	case err != nil:
 		t.Fatal(err)
 	default:
+		if len(gpus) == 0 {
+			t.Fatal("NVML is up but lists no GPU")
+		}
 		for _, g := range gpus {
-			if g.UUID == "" || g.MemoryTotalBytes == 0 {
+			if !strings.HasPrefix(g.UUID, "GPU-") || g.Name == "" || g.MemoryTotalBytes == 0 ||
+				g.MemoryUsedBytes > g.MemoryTotalBytes || g.UtilizationPct > 100 || g.SMClockMaxMHz == 0 ||
+				g.TemperatureC <= 0 || g.TemperatureC > 120 {
 				t.Errorf("implausible GPU: %+v", g)
 			}
 			t.Logf("%+v", g)
+		}
+		compareWithNvidiaSMI(t, gpus)
+	}
+}
+
+// compareWithNvidiaSMI checks identity and memory size against nvidia-smi,
+// when the driver's own tool is there: the readings that cannot drift
+// between two calls a moment apart.
+func compareWithNvidiaSMI(t *testing.T, gpus []GPUStats) {
+	smi, err := exec.LookPath("nvidia-smi")
+	if err != nil {
+		t.Log("nvidia-smi not on PATH: no cross-check")
+		return
+	}
+	out, err := exec.Command(smi, "--query-gpu=index,uuid,memory.total", "--format=csv,noheader,nounits").Output()
+	if err != nil {
+		t.Fatalf("nvidia-smi: %v", err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) != len(gpus) {
+		t.Fatalf("nvidia-smi lists %d GPUs, NVML %d", len(lines), len(gpus))
+	}
+	for i, line := range lines {
+		f := strings.Split(line, ", ")
+		if len(f) != 3 {
+			t.Fatalf("nvidia-smi line %q", line)
+		}
+		idx, _ := strconv.Atoi(f[0])
+		mib, _ := strconv.ParseUint(f[2], 10, 64)
+		g := gpus[i]
+		if g.Index != idx || g.UUID != f[1] || g.MemoryTotalBytes>>20 != mib {
+			t.Errorf("GPU %d: NVML index %d, %s, %d MiB; nvidia-smi %q", i, g.Index, g.UUID, g.MemoryTotalBytes>>20, line)
 		}
 	}
 }
