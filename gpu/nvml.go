@@ -104,9 +104,12 @@ func (n *NVML) openLocked() error {
 		devs = append(devs, d)
 	}
 	n.devs = devs
-	n.events = n.registerXid(devs)
+	var xidGPUs int
+	n.events, xidGPUs = n.registerXid(devs)
 	n.state = nvmlOn
-	n.log.Info("GPU telemetry on: NVML", zap.Int("gpus", len(devs)))
+	// xid_events says whether a GPU fault can take a replica out of routing:
+	// 0 on a driver or board that offers no Xid events.
+	n.log.Info("GPU telemetry on: NVML", zap.Int("gpus", len(devs)), zap.Int("xid_events", xidGPUs))
 	return nil
 }
 
@@ -124,12 +127,13 @@ func (n *NVML) turnOff(ret nvml.Return, call string) error {
 }
 
 // registerXid subscribes to critical Xid events on every GPU that offers
-// them; nil when none does (no events then, the rest still works).
-func (n *NVML) registerXid(devs []*nvmlDevice) nvml.EventSet {
+// them and says on how many it did; nil and 0 when none does (no events
+// then, the rest still works).
+func (n *NVML) registerXid(devs []*nvmlDevice) (nvml.EventSet, int) {
 	set, ret := n.lib.EventSetCreate()
 	if ret != nvml.SUCCESS {
 		n.log.Debug("NVML: no event set, Xid errors not counted", zap.String("error", nvml.ErrorString(ret)))
-		return nil
+		return nil, 0
 	}
 	registered := 0
 	for _, d := range devs {
@@ -143,9 +147,9 @@ func (n *NVML) registerXid(devs []*nvmlDevice) nvml.EventSet {
 	}
 	if registered == 0 {
 		set.Free()
-		return nil
+		return nil, 0
 	}
-	return set
+	return set, registered
 }
 
 // drainXid counts the Xid events queued since the last read, without
@@ -160,19 +164,24 @@ func (n *NVML) drainXid() {
 		if ret != nvml.SUCCESS {
 			return // ERROR_TIMEOUT: queue empty
 		}
-		if ev.EventType&nvml.EventTypeXidCriticalError == 0 || applicationXid(ev.EventData) {
-			continue
-		}
-		if ev.Device == nil {
+		if ev.EventType&nvml.EventTypeXidCriticalError == 0 || ev.Device == nil {
 			continue
 		}
 		uuid, _ := ev.Device.GetUUID() // by UUID: handle types need not be comparable
 		for _, d := range n.devs {
-			if d.uuid == uuid {
-				d.xid++
-				n.log.Warn("GPU Xid error", zap.Int("index", d.index), zap.String("uuid", d.uuid), zap.Uint64("xid", ev.EventData))
+			if d.uuid != uuid {
+				continue
+			}
+			if applicationXid(ev.EventData) {
+				// Logged so that an operator who sees the Xid in the
+				// kernel log knows the router saw it and kept the GPU.
+				n.log.Info("GPU Xid caused by an application: GPU kept in routing",
+					zap.Int("index", d.index), zap.String("uuid", d.uuid), zap.Uint64("xid", ev.EventData))
 				break
 			}
+			d.xid++
+			n.log.Warn("GPU Xid error", zap.Int("index", d.index), zap.String("uuid", d.uuid), zap.Uint64("xid", ev.EventData))
+			break
 		}
 	}
 }

@@ -163,11 +163,14 @@ func TestNVMLBestEffortAndFailures(t *testing.T) {
 func TestNVMLCountsXidEvents(t *testing.T) {
 	t.Parallel()
 	h := newFakeHost(2)
-	log, logs := observedLogger(zapcore.WarnLevel)
+	log, logs := observedLogger(zapcore.InfoLevel)
 	n := NewNVML(h, log)
 	defer n.Close()
 	if err := n.Open(); err != nil {
 		t.Fatal(err)
+	}
+	if on := logs.FilterMessage("GPU telemetry on: NVML").All(); len(on) != 1 || on[0].ContextMap()["xid_events"] != int64(2) {
+		t.Errorf("the startup line must say on how many GPUs Xids are counted: %v", on)
 	}
 	h.xid(1, 79) // GPU fell off the bus
 	h.xid(1, 13) // application fault: not counted
@@ -183,6 +186,9 @@ func TestNVMLCountsXidEvents(t *testing.T) {
 	if got := logs.FilterMessage("GPU Xid error").Len(); got != 2 {
 		t.Errorf("%d Xid log lines, want 2", got)
 	}
+	if got := logs.FilterMessage("GPU Xid caused by an application: GPU kept in routing").Len(); got != 2 {
+		t.Errorf("%d application-Xid log lines, want 2", got)
+	}
 	// Counts are cumulative, events are consumed once.
 	if gpus, _ = n.Read(Selector{}); gpus[1].XidErrors != 2 {
 		t.Errorf("after a second read: %d", gpus[1].XidErrors)
@@ -190,8 +196,12 @@ func TestNVMLCountsXidEvents(t *testing.T) {
 	// No event set: everything else still works.
 	h2 := newFakeHost(1)
 	h2.noXid = true
-	if _, err := NewNVML(h2, nil).Read(Selector{}); err != nil {
+	log2, logs2 := observedLogger(zapcore.InfoLevel)
+	if _, err := NewNVML(h2, log2).Read(Selector{}); err != nil {
 		t.Errorf("without events: %v", err)
+	}
+	if on := logs2.FilterMessage("GPU telemetry on: NVML").All(); len(on) != 1 || on[0].ContextMap()["xid_events"] != int64(0) {
+		t.Errorf("without events the startup line must say xid_events 0: %v", on)
 	}
 }
 
