@@ -2,8 +2,11 @@
 # Proves the NVML path against a real NVIDIA GPU: `gpurouter agent` and a
 # router reading the same GPU, locally (gpu.index) and through the agent
 # (gpu.agent_url), idle and under a load, each reading set beside
-# nvidia-smi's. Needs the driver (libnvidia-ml.so.1) and nvidia-smi; a load
-# is made with PyTorch when python3 has it (else the busy phase is idle too).
+# nvidia-smi's; then an application's GPU fault (a CUDA kernel writing
+# through a null pointer, with CuPy), whose Xid both must log and neither may
+# count against the GPU. Needs the driver (libnvidia-ml.so.1) and nvidia-smi;
+# the load needs PyTorch and the fault CuPy in python3 (each step is skipped,
+# saying so, without them).
 #
 # usage: BIN=./gpurouter [GPU_TEST=./gpu.test] bench/scripts/real-gpu-check.sh OUTDIR
 #   BIN       a gpurouter binary built with cgo (.ci/build BIN)
@@ -136,8 +139,32 @@ sleep 3
 echo "== after the load"
 snap after
 
+echo "== an application's GPU fault: a CUDA kernel writing through a null pointer (Xid 31 or 13)"
+if python3 -c 'import cupy' 2>/dev/null; then
+	python3 - >"$out/fault.log" 2>&1 <<'EOF'
+import os, sys
+import cupy as cp
+k = cp.RawKernel(r'extern "C" __global__ void bad() { *(volatile int *)0x10 = 1; }', "bad")
+try:
+    k((1,), (1,), ())
+    cp.cuda.runtime.deviceSynchronize()
+    print("the kernel ran without a fault")
+except Exception as e:
+    print("CUDA error, as meant:", e)
+sys.stdout.flush()
+os._exit(0)  # the broken context would fail CuPy's module unload at exit, noisily
+EOF
+	cat "$out/fault.log"
+	sleep 2 # a GPU read (router: 500 ms, agent: each request) drains the Xid events
+	get http://127.0.0.1:19401/v1/gpus >"$out/agent-fault.json" && agentrow "$out/agent-fault.json"
+	get http://127.0.0.1:18080/metrics | grep '^gpurouter_replica_gpu_fault'
+	dmesg 2>/dev/null | grep -i xid | tail -3 || true
+else
+	echo "no CuPy: no fault"
+fi
+
 echo "== agent and router logs: NVML lines"
-grep 'NVML\|GPU telemetry' "$out/agent.log" "$out/router.log"
+grep 'NVML\|GPU telemetry\|Xid' "$out/agent.log" "$out/router.log"
 kill -TERM "${pids[0]}"
 wait "${pids[0]}" 2>/dev/null
 echo "agent exit after SIGTERM: $?"
