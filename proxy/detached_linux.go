@@ -5,7 +5,6 @@ package proxy
 import (
 	"io"
 	"net"
-	"os"
 	"sync"
 	"syscall"
 	"time"
@@ -33,6 +32,8 @@ type detachedBody struct {
 	// came after the response's end, so the connection is not reused.
 	reuse *idleConns
 	extra bool
+	// The socket's addresses, for the connection it becomes again.
+	laddr, raddr net.Addr
 
 	// The loop's, while the stream is in it.
 	in              bool      // in the epoll set
@@ -103,6 +104,7 @@ func (p *streamPump) detach(x *exchange, resp *fasthttp.Response, client net.Con
 	b := &detachedBody{
 		pump: p, stash: c.stash, client: craw, back: make(chan pumpResult, 1),
 		firstByte: c.firstByte, idle: c.idle, fd: fd, cfd: -1,
+		laddr: c.Conn.LocalAddr(), raddr: c.Conn.RemoteAddr(),
 	}
 	b.write = b.writeFrame
 	if !resp.ConnectionClose() && x.up != nil {
@@ -157,14 +159,8 @@ func (b *detachedBody) netConn() (net.Conn, error) {
 		return nil, net.ErrClosed
 	}
 	if b.conn == nil {
-		f := os.NewFile(uintptr(b.fd), "upstream")
-		fc, err := net.FileConn(f) // a descriptor of its own, non-blocking, in the netpoller
-		f.Close()                  //nolint:errcheck // ours: fc has its own
+		fc := newFileConn(b.fd, b.laddr, b.raddr) // back in the netpoller
 		b.fd = -1
-		if err != nil {
-			b.closed = true
-			return nil, err
-		}
 		gotBody := b.r != nil && b.r.gotBody
 		b.conn = (&deadlineConn{Conn: fc, firstByte: b.firstByte, idle: b.idle, awaiting: !gotBody, headEnd: 4}).withSock()
 		b.raw = make([]byte, relayBufSize)
@@ -193,15 +189,11 @@ func (b *detachedBody) CloseWithError(err error) error {
 		if dc, ok := c.(*deadlineConn); ok {
 			c = dc.Conn
 		} else if c == nil {
-			f := os.NewFile(uintptr(b.fd), "upstream")
-			c, err = net.FileConn(f)
-			f.Close() //nolint:errcheck // ours: c has its own
+			c = newFileConn(b.fd, b.laddr, b.raddr)
 			b.fd = -1
 		}
 		b.mu.Unlock()
-		if err == nil {
-			b.reuse.put(c, time.Now())
-		}
+		b.reuse.put(c, time.Now())
 		return nil
 	}
 	if b.conn != nil {

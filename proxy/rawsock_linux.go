@@ -45,17 +45,23 @@ func (s *rawSock) set(c net.Conn) bool {
 	return s.take(c)
 }
 
-// take takes c's socket when it is a TCP connection.
+// take takes c's socket when it is a TCP connection: Go's, or one the
+// stream loop gave back (fileConn).
 func (s *rawSock) take(c net.Conn) bool {
-	tc, ok := c.(*net.TCPConn)
-	if !ok {
+	var sc syscall.Conn
+	switch tc := c.(type) {
+	case *net.TCPConn:
+		sc = tc
+	case *fileConn:
+		sc = tc
+	default:
 		return false
 	}
-	rc, err := tc.SyscallConn()
+	rc, err := sc.SyscallConn()
 	if err != nil {
 		return false
 	}
-	s.rc, s.laddr, s.raddr = rc, tc.LocalAddr(), tc.RemoteAddr()
+	s.rc, s.laddr, s.raddr = rc, c.LocalAddr(), c.RemoteAddr()
 	s.readFn, s.writeFn = s.doRead, s.doWrite
 	return true
 }

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // rawConnOf is a net.Conn whose Read and Write are rawSock's.
@@ -62,7 +64,36 @@ func sockImpls() []sockImpl {
 			}
 			return rc
 		}},
+		{"fileConn", func(t testing.TB, c net.Conn) net.Conn { return asFileConn(t, c) }},
+		{"fileConn+rawSock", func(t testing.TB, c net.Conn) net.Conn {
+			fc := asFileConn(t, c)
+			rc := &rawConnOf{Conn: fc}
+			if !rc.s.take(fc) {
+				t.Fatal("rawSock did not take a fileConn")
+			}
+			return rc
+		}},
 	}
+}
+
+// asFileConn moves c's socket into a fileConn, as the stream loop gives
+// an upstream connection back (detachedBody): a duplicate descriptor, c
+// closed.
+func asFileConn(t testing.TB, c net.Conn) *fileConn {
+	t.Helper()
+	rc, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd := -1
+	var dupErr error
+	if err := rc.Control(func(s uintptr) { fd, dupErr = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0) }); err != nil || dupErr != nil {
+		t.Fatal(err, dupErr)
+	}
+	fc := newFileConn(fd, c.LocalAddr(), c.RemoteAddr())
+	c.Close()
+	t.Cleanup(func() { fc.Close() })
+	return fc
 }
 
 // TestRawSockActsAsNetConn runs the same exchanges on a plain net.Conn and
