@@ -138,9 +138,10 @@ func (k *keptConns) remove(c *prefetchConn) {
 }
 
 // writeChunked writes head, then the stream's events in chunked framing
-// (WriteTo's loop, each read's worth as one chunk), then the last chunk,
-// each write within the idle timeout (armWrite). An error means the client
-// is gone.
+// (as WriteTo: each read's worth as one chunk), then the last chunk — with
+// the last events, in one write, when they are pending at the end — each
+// write within the idle timeout (armWrite). An error means the client is
+// gone.
 func (r *relay) writeChunked(w io.Writer, head []byte) error {
 	defer r.disarmWrite()
 	if err := r.armWrite(); err != nil {
@@ -153,33 +154,42 @@ func (r *relay) writeChunked(w io.Writer, head []byte) error {
 	if err := r.pumpStream(w); err != nil {
 		return err
 	}
-	if _, err := r.WriteTo(chunkWriter{w}); err != nil {
-		return err
+	for {
+		if r.outPos < len(r.out) || r.eof {
+			if err := r.armWrite(); err != nil {
+				return err
+			}
+			var last string
+			if r.eof {
+				last = lastChunk
+			}
+			err := writeChunk(w, r.out[r.outPos:], last)
+			r.out, r.outPos = r.out[:0], 0
+			if err != nil || r.eof {
+				return err
+			}
+		}
+		if err := r.fill(); err != nil {
+			return err
+		}
 	}
-	if err := r.armWrite(); err != nil {
-		return err
-	}
-	_, err := io.WriteString(w, "0\r\n\r\n")
-	return err
 }
 
-// chunkWriter writes each Write as one chunk (writeChunk).
-type chunkWriter struct{ w io.Writer }
+// lastChunk ends a chunked body (no trailers).
+const lastChunk = "0\r\n\r\n"
 
-func (c chunkWriter) Write(b []byte) (int, error) {
-	if err := writeChunk(c.w, b); err != nil {
-		return 0, err
-	}
-	return len(b), nil
-}
-
-// writeChunk writes b as one chunk in one write, framed in a pooled buffer.
-func writeChunk(w io.Writer, b []byte) error {
+// writeChunk writes b as one chunk (none when b is empty), then last, in
+// one write, framed in a pooled buffer.
+func writeChunk(w io.Writer, b []byte, last string) error {
 	p := relayBufs.Get().(*[]byte)
-	buf := strconv.AppendInt((*p)[:0], int64(len(b)), 16)
-	buf = append(buf, "\r\n"...)
-	buf = append(buf, b...)
-	buf = append(buf, "\r\n"...)
+	buf := (*p)[:0]
+	if len(b) > 0 {
+		buf = strconv.AppendInt(buf, int64(len(b)), 16)
+		buf = append(buf, "\r\n"...)
+		buf = append(buf, b...)
+		buf = append(buf, "\r\n"...)
+	}
+	buf = append(buf, last...)
 	_, err := w.Write(buf)
 	putRelayBuf(&p, buf)
 	return err

@@ -135,7 +135,7 @@ func BenchmarkWriteChunk(b *testing.B) {
 	ev := []byte("data: " + strings.Repeat("x", 190) + "\n\n")
 	b.ReportAllocs()
 	for b.Loop() {
-		if err := writeChunk(io.Discard, ev); err != nil {
+		if err := writeChunk(io.Discard, ev, ""); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -118,9 +118,17 @@ func (p *streamPump) deliver(b *detachedBody, raw []byte, readErr error, now tim
 		b.extra = len(raw) > 0
 	}
 	r.process(p.at)
+	if readErr == io.EOF && b.dec.done() && r.sawDone && !r.eof && r.abortErr.Load() == nil {
+		// A clean end: its last events ([DONE] among them) go back with
+		// the stream, and the goroutine writes them with the body's last
+		// chunk, one write(2) for both (writeChunked). Their timings are
+		// taken; they wait for the goroutine's wake-up only.
+		p.release(b, pumpResult{readErr: readErr}, exitEnd)
+		return
+	}
 	if readErr != nil {
 		// The events before the end go out now (the engine's last ones,
-		// [DONE] among them), not when the goroutine next runs.
+		// an error event among them), not when the goroutine next runs.
 		if p.send(b) {
 			why := exitUpstreamError
 			if readErr == io.EOF {

@@ -10,9 +10,11 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -305,5 +307,79 @@ func TestStreamLoopsShareTheStreams(t *testing.T) {
 		if n := <-results; n != 30 {
 			t.Fatalf("a stream ended with %d token events (negative: no [DONE]), want 30", n)
 		}
+	}
+}
+
+// countingRawConn counts the loop's writes to a client socket.
+type countingRawConn struct {
+	syscall.RawConn
+	writes int
+}
+
+func (c *countingRawConn) Write(f func(uintptr) bool) error {
+	c.writes++
+	return c.RawConn.Write(f)
+}
+
+// writeLog keeps each Write apart.
+type writeLog struct{ writes []string }
+
+func (w *writeLog) Write(b []byte) (int, error) {
+	w.writes = append(w.writes, string(b))
+	return len(b), nil
+}
+
+// A stream that ends cleanly leaves the loop with its last events unsent,
+// and its goroutine writes them with the body's last chunk: one write(2)
+// fewer a stream than the loop writing them and the goroutine the last
+// chunk. A stream that ends without [DONE] has its last events written by
+// the loop at once, as any others.
+func TestStreamLoopLeavesTheLastEventsForTheLastChunk(t *testing.T) {
+	for _, tc := range []struct {
+		name, upstream string
+		loopWrites     int
+		final          string // the goroutine's write after the head
+	}{
+		{"done", chunk(tokenEvent(1)+"data: [DONE]\n\n") + "0\r\n\r\n", 0,
+			chunk(tokenEvent(1)+"data: [DONE]\n\n") + "0\r\n\r\n"},
+		{"no [DONE]", chunk(tokenEvent(1)) + "0\r\n\r\n", 1, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client, _ := tcpPair(t, func(_ testing.TB, c net.Conn) net.Conn { return c })
+			craw, err := client.(*net.TCPConn).SyscallConn()
+			if err != nil {
+				t.Fatal(err)
+			}
+			counted := &countingRawConn{RawConn: craw}
+			m, err := newMetrics(prometheus.NewRegistry())
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := &Server{cfg: Config{}.withDefaults(), now: time.Now}
+			p := newStreamPump(s.cfg, m, nil)
+			p.at = time.Now()
+			r := &relay{x: &exchange{s: s, ep: epChat, received: time.Now()}, gotBody: true}
+			d := &detachedBody{pump: p, r: r, client: counted, fd: -1, cfd: -1, idle: time.Minute, back: make(chan pumpResult, 1)}
+			d.write = d.writeFrame
+			d.inPump = true
+			r.body = d
+			p.size.Add(1)
+			p.deliver(d, []byte(tc.upstream), nil, p.at)
+			res := <-d.back
+			if res.readErr != io.EOF || counted.writes != tc.loopWrites {
+				t.Fatalf("handed back with %v after %d loop writes; want EOF after %d", res.readErr, counted.writes, tc.loopWrites)
+			}
+			if tc.final == "" {
+				return
+			}
+			r.afterRead(res.readErr) // as pumpStream does with what the loop handed back
+			var w writeLog
+			if err := r.writeChunked(&w, []byte("HEAD")); err != nil {
+				t.Fatal(err)
+			}
+			if len(w.writes) != 2 || w.writes[0] != "HEAD" || w.writes[1] != tc.final {
+				t.Fatalf("writes %q, want the head, then %q", w.writes, tc.final)
+			}
+		})
 	}
 }
