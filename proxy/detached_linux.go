@@ -188,12 +188,14 @@ func (b *detachedBody) CloseWithError(err error) error {
 		c := b.conn
 		if dc, ok := c.(*deadlineConn); ok {
 			c = dc.Conn
-		} else if c == nil {
+		} else if c == nil && b.fd >= 0 {
 			c = newFileConn(b.fd, b.laddr, b.raddr)
 			b.fd = -1
 		}
 		b.mu.Unlock()
-		b.reuse.put(c, time.Now())
+		if c != nil {
+			b.reuse.put(c, time.Now())
+		}
 		return nil
 	}
 	if b.conn != nil {
