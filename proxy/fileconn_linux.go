@@ -94,8 +94,8 @@ func (c *fileConn) netError(op string, err error) error {
 		err = net.ErrClosed
 	} else if pe, ok := err.(*os.PathError); ok {
 		err = pe.Err
-		if op != "close" {
-			err = os.NewSyscallError(op, err)
+		if errno, ok := err.(syscall.Errno); ok && op != "close" {
+			err = os.NewSyscallError(op, errno) // as net.Conn words a failed read(2) or write(2)
 		}
 	}
 	return &net.OpError{Op: op, Net: "tcp", Source: c.laddr, Addr: c.raddr, Err: err}
