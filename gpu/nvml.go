@@ -47,7 +47,9 @@ type nvmlDevice struct {
 	name     string
 	maxSMMHz uint32
 	xid      uint64 // critical Xid events seen since the session opened
-	memV1    bool   // the driver lacks nvmlDeviceGetMemoryInfo_v2
+	// What the driver's library lacks (before 510 and 535): such a
+	// function must not be called (openLocked).
+	memV1, throttleV1 bool
 }
 
 // NewNVML returns a session over lib: nvml.New() in production, a mock in
@@ -83,6 +85,12 @@ func (n *NVML) openLocked() error {
 		n.lib.Shutdown()
 		return n.turnOff(ret, "DeviceGetCount")
 	}
+	// go-nvml binds the library's functions lazily: calling one the
+	// driver's library lacks kills the process ("symbol lookup error"),
+	// it returns no ERROR_FUNCTION_NOT_FOUND. So the newer calls the reads
+	// prefer are looked up first, and their older twins used without them.
+	memV1 := !n.has("nvmlDeviceGetMemoryInfo_v2")
+	throttleV1 := !n.has("nvmlDeviceGetCurrentClocksEventReasons")
 	devs := make([]*nvmlDevice, 0, count)
 	for i := range count {
 		h, ret := n.lib.DeviceGetHandleByIndex(i)
@@ -92,7 +100,7 @@ func (n *NVML) openLocked() error {
 			n.log.Warn("NVML: skipping GPU", zap.Int("index", i), zap.String("error", nvml.ErrorString(ret)))
 			continue
 		}
-		d := &nvmlDevice{h: h, index: i}
+		d := &nvmlDevice{h: h, index: i, memV1: memV1, throttleV1: throttleV1}
 		d.uuid, _ = h.GetUUID()
 		d.name, _ = h.GetName()
 		if idx, ret := h.GetIndex(); ret == nvml.SUCCESS {
@@ -111,6 +119,12 @@ func (n *NVML) openLocked() error {
 	// 0 on a driver or board that offers no Xid events.
 	n.log.Info("GPU telemetry on: NVML", zap.Int("gpus", len(devs)), zap.Int("xid_events", xidGPUs))
 	return nil
+}
+
+// has reports whether the loaded library exports sym.
+func (n *NVML) has(sym string) bool {
+	ext := n.lib.Extensions()
+	return ext != nil && ext.LookupSymbol(sym) == nil
 }
 
 // turnOff records why the session is off and logs it, once.

@@ -38,7 +38,11 @@ func (d *nvmlDevice) read() (GPUStats, error) {
 	if c, ret := d.h.GetClockInfo(nvml.CLOCK_SM); ret == nvml.SUCCESS {
 		st.SMClockMHz = c
 	}
-	reasons, ret := d.h.GetCurrentClocksEventReasons()
+	var reasons uint64
+	ret = nvml.ERROR_FUNCTION_NOT_FOUND
+	if !d.throttleV1 {
+		reasons, ret = d.h.GetCurrentClocksEventReasons()
+	}
 	if ret == nvml.ERROR_FUNCTION_NOT_FOUND || ret == nvml.ERROR_NOT_SUPPORTED {
 		reasons, ret = d.h.GetCurrentClocksThrottleReasons() // drivers before 535
 	}
@@ -55,8 +59,8 @@ func (d *nvmlDevice) read() (GPUStats, error) {
 // The v1 call counts the driver's own reservation as used (615 MiB on an
 // idle H200 with driver 580, where nvidia-smi says 0), so the same GPU read
 // through the agent and through DCGM would disagree; v2 reports the
-// reservation apart. Drivers before 510 lack v2: after its first refusal
-// the device stays on v1.
+// reservation apart. Drivers before 510 lack v2 (memV1, from the library's
+// symbols); a device that refuses it stays on v1 as well.
 func (d *nvmlDevice) memory() (used, total uint64, ret nvml.Return) {
 	if !d.memV1 {
 		m, ret := d.h.GetMemoryInfo_v2()

@@ -21,7 +21,8 @@ type fakeHost struct {
 	initRet nvml.Return
 	inits   int
 	shuts   int
-	noXid   bool // EventSetCreate fails
+	noXid   bool            // EventSetCreate fails
+	missing map[string]bool // symbols the library lacks (an older driver's)
 }
 
 // fakeGPU is one mocked device and its current readings.
@@ -63,6 +64,16 @@ func newFakeHost(n int) *fakeHost {
 		h.shuts++
 		return nvml.SUCCESS
 	}
+	h.ExtensionsFunc = func() nvml.ExtendedInterface {
+		return &mock.ExtendedInterface{LookupSymbolFunc: func(sym string) error {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			if h.missing[sym] {
+				return fmt.Errorf("undefined symbol: %s", sym)
+			}
+			return nil
+		}}
+	}
 	h.DeviceGetCountFunc = func() (int, nvml.Return) { return len(h.gpus), nvml.SUCCESS }
 	h.DeviceGetHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
 		if i < 0 || i >= len(h.gpus) {
@@ -89,6 +100,14 @@ func newFakeHost(n int) *fakeHost {
 		}, nvml.SUCCESS
 	}
 	return h
+}
+
+// called is a device call's check, under the host lock, that the library
+// has its symbol: a real one without it kills the process.
+func (h *fakeHost) called(sym string) {
+	if h.missing[sym] {
+		panic("symbol lookup error: undefined symbol: " + sym)
+	}
 }
 
 // xid queues an Xid critical-error event on GPU i.
@@ -147,6 +166,7 @@ func (h *fakeHost) newGPU(i int) *fakeGPU {
 	}
 	d.GetMemoryInfo_v2Func = func() (m nvml.Memory_v2, r nvml.Return) {
 		r = read(func() nvml.Return {
+			h.called("nvmlDeviceGetMemoryInfo_v2")
 			g.memV2s++
 			if g.noMemV2 {
 				return nvml.ERROR_FUNCTION_NOT_FOUND
@@ -186,6 +206,7 @@ func (h *fakeHost) newGPU(i int) *fakeGPU {
 	}
 	d.GetCurrentClocksEventReasonsFunc = func() (v uint64, r nvml.Return) {
 		r = read(func() nvml.Return {
+			h.called("nvmlDeviceGetCurrentClocksEventReasons")
 			if g.oldAPI {
 				return nvml.ERROR_FUNCTION_NOT_FOUND
 			}

@@ -87,6 +87,29 @@ func TestNVMLMemoryExcludesTheDriversReservation(t *testing.T) {
 	}
 }
 
+// A library from an older driver lacks the newer calls the reads prefer
+// (memory v2 before 510, clock-event reasons before 535). go-nvml binds
+// lazily, so calling one would kill the process: the session looks the
+// symbols up and uses the older calls (the fixture panics if not).
+func TestNVMLLeavesOutWhatTheDriverLacks(t *testing.T) {
+	t.Parallel()
+	h := newFakeHost(2)
+	h.missing = map[string]bool{"nvmlDeviceGetMemoryInfo_v2": true, "nvmlDeviceGetCurrentClocksEventReasons": true}
+	h.set(1, func(g *fakeGPU) { g.reasons = nvml.ClocksEventReasonSwPowerCap })
+	n := NewNVML(h, nil)
+	defer n.Close()
+	gpus, err := n.Read(Selector{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := gpus[1].MemoryUsedBytes, uint64(1<<30+615<<20); got != want {
+		t.Errorf("GPU 1 reads %d bytes used, want v1's %d", got, want)
+	}
+	if !slices.Equal(gpus[1].ThrottleReasons, []string{"sw_power_cap"}) {
+		t.Errorf("GPU 1's slowdown reasons %v, want [sw_power_cap] from the older call", gpus[1].ThrottleReasons)
+	}
+}
+
 func equalGPU(a, b GPUStats) bool {
 	return reflect.DeepEqual(a, b) || (len(a.ThrottleReasons) == 0 && len(b.ThrottleReasons) == 0 && func() bool {
 		a.ThrottleReasons, b.ThrottleReasons = nil, nil
