@@ -124,10 +124,15 @@ while time.time() < end:
     for _ in range(20):
         a @ a
     torch.cuda.synchronize()
+    if n == 0:
+        print("running", flush=True)
     n += 20
 print("products", n)
 EOF
 	load=$!
+	# Importing PyTorch and starting CUDA take seconds: read the GPU once
+	# the products run, half the load's time in.
+	for _ in $(seq 600); do grep -q running "$out/load.log" 2>/dev/null && break; sleep 0.1; done
 	sleep $((load_s / 2))
 	snap busy
 	wait "$load"
