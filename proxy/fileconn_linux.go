@@ -21,6 +21,7 @@ import (
 // every stream, BenchmarkGiveBackUpstream. Reads and writes go through
 // rawSock (deadlineConn.withSock) as a *net.TCPConn's do; its own Read
 // and Write (the race detector's build) report errors as net.Conn's.
+// Its zero value is not usable: newFileConn.
 type fileConn struct {
 	f            *os.File
 	laddr, raddr net.Addr
@@ -67,6 +68,8 @@ func (c *fileConn) SyscallConn() (syscall.RawConn, error) {
 	return fileRawConn{rc, c}, nil
 }
 
+// fileRawConn is a fileConn's syscall.RawConn: the *os.File's, its errors
+// after Close worded as net.ErrClosed (rawError).
 type fileRawConn struct {
 	syscall.RawConn
 	c *fileConn
