@@ -16,6 +16,8 @@ import (
 // The socket is a duplicate of a loopback connection's, made each time
 // (F_DUPFD_CLOEXEC, as detach makes it; a few hundred ns of either).
 func BenchmarkGiveBackUpstream(b *testing.B) {
+	// Not rawPair: a RawConn of known type keeps dup's closure off the
+	// heap, so allocs/op are the give-back's own.
 	c, _ := tcpPair(b, func(_ testing.TB, c net.Conn) net.Conn { return c })
 	rc, err := c.(*net.TCPConn).SyscallConn()
 	if err != nil {

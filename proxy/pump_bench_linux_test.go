@@ -4,7 +4,6 @@ package proxy
 
 import (
 	"io"
-	"net"
 	"testing"
 	"time"
 )
@@ -16,11 +15,7 @@ import (
 // ns/op and allocs/op are per event. The exchange is migratable, as by
 // default, so the tracking of every event is in it.
 func BenchmarkStreamLoopDeliver(b *testing.B) {
-	client, peer := tcpPair(b, func(_ testing.TB, c net.Conn) net.Conn { return c })
-	craw, err := client.(*net.TCPConn).SyscallConn()
-	if err != nil {
-		b.Fatal(err)
-	}
+	craw, _, peer := rawPair(b)
 	s := &Server{cfg: Config{}.withDefaults(), now: time.Now}
 	x := &exchange{s: s, ep: epChat, received: time.Now()}
 	x.mig = &migration{chat: true, idsOK: true, strip: true, pol: Migration{MaxSeqLen: 1 << 30}, buf: migBufPool.Get().(*migBuffers)}

@@ -345,11 +345,7 @@ func TestStreamLoopLeavesTheLastEventsForTheLastChunk(t *testing.T) {
 		{"no [DONE]", chunk(tokenEvent(1)) + "0\r\n\r\n", 1, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			client, _ := tcpPair(t, func(_ testing.TB, c net.Conn) net.Conn { return c })
-			craw, err := client.(*net.TCPConn).SyscallConn()
-			if err != nil {
-				t.Fatal(err)
-			}
+			craw, _, _ := rawPair(t)
 			counted := &countingRawConn{RawConn: craw}
 			m, err := newMetrics(prometheus.NewRegistry())
 			if err != nil {

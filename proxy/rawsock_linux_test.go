@@ -46,6 +46,18 @@ func tcpPair(t testing.TB, wrap func(testing.TB, net.Conn) net.Conn) (net.Conn, 
 	return wrap(t, c), p.(*net.TCPConn)
 }
 
+// rawPair is a loopback connection's raw socket, as the stream loop holds
+// a client's or an upstream's, and its peer.
+func rawPair(t testing.TB) (syscall.RawConn, net.Conn, *net.TCPConn) {
+	t.Helper()
+	c, p := tcpPair(t, func(_ testing.TB, c net.Conn) net.Conn { return c })
+	rc, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rc, c, p
+}
+
 // sockImpl is one way to do a connection's I/O: wrap returns the
 // connection to read and write through.
 type sockImpl struct {
