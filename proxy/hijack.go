@@ -138,10 +138,10 @@ func (k *keptConns) remove(c *prefetchConn) {
 }
 
 // writeChunked writes head, then the stream's events in chunked framing
-// (as WriteTo: each read's worth as one chunk), then the last chunk — with
-// the last events, in one write, when they are pending at the end — each
-// write within the idle timeout (armWrite). An error means the client is
-// gone.
+// (WriteTo's loop, each read's worth as one chunk), then the last chunk —
+// in the same write as the last events when they are written at the end —
+// each write within the idle timeout (armWrite). An error means the client
+// is gone.
 func (r *relay) writeChunked(w io.Writer, head []byte) error {
 	defer r.disarmWrite()
 	if err := r.armWrite(); err != nil {
@@ -154,25 +154,35 @@ func (r *relay) writeChunked(w io.Writer, head []byte) error {
 	if err := r.pumpStream(w); err != nil {
 		return err
 	}
-	for {
-		if r.outPos < len(r.out) || r.eof {
-			if err := r.armWrite(); err != nil {
-				return err
-			}
-			var last string
-			if r.eof {
-				last = lastChunk
-			}
-			err := writeChunk(w, r.out[r.outPos:], last)
-			r.out, r.outPos = r.out[:0], 0
-			if err != nil || r.eof {
-				return err
-			}
-		}
-		if err := r.fill(); err != nil {
-			return err
-		}
+	cw := chunkWriter{w: w, r: r}
+	if _, err := r.WriteTo(&cw); err != nil || cw.ended {
+		return err
 	}
+	if err := r.armWrite(); err != nil {
+		return err
+	}
+	_, err := io.WriteString(w, lastChunk)
+	return err
+}
+
+// chunkWriter writes each Write as one chunk (writeChunk), and once the
+// relay is at its end (eof: the Write holds its last events) the last
+// chunk with it.
+type chunkWriter struct {
+	w     io.Writer
+	r     *relay
+	ended bool // the last chunk is written
+}
+
+func (c *chunkWriter) Write(b []byte) (int, error) {
+	var last string
+	if c.r.eof {
+		last, c.ended = lastChunk, true
+	}
+	if err := writeChunk(c.w, b, last); err != nil {
+		return 0, err
+	}
+	return len(b), nil
 }
 
 // lastChunk ends a chunked body (no trailers).

@@ -148,7 +148,7 @@ func (r *relay) abort(err error) {
 // 4 KiB copy buffer, which a waiting stream would otherwise hold too. An
 // error ends the stream (the client is gone); fasthttp then calls
 // CloseWithError with it. A stream on its hijacked connection runs the
-// same loop in writeChunked (hijack.go), which frames the chunks itself.
+// same loop through chunkWriter (hijack.go).
 func (r *relay) WriteTo(w io.Writer) (int64, error) {
 	var total int64
 	defer r.disarmWrite()
