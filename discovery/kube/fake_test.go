@@ -3,6 +3,7 @@ package kube_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -11,7 +12,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
 )
 
 // What pods and slices become, through client-go's fake clientset (no API
@@ -70,6 +73,7 @@ func TestTranslationWithFakeClientset(t *testing.T) {
 		}
 	}
 	cs2 := fake.NewClientset(slice("old", &no), slice("new", &yes))
+	sliceWatch := watchStarted(cs2, "endpointslices")
 	sink2 := newLatest()
 	src2, err := kube.New(kube.Config{Model: "m", Namespace: "ns", Service: "vllm", Port: 8000}, kube.Clients{Core: cs2}, sink2, nil, nil)
 	if err != nil {
@@ -77,10 +81,39 @@ func TestTranslationWithFakeClientset(t *testing.T) {
 	}
 	run(t, src2)
 	sink2.expect(t, "one endpoint in two slices, the ready copy wins", "vllm-0=http://10.0.0.5:8000")
+	select {
+	case <-sliceWatch:
+	case <-time.After(follow):
+		t.Fatal("the source never watched the slices")
+	}
 	if err := cs2.DiscoveryV1().EndpointSlices("ns").Delete(ctx, "new", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	sink2.expect(t, "the ready copy gone", "vllm-0=http://10.0.0.5:8000 draining")
+}
+
+// watchStarted returns a channel closed once a watch on resource has
+// started. The fake clientset's watch replays the objects that exist when
+// it starts, not what was deleted between the informer's list and its
+// watch: a test that deletes once the list's set has arrived lost the
+// delete in 1 of 40 runs (`go test -race -count=40`), so it waits for the
+// watch first, as client-go's examples/fake-client does.
+func watchStarted(cs *fake.Clientset, resource string) <-chan struct{} {
+	started := make(chan struct{})
+	var once sync.Once
+	cs.PrependWatchReactor(resource, func(action clienttesting.Action) (bool, watch.Interface, error) {
+		var opts metav1.ListOptions
+		if w, ok := action.(clienttesting.WatchActionImpl); ok {
+			opts = w.ListOptions
+		}
+		w, err := cs.Tracker().Watch(action.GetResource(), action.GetNamespace(), opts)
+		if err != nil {
+			return false, nil, err
+		}
+		once.Do(func() { close(started) })
+		return true, w, nil
+	})
+	return started
 }
 
 func TestConfigCheck(t *testing.T) {
