@@ -167,6 +167,48 @@ func TestPredictiveReadsTheLiveInterTokenLatency(t *testing.T) {
 	l.Done(nil)
 }
 
+// The live ITL averages about a second of a replica's steps whatever its
+// batch: twenty streams yield twenty gaps a step, and one prefill stall
+// among them must not read as the replica's ITL (with a fixed weight per
+// gap it did: 50 ms steps and one 180 ms stall gave ~133 ms with twenty
+// streams, ~62 ms with two). A slowdown that lasts does show within the
+// second, at either size.
+func TestLiveITLAveragesASecondWhateverTheBatch(t *testing.T) {
+	for _, streams := range []int{2, 20} {
+		c := newFakeClock()
+		r := newReplica(t, "r", c, replicaOpts{})
+		leases := make([]balancer.Lease, streams)
+		for i := range leases {
+			l, err := r.AcquireRequest(balancer.LeaseCost{PromptTokens: 100})
+			if err != nil {
+				t.Fatal(err)
+			}
+			l.PrefillDone()
+			leases[i] = l
+		}
+		step := func(d time.Duration, n int) {
+			for range n {
+				c.advance(d)
+				for _, l := range leases {
+					l.ObserveGap(d, c.now())
+				}
+			}
+		}
+		step(50*time.Millisecond, 40)
+		step(180*time.Millisecond, 1) // one prefill stalls every stream once
+		if got := r.Predictor().LiveITLS; got > 0.070 {
+			t.Errorf("%d streams, 50 ms steps and one 180 ms stall: live ITL %.0f ms, want ≤ 70", streams, got*1000)
+		}
+		step(150*time.Millisecond, 10) // 1.5 s of slow steps
+		if got := r.Predictor().LiveITLS; got < 0.100 {
+			t.Errorf("%d streams after 1.5 s of 150 ms steps: live ITL %.0f ms, want ≥ 100", streams, got*1000)
+		}
+		for _, l := range leases {
+			l.Done(nil)
+		}
+	}
+}
+
 // slowLoad is r's entry in its pool's admission loads at c's now.
 func slowLoad(r *balancer.Replica, c *fakeClock) balancer.ReplicaLoad {
 	pool, err := balancer.NewPool(balancer.PoolConfig{Model: "m"}, []*balancer.Replica{r})

@@ -212,9 +212,18 @@ func (r *Replica) liveITL(now time.Time) float64 {
 // liveITL still counts: a batch that stopped streaming has drained.
 const liveITLFresh = time.Second
 
-// itlAlpha weights one inter-token gap in the liveITL EWMA: with a
-// handful of requests decoding, about a second of them.
-const itlAlpha = 0.05
+// itlWindow is about how much of the replica's streaming liveITL
+// averages. Each gap weighs as one of the gaps its streams yield in that
+// time — in flight over the current ITL, per second — so twenty requests
+// decoding average a second of steps, as two do. A fixed weight per gap
+// (0.05) spanned a second with a handful of streams but a single step
+// with twenty: one prefill stall then read as the replica's ITL, and on
+// the conversation trace at 85% load the three full-speed replicas, each
+// stalled at 134–184 ms the same instant, looked slower than the
+// half-speed one (78 ms), which took three 400-token generations; each
+// decoded there for over 30 s where the others streamed at ~50 ms, and
+// the run ended 9 s late.
+const itlWindow = time.Second
 
 // observeITL adds one inter-token gap seen at now to liveITL.
 func (r *Replica) observeITL(gap time.Duration, now time.Time) {
@@ -223,11 +232,12 @@ func (r *Replica) observeITL(gap time.Duration, now time.Time) {
 	}
 	g := gap.Seconds()
 	fresh := now.UnixNano()-r.pred.itlAtNs.Load() <= int64(liveITLFresh)
+	n := float64(max(r.inFlight.Load(), 1))
 	for {
 		old := r.pred.itl.Load()
 		next := g
 		if cur := math.Float64frombits(old); cur > 0 && fresh {
-			next = cur + itlAlpha*(g-cur)
+			next = cur + min(cur/(n*itlWindow.Seconds()), 1)*(g-cur)
 		}
 		if r.pred.itl.CompareAndSwap(old, math.Float64bits(next)) {
 			break
