@@ -167,6 +167,46 @@ func TestPredictiveReadsTheLiveInterTokenLatency(t *testing.T) {
 	l.Done(nil)
 }
 
+// streams holds n leases on r that stream (no prompt size given, so the
+// prefill predictor is left alone); step has each see one gap of d, at
+// the clock advanced by d. Done ends them.
+type streams struct {
+	c      *fakeClock
+	leases []balancer.Lease
+}
+
+func newStreams(t *testing.T, r *balancer.Replica, c *fakeClock, n int) *streams {
+	t.Helper()
+	s := &streams{c: c}
+	for range n {
+		l, err := r.AcquireRequest(balancer.LeaseCost{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.leases = append(s.leases, l)
+	}
+	return s
+}
+
+func (s *streams) gap(d time.Duration) {
+	for _, l := range s.leases {
+		l.ObserveGap(d, s.c.now())
+	}
+}
+
+func (s *streams) step(d time.Duration, n int) {
+	for range n {
+		s.c.advance(d)
+		s.gap(d)
+	}
+}
+
+func (s *streams) done() {
+	for _, l := range s.leases {
+		l.Done(nil)
+	}
+}
+
 // The live ITL averages about a second of a replica's steps whatever its
 // batch: twenty streams yield twenty gaps a step, and one prefill stall
 // among them must not read as the replica's ITL (with a fixed weight per
@@ -174,39 +214,52 @@ func TestPredictiveReadsTheLiveInterTokenLatency(t *testing.T) {
 // streams, ~62 ms with two). A slowdown that lasts does show within the
 // second, at either size.
 func TestLiveITLAveragesASecondWhateverTheBatch(t *testing.T) {
-	for _, streams := range []int{2, 20} {
+	for _, n := range []int{2, 20} {
 		c := newFakeClock()
 		r := newReplica(t, "r", c, replicaOpts{})
-		leases := make([]balancer.Lease, streams)
-		for i := range leases {
-			l, err := r.AcquireRequest(balancer.LeaseCost{PromptTokens: 100})
-			if err != nil {
-				t.Fatal(err)
-			}
-			l.PrefillDone()
-			leases[i] = l
-		}
-		step := func(d time.Duration, n int) {
-			for range n {
-				c.advance(d)
-				for _, l := range leases {
-					l.ObserveGap(d, c.now())
-				}
-			}
-		}
-		step(50*time.Millisecond, 40)
-		step(180*time.Millisecond, 1) // one prefill stalls every stream once
+		s := newStreams(t, r, c, n)
+		s.step(50*time.Millisecond, 40)
+		s.step(180*time.Millisecond, 1) // one prefill stalls every stream once
 		if got := r.Predictor().LiveITLS; got > 0.070 {
-			t.Errorf("%d streams, 50 ms steps and one 180 ms stall: live ITL %.0f ms, want ≤ 70", streams, got*1000)
+			t.Errorf("%d streams, 50 ms steps and one 180 ms stall: live ITL %.0f ms, want ≤ 70", n, got*1000)
 		}
-		step(150*time.Millisecond, 10) // 1.5 s of slow steps
+		s.step(150*time.Millisecond, 10) // 1.5 s of slow steps
 		if got := r.Predictor().LiveITLS; got < 0.100 {
-			t.Errorf("%d streams after 1.5 s of 150 ms steps: live ITL %.0f ms, want ≥ 100", streams, got*1000)
+			t.Errorf("%d streams after 1.5 s of 150 ms steps: live ITL %.0f ms, want ≥ 100", n, got*1000)
 		}
-		for _, l := range leases {
-			l.Done(nil)
-		}
+		s.done()
 	}
+}
+
+// A long generation goes where it decodes fastest over its life, not
+// where the last step was short: a full-speed replica streaming twenty
+// requests at 50 ms whose last step a prefill stalled (180 ms) against a
+// half-speed one streaming two at 78 ms. Predicted from the stalled step,
+// the full-speed replica missed the TPOT objective and the half-speed one
+// took the 400 tokens, to finish ~10 s later.
+func TestPredictiveLooksPastOneStalledStep(t *testing.T) {
+	c := newFakeClock()
+	fast, slow := newReplica(t, "fast", c, replicaOpts{}), newReplica(t, "slow", c, replicaOpts{})
+	teachDecode(t, fast, c, 200*time.Microsecond, 30*time.Millisecond, time.Millisecond)
+	teachDecode(t, slow, c, 400*time.Microsecond, 70*time.Millisecond, 3*time.Millisecond)
+	fs, ss := newStreams(t, fast, c, 20), newStreams(t, slow, c, 2)
+	for range 40 { // both stream, each at its own step
+		fs.step(50*time.Millisecond, 1)
+		ss.gap(78 * time.Millisecond)
+	}
+	fs.step(180*time.Millisecond, 1)
+	ss.gap(78 * time.Millisecond)
+	p, err := balancer.NewPicker("predictive")
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &balancer.Request{Now: c.now(), PromptTokens: 1000, OutputTokens: 400,
+		SLOTTFT: 2 * time.Second, SLOTPOT: 100 * time.Millisecond}
+	if got := p.Pick(req, []*balancer.Replica{slow, fast}); got != fast {
+		t.Errorf("400 output tokens, fast's last step stalled: picked %s, want fast", got.Name())
+	}
+	fs.done()
+	ss.done()
 }
 
 // slowLoad is r's entry in its pool's admission loads at c's now.

@@ -209,3 +209,22 @@ func TestPredictorLearnsEngineQueueWait(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkObserveGap is what each output chunk of a stream costs the
+// replica's predictor: its live inter-token latency (liveITL). It must
+// not allocate.
+func BenchmarkObserveGap(b *testing.B) {
+	c := newFakeClock()
+	r := newReplica(b, "r", c, replicaOpts{})
+	l, err := r.AcquireRequest(balancer.LeaseCost{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	now := c.now()
+	b.ReportAllocs()
+	for b.Loop() {
+		now = now.Add(50 * time.Millisecond)
+		l.ObserveGap(50*time.Millisecond, now)
+	}
+	l.Done(nil)
+}
