@@ -222,10 +222,11 @@ const liveITLFresh = time.Second
 // stalled at 134–184 ms the same instant, looked slower than the
 // half-speed one (78 ms), which took three 400-token generations; each
 // decoded there for over 30 s where the others streamed at ~50 ms, and
-// the run ended 9 s late (3 of 23 runs ended 8–10 s late, 0 of 8 since).
+// the run ended 9 s late (2 of 8 runs ended 8–10 s late, 0 of 9 since).
 // What it costs there: the half-speed replica, streaming a handful,
-// reads its own prefill stalls less sharply, and 7.4 requests a run
-// missed the TPOT objective on it, against 4.0 before.
+// reads its own prefill stalls less sharply, and 7.3 requests a run
+// missed the TPOT objective on it, against 3.9 before; the mean goodput
+// stayed where it was (2.83 against 2.81).
 const itlWindow = time.Second
 
 // observeITL adds one inter-token gap seen at now to liveITL.
