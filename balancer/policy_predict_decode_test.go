@@ -167,9 +167,10 @@ func TestPredictiveReadsTheLiveInterTokenLatency(t *testing.T) {
 	l.Done(nil)
 }
 
-// streams holds n leases on r that stream (no prompt size given, so the
-// prefill predictor is left alone); step has each see one gap of d, at
-// the clock advanced by d. Done ends them.
+// streams holds leases on one replica that stream (no prompt size given,
+// so the prefill predictor is left alone): gap has each see a gap of d
+// now; step advances the clock by d and does that, n times; done ends
+// them.
 type streams struct {
 	c      *fakeClock
 	leases []balancer.Lease
