@@ -201,7 +201,7 @@ func writeChunk(w io.Writer, b []byte, last string) error {
 	}
 	buf = append(buf, last...)
 	_, err := w.Write(buf)
-	putRelayBuf(&p, buf)
+	putRelayBuf(&p, buf, nil)
 	return err
 }
 

@@ -50,7 +50,7 @@ func (b *detachedBody) writeFrame(fd uintptr) bool {
 func (p *streamPump) pull(b *detachedBody, now time.Time) {
 	r := b.r
 	if r.buf == nil {
-		r.takeBuf()
+		r.takeBufFrom(&p.bufs)
 	}
 	if len(r.in) == cap(r.in) && !p.grow(b) {
 		return
@@ -59,7 +59,7 @@ func (p *streamPump) pull(b *detachedBody, now time.Time) {
 	switch {
 	case err == unix.EAGAIN || err == unix.EINTR:
 		if len(r.in) == 0 {
-			r.putBuf()
+			r.putBufTo(&p.bufs)
 		}
 		return
 	case err != nil:
@@ -97,7 +97,7 @@ func (p *streamPump) deliver(b *detachedBody, raw []byte, readErr error, now tim
 	}
 	for len(raw) > 0 && readErr == nil && !b.dec.done() {
 		if r.buf == nil {
-			r.takeBuf()
+			r.takeBufFrom(&p.bufs)
 		}
 		if len(r.in) == cap(r.in) {
 			r.process(p.at)
@@ -154,7 +154,7 @@ func (p *streamPump) deliver(b *detachedBody, raw []byte, readErr error, now tim
 		return
 	}
 	if len(r.in) == 0 {
-		r.putBuf() // nothing partial: the stream waits without buffers
+		r.putBufTo(&p.bufs) // nothing partial: the stream waits without buffers
 	}
 }
 
@@ -172,9 +172,19 @@ func (p *streamPump) send(b *detachedBody) bool {
 	f = append(f, data...)
 	f = append(f, "\r\n"...)
 	p.frame = f
-	b.frame = f
-	if err := b.client.Write(b.write); err != nil {
-		b.wn, b.werr = 0, err
+	if b.cfd >= 0 {
+		// The client's descriptor itself, not through its RawConn, whose
+		// Write takes the descriptor's lock and resets its poll state
+		// every event: while the stream is in the loop nothing else
+		// writes to the connection or closes it — its goroutine waits in
+		// take, and the server's shutdown closes only connections waiting
+		// for a request — as the set's registration of cfd already relies on.
+		b.wn, b.werr = rawWrite(b.cfd, f)
+	} else {
+		b.frame = f
+		if err := b.client.Write(b.write); err != nil {
+			b.wn, b.werr = 0, err
+		}
 	}
 	n, werr := max(b.wn, 0), b.werr
 	b.frame, b.werr = nil, nil

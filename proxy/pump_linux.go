@@ -57,9 +57,10 @@ type streamPump struct {
 	spare    [2][]*detachedBody
 
 	// The loop's own, touched by Run's goroutine only.
-	streams  map[int]*detachedBody // by upstream descriptor
-	buf      []byte                // every read lands here, and is decoded before the next
-	frame    []byte                // a chunk being written to a client
+	streams  fdTable  // by upstream descriptor
+	bufs     bufStack // the streams' relay buffers while they wait
+	buf      []byte   // every read lands here, and is decoded before the next
+	frame    []byte   // a chunk being written to a client
 	events   []unix.EpollEvent
 	lastScan time.Time
 	at       time.Time // the exchanges' clock at this wake-up: every event's timings
@@ -157,7 +158,7 @@ func (p *streamPump) Run(ctx context.Context) error {
 	}
 	p.looping = true
 	p.mu.Unlock()
-	p.streams = make(map[int]*detachedBody)
+	p.streams = fdTable{}
 	p.buf = make([]byte, 64<<10)
 	p.events = make([]unix.EpollEvent, 256)
 	defer p.stop()
@@ -183,7 +184,7 @@ func (p *streamPump) Run(ctx context.Context) error {
 				p.admit(now)
 				continue
 			}
-			b := p.streams[fd]
+			b := p.streams.get(fd)
 			switch {
 			case b == nil:
 			case ev.Pad == clientTag:
@@ -225,7 +226,7 @@ func (p *streamPump) Run(ctx context.Context) error {
 // 10–20 ms, so the loop waits as any system call does, and pays the
 // wake-ups.
 func (p *streamPump) wait() (int, error) {
-	if len(p.streams) == 0 {
+	if p.streams.n == 0 {
 		return unix.EpollWait(p.ep, p.events, -1)
 	}
 	if !p.holdP {
@@ -247,8 +248,10 @@ func (p *streamPump) stop() {
 		p.handBack(b, pumpResult{}, exitStopped)
 	}
 	p.incoming, p.aborts = nil, nil
-	for _, b := range p.streams {
-		p.release(b, pumpResult{}, exitStopped)
+	for _, b := range p.streams.by {
+		if b != nil {
+			p.release(b, pumpResult{}, exitStopped)
+		}
 	}
 	unix.Close(p.ep)
 	unix.Close(p.wake)
@@ -315,7 +318,7 @@ func (p *streamPump) admit(now time.Time) {
 			continue
 		}
 		b.in = true
-		p.streams[b.pfd] = b
+		p.streams.set(b.pfd, b)
 		p.watchClient(b)
 		if b.deadline.IsZero() {
 			b.deadline = now.Add(b.limit())
@@ -373,7 +376,10 @@ func (p *streamPump) hungUp(b *detachedBody) {
 // deadline, needs no twin: Shutdown sets it after Serve has returned, by
 // when the loop has handed every stream back and their watches run again.
 func (p *streamPump) expire(now time.Time) {
-	for _, b := range p.streams {
+	for _, b := range p.streams.by {
+		if b == nil {
+			continue
+		}
 		if x := b.r.x; x.s.totalExceeded(x) { // the paused watch's other check
 			b.r.abort(fmt.Errorf("%w: total request deadline %s", ErrTimeout, x.s.cfg.TotalTimeout))
 			p.release(b, pumpResult{}, exitAborted)
@@ -392,7 +398,7 @@ func (p *streamPump) release(b *detachedBody, res pumpResult, why loopExit) {
 		unix.EpollCtl(p.ep, unix.EPOLL_CTL_DEL, b.cfd, nil) //nolint:errcheck // the goroutine's again
 		b.cfd = -1
 	}
-	delete(p.streams, b.pfd)
+	p.streams.del(b.pfd)
 	b.in = false
 	p.handBack(b, res, why)
 }
@@ -411,6 +417,38 @@ func (p *streamPump) handBack(b *detachedBody, res pumpResult, why loopExit) {
 	p.size.Add(-1)
 	b.back <- res
 	p.yield = true
+}
+
+// fdTable is the loop's streams by upstream descriptor: a slice indexed
+// by descriptor, which the kernel hands out small and dense, so the
+// lookup at every event hashes nothing. Its zero value is empty.
+type fdTable struct {
+	by []*detachedBody
+	n  int // non-nil entries
+}
+
+func (t *fdTable) get(fd int) *detachedBody {
+	if uint(fd) < uint(len(t.by)) {
+		return t.by[fd]
+	}
+	return nil
+}
+
+func (t *fdTable) set(fd int, b *detachedBody) {
+	if fd >= len(t.by) {
+		t.by = append(t.by, make([]*detachedBody, fd+1-len(t.by)+len(t.by)/2)...)
+	}
+	if t.by[fd] == nil {
+		t.n++
+	}
+	t.by[fd] = b
+}
+
+func (t *fdTable) del(fd int) {
+	if t.get(fd) != nil {
+		t.by[fd] = nil
+		t.n--
+	}
 }
 
 // pumpResult is why the loop handed a stream back.

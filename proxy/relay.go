@@ -85,14 +85,18 @@ func newRelay(x *exchange, resp *fasthttp.Response, body fasthttp.ReadCloserWith
 
 // takeBuf gives the relay its buffers from relayBufs where it has none:
 // buf (in's backing store) and out.
-func (r *relay) takeBuf() {
+func (r *relay) takeBuf() { r.takeBufFrom(nil) }
+
+// takeBufFrom is takeBuf with s, a stream loop's own spare buffers, tried
+// before relayBufs.
+func (r *relay) takeBufFrom(s *bufStack) {
 	if r.buf == nil {
-		r.bufp = relayBufs.Get().(*[]byte)
+		r.bufp = s.get()
 		r.buf = (*r.bufp)[:0]
 	}
 	r.in = r.buf[:0]
 	if r.out == nil {
-		r.outp = relayBufs.Get().(*[]byte)
+		r.outp = s.get()
 		r.out = (*r.outp)[:0]
 	}
 }
@@ -100,18 +104,54 @@ func (r *relay) takeBuf() {
 // putBuf returns the relay's buffers to relayBufs; out must have been
 // written. One that grew past maxKeptRelayBuf stays with the stream: its
 // events need it.
-func (r *relay) putBuf() {
-	if putRelayBuf(&r.bufp, r.buf) {
+func (r *relay) putBuf() { r.putBufTo(nil) }
+
+// putBufTo is putBuf with s, a stream loop's own spare buffers, filled
+// before relayBufs.
+func (r *relay) putBufTo(s *bufStack) {
+	if putRelayBuf(&r.bufp, r.buf, s) {
 		r.buf, r.in = nil, nil
 	}
-	if putRelayBuf(&r.outp, r.out) {
+	if putRelayBuf(&r.outp, r.out, s) {
 		r.out = nil
 	}
 }
 
-// putRelayBuf puts b into relayBufs through *p (made when b did not come
-// from the pool), unless b is nil or too large; it reports whether it did.
-func putRelayBuf(p **[]byte, b []byte) bool {
+// bufStack is a stream loop's spare relay buffers, touched by the loop's
+// goroutine alone: a stream in the loop gives its buffers back after
+// every event (it waits without them) and takes them again at the next,
+// two gets and two puts an event that sync.Pool pays for in pinning and
+// per-P queues, and a plain stack does not. A nil *bufStack is empty and
+// full: relayBufs serves.
+type bufStack []*[]byte
+
+// maxLoopBufs bounds a loop's spare buffers (1 KiB each unless grown, at
+// most maxKeptRelayBuf): past it they go to relayBufs.
+const maxLoopBufs = 64
+
+func (s *bufStack) get() *[]byte {
+	if s != nil && len(*s) > 0 {
+		i := len(*s) - 1
+		b := (*s)[i]
+		(*s)[i] = nil
+		*s = (*s)[:i]
+		return b
+	}
+	return relayBufs.Get().(*[]byte)
+}
+
+func (s *bufStack) put(b *[]byte) {
+	if s != nil && len(*s) < maxLoopBufs {
+		*s = append(*s, b)
+		return
+	}
+	relayBufs.Put(b)
+}
+
+// putRelayBuf puts b into s (relayBufs when s is nil or full) through *p
+// (made when b did not come from a pool), unless b is nil or too large;
+// it reports whether it did.
+func putRelayBuf(p **[]byte, b []byte, s *bufStack) bool {
 	if b == nil || cap(b) > maxKeptRelayBuf {
 		return false
 	}
@@ -119,7 +159,7 @@ func putRelayBuf(p **[]byte, b []byte) bool {
 		*p = new([]byte)
 	}
 	**p = b[:0]
-	relayBufs.Put(*p)
+	s.put(*p)
 	*p = nil
 	return true
 }
