@@ -164,9 +164,11 @@ func (s SaturationConfig) Saturated(r ReplicaLoad) bool {
 
 // Fits reports whether the replica can take a request of cost c now: it is
 // not saturated, c fits in its token budget, the replica streams faster
-// than MaxITLShare of c's TPOT objective (when it has one), and if c is a long prefill
-// the replica has a long-prefill lane free. The balancer's Capacity answer is
-// "some available replica Fits".
+// than MaxITLShare of c's TPOT objective (when it has one), c's prefill
+// there would not stall a request decoding there past its own TPOT
+// objective (its decode headroom, ReplicaLoad.Headroom), and if c is a
+// long prefill the replica has a long-prefill lane free. The balancer's
+// Capacity answer is "some available replica Fits".
 func (s SaturationConfig) Fits(r ReplicaLoad, c Cost) bool {
 	s = s.WithDefaults()
 	if s.Saturated(r) {
@@ -177,6 +179,9 @@ func (s SaturationConfig) Fits(r ReplicaLoad, c Cost) bool {
 	}
 	if c.TPOT > 0 && s.MaxITLShare > 0 && r.ITL > 0 && float64(r.ITL) >= s.MaxITLShare*float64(c.TPOT) {
 		return false
+	}
+	if r.HeadroomKnown && c.PromptTokens > 0 && time.Duration(c.PromptTokens)*r.PrefillPerToken > r.Headroom {
+		return false // its prefill would stall a request decoding there past its TPOT objective
 	}
 	return !s.LongPrefill(c) || s.MaxLongPrefills < 0 || r.LongPrefills < s.MaxLongPrefills
 }

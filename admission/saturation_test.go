@@ -4,6 +4,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestSaturationRule(t *testing.T) {
@@ -38,6 +39,11 @@ func TestSaturationRule(t *testing.T) {
 		{"two long lanes", SaturationConfig{MaxLongPrefills: 2}, ReplicaLoad{LongPrefills: 1}, long, false, true},
 		{"long lanes uncapped", SaturationConfig{MaxLongPrefills: -1}, ReplicaLoad{LongPrefills: 9}, long, false, true},
 		{"long threshold off", SaturationConfig{LongPrefillTokens: -1}, ReplicaLoad{LongPrefills: 9}, long, false, true},
+		// 400 µs a prompt token against 0.5 s of decode headroom: 1,000
+		// tokens stall the decodes there 0.4 s, 4,000 tokens 1.6 s.
+		{"prefill within the decode headroom", def, ReplicaLoad{HeadroomKnown: true, Headroom: 500 * time.Millisecond, PrefillPerToken: 400 * time.Microsecond}, tok(1000, 0), false, true},
+		{"prefill past the decode headroom", def, ReplicaLoad{HeadroomKnown: true, Headroom: 500 * time.Millisecond, PrefillPerToken: 400 * time.Microsecond}, tok(4000, 0), false, false},
+		{"decode headroom unknown", def, ReplicaLoad{Headroom: 0, PrefillPerToken: 400 * time.Microsecond}, tok(4000, 0), false, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

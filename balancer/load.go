@@ -29,6 +29,14 @@ type ReplicaLoad struct {
 	// finishes with it, so as not to admit a request on the room of a
 	// replica where it would finish late.
 	TPOT time.Duration
+	// Headroom is how long the requests decoding there (or placed, their
+	// decode ahead) can still be stalled before one misses its TPOT
+	// objective, when HeadroomKnown (headroom.go); PrefillPerToken is the
+	// stall each prompt token placed there adds, the replica's learned
+	// prefill time per token. Like PrefillWait, the router's own measures.
+	Headroom        time.Duration
+	HeadroomKnown   bool
+	PrefillPerToken time.Duration
 	// Resting marks a replica that refused a request (429/503) and asked
 	// for a pause (Replica.Rest): saturated until the pause ends.
 	Resting bool
@@ -74,6 +82,10 @@ func (r *Replica) loadAt(now time.Time, c *ScoreConfig, allStale bool) ReplicaLo
 		Resting:           r.Resting(now),
 		PrefillWait:       r.prefillWait(),
 		ITL:               time.Duration(r.liveITL(now) * float64(time.Second)),
+		PrefillPerToken:   time.Duration(r.prefillPerToken() * float64(time.Second)),
+	}
+	if h, ok := r.decodeHeadroom(now); ok {
+		l.Headroom, l.HeadroomKnown = time.Duration(h*float64(time.Second)), true
 	}
 	if e := r.tel.engine.Load(); e != nil {
 		switch {

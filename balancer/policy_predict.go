@@ -10,11 +10,12 @@ var _ Picker = (*Predictive)(nil)
 // its TPOT in the batch it would join, stretched by the prefills arriving
 // there and never below what the router sees streaming from it now
 // (predict.go), and picks the replica most likely to meet the request's
-// SLOs: first those predicted to meet both and not to finish it late
-// (lateSlack), among them the least loaded for this request (its requests
+// SLOs: first those predicted to meet both, not to finish it late
+// (lateSlack) and not to stall a request decoding there past its TPOT
+// objective (headroom.go), among them the least loaded for this request (its requests
 // in flight for its capacity, plus the request's own predicted decode time
 // there in TTFT objectives); else those with the fewest predicted misses
-// (TTFT, TPOT, late), among them the lowest predicted latency (each over
+// (TTFT, TPOT, late, stall), among them the lowest predicted latency (each over
 // its objective, summed), near-ties (within tieMargin) to the less
 // loaded. What it learns comes from the router's
 // own measurements of every request, so a slow or throttled replica is
@@ -49,8 +50,8 @@ const tieMargin = 0.02
 const lateSlack = 1.4
 
 // staleMiss is the miss count of a replica with stale telemetry under the
-// fail-closed posture: above any prediction's (TTFT, TPOT, late).
-const staleMiss = 4
+// fail-closed posture: above any prediction's (TTFT, TPOT, late, stall).
+const staleMiss = 5
 
 // Pick returns the replica with the best predicted SLO attainment.
 //
@@ -142,8 +143,10 @@ func (p *Predictive) soonest(r *Request, candidates []*Replica, pr *prior) float
 	return s
 }
 
-// rate predicts c's misses for r (0–3: TTFT, TPOT, and late — finishing
-// over lateSlack TTFT objectives after r.soonest), its cost (predicted
+// rate predicts c's misses for r (0–4: TTFT, TPOT, late — finishing
+// over lateSlack TTFT objectives after r.soonest — and stall: its prefill
+// there longer than c's decode headroom, so
+// a request decoding there would miss its TPOT objective), its cost (predicted
 // TTFT and TPOT, each over its objective, summed; stale telemetry under
 // the fail-closed posture adds saturatedScore) and its load for r: in flight
 // over capacity, plus r's predicted decode time on c (expected output ×
@@ -166,6 +169,9 @@ func (p *Predictive) rate(c *Replica, r *Request, pr *prior, st, sp float64) (mi
 	}
 	if r.soonest > 0 && ttft+float64(r.OutputTokens)*tpot-r.soonest > lateSlack*st {
 		miss++ // late
+	}
+	if c.stalls(r.PromptTokens, r.Now, pr) {
+		miss++ // another request's TPOT
 	}
 	cost = ttft/st + tpot/sp
 	if stale && !p.cfg.FailOpen {

@@ -214,17 +214,27 @@ func TestPredictorLearnsEngineQueueWait(t *testing.T) {
 // replica's predictor: its live inter-token latency (liveITL). It must
 // not allocate.
 func BenchmarkObserveGap(b *testing.B) {
-	c := newFakeClock()
-	r := newReplica(b, "r", c, replicaOpts{})
-	l, err := r.AcquireRequest(balancer.LeaseCost{})
-	if err != nil {
-		b.Fatal(err)
+	// "headroom": the request's output is known, so each gap also
+	// reports its decode headroom (headroom.go).
+	for _, output := range []int64{0, 1 << 40} {
+		name := "itl"
+		if output > 0 {
+			name = "headroom"
+		}
+		b.Run(name, func(b *testing.B) {
+			c := newFakeClock()
+			r := newReplica(b, "r", c, replicaOpts{})
+			l, err := r.AcquireRequest(balancer.LeaseCost{OutputTokens: output, TPOTObjective: 100 * time.Millisecond})
+			if err != nil {
+				b.Fatal(err)
+			}
+			now := c.now()
+			b.ReportAllocs()
+			for b.Loop() {
+				now = now.Add(50 * time.Millisecond)
+				l.ObserveGap(50*time.Millisecond, now)
+			}
+			l.Done(nil)
+		})
 	}
-	now := c.now()
-	b.ReportAllocs()
-	for b.Loop() {
-		now = now.Add(50 * time.Millisecond)
-		l.ObserveGap(50*time.Millisecond, now)
-	}
-	l.Done(nil)
 }

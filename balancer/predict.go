@@ -59,6 +59,11 @@ type predictor struct {
 	// itl is the liveITL EWMA (float64 bits, seconds), last fed at itlAtNs.
 	itl     atomic.Uint64
 	itlAtNs atomic.Int64
+	// headroom is the least decode headroom (float64 bits, seconds) its
+	// decoding requests reported, last lowered or reset at headroomAtNs
+	// (headroom.go).
+	headroom     atomic.Uint64
+	headroomAtNs atomic.Int64
 }
 
 // DefaultPrefillSecondsPerToken is the prefill cost assumed for a replica
@@ -429,5 +434,33 @@ func (r *Replica) noteSend(nowNs int64) {
 		if r.pred.sendGap.CompareAndSwap(old, math.Float64bits(next)) {
 			return
 		}
+	}
+}
+
+// ObserveDecode teaches the replica's decode speed (Replica.ObserveDecode)
+// and its TPOT model (learnTPOT): the requests in flight the request
+// joined, and the prompts placed on the replica while it decoded.
+func (l Lease) ObserveDecode(tokens int, d time.Duration) {
+	if l.r == nil {
+		return
+	}
+	l.r.ObserveDecode(tokens, d)
+	if !l.st.prefilling && l.st.inFlight > 0 {
+		l.r.learnTPOT(l.st.inFlight, tokens, d.Seconds(), float64(l.r.pred.promptSent.Load()-l.st.decodeFrom))
+	}
+}
+
+// ObserveGap records the time between two output chunks of the request,
+// seen at now, for the replica's live inter-token latency (liveITL) and
+// its decode headroom (headroom.go).
+func (l Lease) ObserveGap(gap time.Duration, now time.Time) {
+	if l.r == nil {
+		return
+	}
+	l.r.observeITL(gap, now)
+	if l.st.output > 1 {
+		l.st.gaps++
+		l.st.decodeS += gap.Seconds()
+		l.r.noteHeadroom(l.st, now)
 	}
 }

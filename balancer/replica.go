@@ -310,6 +310,14 @@ type leaseState struct {
 	decodeFrom int64 // the replica's promptSent at the first token
 
 	aliveNs int64 // the caller's clock at the last AliveAt that stamped the replica
+
+	// For the replica's decode headroom (headroom.go): the expected
+	// output (0 unknown), the TPOT objective (seconds; 0: the pool's),
+	// the gaps seen since the first token and their sum in seconds.
+	output  int64
+	tpotObj float64
+	gaps    int64
+	decodeS float64
 }
 
 // LeaseCost is what a request brings to the replica it is placed on, for
@@ -319,6 +327,10 @@ type LeaseCost struct {
 	KV           int64 // KV-cache footprint to reserve, in tokens (see AcquireCostKV)
 	Long         bool  // counted as a long prefill until PrefillDone
 	PromptTokens int64 // prefill work queued on the replica until the first token; 0 = unknown
+	OutputTokens int64 // expected output tokens, for the replica's decode headroom; 0 = unknown
+	// TPOTObjective is the request's TPOT objective (its SLO header); 0
+	// means the pool's (ScoreConfig.SLOTPOT).
+	TPOTObjective time.Duration
 }
 
 // Acquire asks the breaker for permission and counts the request in flight.
@@ -353,18 +365,23 @@ func (r *Replica) AcquireRequest(c LeaseCost) (Lease, error) {
 		g.Add(1)
 	}
 	r.served.Add(1)
-	st := &leaseState{remaining: max(c.Work, 0), kv: max(c.KV, 0), long: c.Long}
+	st := &leaseState{remaining: max(c.Work, 0), kv: max(c.KV, 0), long: c.Long, output: max(c.OutputTokens, 0), tpotObj: c.TPOTObjective.Seconds()}
 	r.tel.outstanding.Add(st.remaining)
 	r.kvReserved.Add(st.kv)
 	if c.Long {
 		r.longPrefills.Add(1)
 	}
-	if c.PromptTokens > 0 {
-		st.prompt, st.prefilling = c.PromptTokens, true
+	if c.PromptTokens > 0 || st.output > 1 {
 		now := r.now() // one reading for the send and what it is judged by
-		st.x, st.waitX, st.predTTFT = r.startPrefill(c.PromptTokens, now)
-		st.sentNs = now.UnixNano()
-		st.inFlight = float64(n)
+		if c.PromptTokens > 0 {
+			st.prompt, st.prefilling = c.PromptTokens, true
+			st.x, st.waitX, st.predTTFT = r.startPrefill(c.PromptTokens, now)
+			st.sentNs = now.UnixNano()
+			st.inFlight = float64(n)
+		}
+		// Its decode is ahead, after the prefill queued there: a prompt
+		// placed after it stalls it as much as those decoding now.
+		r.noteHeadroom(st, now)
 	}
 	return Lease{r: r, done: done, st: st}, nil
 }
@@ -434,27 +451,6 @@ func (l Lease) PredictedTTFT() time.Duration {
 		return 0
 	}
 	return time.Duration(l.st.predTTFT * float64(time.Second))
-}
-
-// ObserveDecode teaches the replica's decode speed (Replica.ObserveDecode)
-// and its TPOT model (learnTPOT): the requests in flight the request
-// joined, and the prompts placed on the replica while it decoded.
-func (l Lease) ObserveDecode(tokens int, d time.Duration) {
-	if l.r == nil {
-		return
-	}
-	l.r.ObserveDecode(tokens, d)
-	if !l.st.prefilling && l.st.inFlight > 0 {
-		l.r.learnTPOT(l.st.inFlight, tokens, d.Seconds(), float64(l.r.pred.promptSent.Load()-l.st.decodeFrom))
-	}
-}
-
-// ObserveGap records the time between two output chunks of the request,
-// seen at now, for the replica's live inter-token latency (liveITL).
-func (l Lease) ObserveGap(gap time.Duration, now time.Time) {
-	if l.r != nil {
-		l.r.observeITL(gap, now)
-	}
 }
 
 // Done ends the lease. err nil is a success; an error wrapping

@@ -178,7 +178,8 @@ func (s *Server) forward(rt *routeTable, x *exchange, rep *balancer.Replica, ure
 		return nil, true, nil
 	}
 	work, kv, long := x.leaseCost()
-	lease, err := rep.AcquireRequest(balancer.LeaseCost{Work: work, KV: kv, Long: long, PromptTokens: int64(x.cost.PromptTokens)})
+	lease, err := rep.AcquireRequest(balancer.LeaseCost{Work: work, KV: kv, Long: long, PromptTokens: int64(x.cost.PromptTokens),
+		OutputTokens: int64(max(x.cost.OutputTokens, 0)), TPOTObjective: x.cost.TPOT})
 	if err != nil {
 		// An open breaker is not an attempt: nothing was sent.
 		return nil, true, fmt.Errorf("%w for model %q (breakers open)", ErrNoReplica, x.route.Pool.Model())

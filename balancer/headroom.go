@@ -1,0 +1,105 @@
+package balancer
+
+import (
+	"math"
+	"time"
+)
+
+// Decode headroom: how long the requests decoding on a replica can still
+// be stalled before one of them misses its TPOT objective. A prompt
+// placed on a replica is prefilled in the steps its running requests
+// decode in, so its prefill time there is added to every one of their
+// decodes. A request with a long output spreads that over hundreds of
+// tokens; one with a short output cannot. On the conversation trace at
+// 85% load every request that missed its TPOT objective on the
+// half-speed replica (7 a run) was a 12–64-token output decoding there
+// while a ~4,000-token prompt, which the replica prefills in 1.9 s,
+// was placed beside it: the prompt met its own TTFT objective there, and
+// the policy looked no further. The headroom lets the predictive policy
+// count that as a miss too (Predictive.rate).
+//
+// Each request reports its own headroom when it is placed (its decode is
+// still ahead, but a prompt placed after it will be prefilled while it
+// decodes) and with every output chunk (Lease.ObserveGap): its TPOT
+// objective's worth of decode time, less the time it has decoded so far
+// and its remaining tokens at the replica's live ITL (its step fit's
+// TPOT while nothing streams there). The replica keeps the least reported within liveITLFresh:
+// the tightest of its decoding requests, as each reports every step, and
+// forgotten a second after the one that set it ends.
+
+// noteHeadroom records a decoding request's headroom, seen at now (the
+// exchange's clock, as for liveITL): st is its lease state, after its
+// latest gap.
+func (r *Replica) noteHeadroom(st *leaseState, now time.Time) {
+	left := st.output - 1 - st.gaps // tokens still to come after this one
+	if st.output <= 1 || left <= 0 {
+		return // done, or its length unknown
+	}
+	obj := st.tpotObj
+	if obj <= 0 {
+		if p := r.pool.Load(); p != nil {
+			obj = p.score.SLOTPOT.Seconds()
+		}
+	}
+	if obj <= 0 {
+		return
+	}
+	itl := r.liveITL(now)
+	if itl <= 0 {
+		if c, d, ok := r.pred.tpot.coeffs(); ok {
+			itl = max(c+d*float64(r.inFlight.Load()), 0)
+		}
+	}
+	h := obj*float64(st.output-1) - st.decodeS - float64(left)*itl
+	n := now.UnixNano()
+	for {
+		old := r.pred.headroom.Load()
+		if at := r.pred.headroomAtNs.Load(); at != 0 && n-at <= int64(liveITLFresh) && h >= math.Float64frombits(old) {
+			return // a tighter request reported within the second
+		}
+		if r.pred.headroom.CompareAndSwap(old, math.Float64bits(h)) {
+			r.pred.headroomAtNs.Store(n)
+			return
+		}
+	}
+}
+
+// decodeHeadroom is the least headroom a request decoding on the replica
+// reported within liveITLFresh of now, in seconds (negative: one is past
+// its objective already); false when none did (nothing decodes there, or
+// nothing with a known length).
+func (r *Replica) decodeHeadroom(now time.Time) (float64, bool) {
+	at := r.pred.headroomAtNs.Load()
+	if at == 0 || now.UnixNano()-at > int64(liveITLFresh) {
+		return 0, false
+	}
+	return math.Float64frombits(r.pred.headroom.Load()), true
+}
+
+// stalls reports whether a request of prompt tokens placed on the
+// replica at now would push one of the requests decoding there past its
+// TPOT objective: its prefill, at the replica's learned rate (the pool's
+// prior before it has one), takes longer than the replica's decode
+// headroom. Only its own prefill: the prompts queued ahead were placed
+// knowing the headroom, and the live ITL the headroom is reckoned with
+// already holds the stalls of the prompts that keep arriving.
+func (r *Replica) stalls(prompt int, now time.Time, p *prior) bool {
+	h, ok := r.decodeHeadroom(now)
+	if !ok || prompt <= 0 {
+		return false
+	}
+	_, b, fit := r.pred.ttft.coeffs()
+	if !fit || b <= 0 {
+		b = p.ttftB
+	}
+	return b*float64(prompt) > h
+}
+
+// prefillPerToken is the replica's learned prefill time per prompt
+// token, in seconds (DefaultPrefillSecondsPerToken before it has one).
+func (r *Replica) prefillPerToken() float64 {
+	if _, b, ok := r.pred.ttft.coeffs(); ok && b > 0 {
+		return b
+	}
+	return DefaultPrefillSecondsPerToken
+}

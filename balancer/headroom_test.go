@@ -1,0 +1,96 @@
+package balancer_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/gpurouter/gpurouter/balancer"
+)
+
+// decoding holds n leases on r that have each streamed gaps output
+// chunks step apart, expecting output tokens under a TPOT objective of
+// obj: requests decoding there, whose headroom r then knows.
+func decoding(t *testing.T, r *balancer.Replica, c *fakeClock, n int, output int64, obj, step time.Duration, gaps int) *streams {
+	t.Helper()
+	s := &streams{c: c}
+	for range n {
+		l, err := r.AcquireRequest(balancer.LeaseCost{OutputTokens: output, TPOTObjective: obj})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.leases = append(s.leases, l)
+	}
+	s.step(step, gaps)
+	return s
+}
+
+// A long prompt goes where its prefill stalls no decode past its TPOT
+// objective, though it would meet its own objectives on a less loaded
+// replica: the half-speed replica decodes one 16-token output (0.6 s of
+// headroom at 60 ms a token under a 100 ms objective) and would prefill
+// 4,000 tokens in 1.6 s; the full-speed one decodes ten 400-token
+// outputs (16 s of headroom each) and would take 0.8 s. A short prompt
+// still goes to the less loaded replica. Without the headroom the
+// policy sent the long prompt to the half-speed replica, and on the
+// conversation trace every output that then missed its TPOT objective
+// there was such a neighbour's.
+func TestPredictiveKeepsALongPromptOffShortDecodes(t *testing.T) {
+	c := newFakeClock()
+	half, full := newReplica(t, "half", c, replicaOpts{}), newReplica(t, "full", c, replicaOpts{})
+	teachDecode(t, half, c, 400*time.Microsecond, 60*time.Millisecond, 0)
+	teachDecode(t, full, c, 200*time.Microsecond, 60*time.Millisecond, 0)
+	hs := decoding(t, half, c, 1, 16, 100*time.Millisecond, 60*time.Millisecond, 4)
+	fs := decoding(t, full, c, 10, 400, 100*time.Millisecond, 60*time.Millisecond, 4)
+	defer hs.done()
+	defer fs.done()
+	p, err := balancer.NewPicker("predictive")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cands := []*balancer.Replica{half, full}
+	long := &balancer.Request{Now: c.now(), PromptTokens: 4000, OutputTokens: 40,
+		SLOTTFT: 2 * time.Second, SLOTPOT: 100 * time.Millisecond}
+	if got := p.Pick(long, cands); got != full {
+		t.Errorf("4,000-token prompt, a 16-token output decoding on half: picked %s, want full", got.Name())
+	}
+	short := &balancer.Request{Now: c.now(), PromptTokens: 100, OutputTokens: 40,
+		SLOTTFT: 2 * time.Second, SLOTPOT: 100 * time.Millisecond}
+	if got := p.Pick(short, cands); got != half {
+		t.Errorf("100-token prompt (40 ms there): picked %s, want half, the less loaded", got.Name())
+	}
+}
+
+// The headroom is the tightest decoding request's, forgotten a second
+// after it last reported: once the short output ends, the long prompt may
+// go back to the less loaded replica.
+func TestDecodeHeadroomForgetsAnEndedRequest(t *testing.T) {
+	c := newFakeClock()
+	half, full := newReplica(t, "half", c, replicaOpts{}), newReplica(t, "full", c, replicaOpts{})
+	teachDecode(t, half, c, 400*time.Microsecond, 60*time.Millisecond, 0)
+	teachDecode(t, full, c, 200*time.Microsecond, 60*time.Millisecond, 0)
+	short := decoding(t, half, c, 1, 16, 100*time.Millisecond, 60*time.Millisecond, 4)
+	longs := decoding(t, half, c, 1, 400, 100*time.Millisecond, 60*time.Millisecond, 4)
+	fs := decoding(t, full, c, 10, 400, 100*time.Millisecond, 60*time.Millisecond, 4)
+	defer longs.done()
+	defer fs.done()
+	p, err := balancer.NewPicker("predictive")
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &balancer.Request{PromptTokens: 4000, OutputTokens: 40, SLOTTFT: 2 * time.Second, SLOTPOT: 100 * time.Millisecond}
+	cands := []*balancer.Replica{half, full}
+	req.Now = c.now()
+	if got := p.Pick(req, cands); got != full {
+		t.Fatalf("with the 16-token output decoding on half: picked %s, want full", got.Name())
+	}
+	short.done()
+	for range 20 { // 1.2 s: the others go on streaming
+		c.advance(60 * time.Millisecond)
+		longs.gap(60 * time.Millisecond)
+		fs.gap(60 * time.Millisecond)
+	}
+	req.Now = c.now()
+	if got := p.Pick(req, cands); got != half {
+		t.Errorf("1.2 s after the short output ended: picked %s, want half (a 400-token output's headroom takes the stall)", got.Name())
+	}
+}
