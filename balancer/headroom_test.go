@@ -24,6 +24,41 @@ func decoding(t *testing.T, r *balancer.Replica, c *fakeClock, n int, output int
 	return s
 }
 
+// halfFull is two replicas that decode at 60 ms a step, "half"
+// prefilling at 400 µs a token and "full" at 200, full decoding ten
+// 400-token outputs (16 s of headroom each), and a predictive picker.
+type halfFull struct {
+	c           *fakeClock
+	half, full  *balancer.Replica
+	p           balancer.Picker
+	fullStreams *streams
+}
+
+func newHalfFull(t *testing.T) *halfFull {
+	t.Helper()
+	c := newFakeClock()
+	h := &halfFull{c: c, half: newReplica(t, "half", c, replicaOpts{}), full: newReplica(t, "full", c, replicaOpts{})}
+	teachDecode(t, h.half, c, 400*time.Microsecond, 60*time.Millisecond, 0)
+	teachDecode(t, h.full, c, 200*time.Microsecond, 60*time.Millisecond, 0)
+	p, err := balancer.NewPicker("predictive")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.p = p
+	fs := decoding(t, h.full, c, 10, 400, 100*time.Millisecond, 60*time.Millisecond, 4)
+	t.Cleanup(fs.done)
+	h.fullStreams = fs
+	return h
+}
+
+// pick places a request of prompt tokens and a 40-token output, under
+// 2 s / 100 ms objectives, now.
+func (h *halfFull) pick(prompt int) *balancer.Replica {
+	req := &balancer.Request{Now: h.c.now(), PromptTokens: prompt, OutputTokens: 40,
+		SLOTTFT: 2 * time.Second, SLOTPOT: 100 * time.Millisecond}
+	return h.p.Pick(req, []*balancer.Replica{h.half, h.full})
+}
+
 // A long prompt goes where its prefill stalls no decode past its TPOT
 // objective, though it would meet its own objectives on a less loaded
 // replica: the half-speed replica decodes one 16-token output (0.6 s of
@@ -35,27 +70,12 @@ func decoding(t *testing.T, r *balancer.Replica, c *fakeClock, n int, output int
 // conversation trace every output that then missed its TPOT objective
 // there was such a neighbour's.
 func TestPredictiveKeepsALongPromptOffShortDecodes(t *testing.T) {
-	c := newFakeClock()
-	half, full := newReplica(t, "half", c, replicaOpts{}), newReplica(t, "full", c, replicaOpts{})
-	teachDecode(t, half, c, 400*time.Microsecond, 60*time.Millisecond, 0)
-	teachDecode(t, full, c, 200*time.Microsecond, 60*time.Millisecond, 0)
-	hs := decoding(t, half, c, 1, 16, 100*time.Millisecond, 60*time.Millisecond, 4)
-	fs := decoding(t, full, c, 10, 400, 100*time.Millisecond, 60*time.Millisecond, 4)
-	defer hs.done()
-	defer fs.done()
-	p, err := balancer.NewPicker("predictive")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cands := []*balancer.Replica{half, full}
-	long := &balancer.Request{Now: c.now(), PromptTokens: 4000, OutputTokens: 40,
-		SLOTTFT: 2 * time.Second, SLOTPOT: 100 * time.Millisecond}
-	if got := p.Pick(long, cands); got != full {
+	h := newHalfFull(t)
+	defer decoding(t, h.half, h.c, 1, 16, 100*time.Millisecond, 60*time.Millisecond, 4).done()
+	if got := h.pick(4000); got != h.full {
 		t.Errorf("4,000-token prompt, a 16-token output decoding on half: picked %s, want full", got.Name())
 	}
-	short := &balancer.Request{Now: c.now(), PromptTokens: 100, OutputTokens: 40,
-		SLOTTFT: 2 * time.Second, SLOTPOT: 100 * time.Millisecond}
-	if got := p.Pick(short, cands); got != half {
+	if got := h.pick(100); got != h.half {
 		t.Errorf("100-token prompt (40 ms there): picked %s, want half, the less loaded", got.Name())
 	}
 }
@@ -64,33 +84,20 @@ func TestPredictiveKeepsALongPromptOffShortDecodes(t *testing.T) {
 // after it last reported: once the short output ends, the long prompt may
 // go back to the less loaded replica.
 func TestDecodeHeadroomForgetsAnEndedRequest(t *testing.T) {
-	c := newFakeClock()
-	half, full := newReplica(t, "half", c, replicaOpts{}), newReplica(t, "full", c, replicaOpts{})
-	teachDecode(t, half, c, 400*time.Microsecond, 60*time.Millisecond, 0)
-	teachDecode(t, full, c, 200*time.Microsecond, 60*time.Millisecond, 0)
-	short := decoding(t, half, c, 1, 16, 100*time.Millisecond, 60*time.Millisecond, 4)
-	longs := decoding(t, half, c, 1, 400, 100*time.Millisecond, 60*time.Millisecond, 4)
-	fs := decoding(t, full, c, 10, 400, 100*time.Millisecond, 60*time.Millisecond, 4)
+	h := newHalfFull(t)
+	short := decoding(t, h.half, h.c, 1, 16, 100*time.Millisecond, 60*time.Millisecond, 4)
+	longs := decoding(t, h.half, h.c, 1, 400, 100*time.Millisecond, 60*time.Millisecond, 4)
 	defer longs.done()
-	defer fs.done()
-	p, err := balancer.NewPicker("predictive")
-	if err != nil {
-		t.Fatal(err)
-	}
-	req := &balancer.Request{PromptTokens: 4000, OutputTokens: 40, SLOTTFT: 2 * time.Second, SLOTPOT: 100 * time.Millisecond}
-	cands := []*balancer.Replica{half, full}
-	req.Now = c.now()
-	if got := p.Pick(req, cands); got != full {
+	if got := h.pick(4000); got != h.full {
 		t.Fatalf("with the 16-token output decoding on half: picked %s, want full", got.Name())
 	}
 	short.done()
 	for range 20 { // 1.2 s: the others go on streaming
-		c.advance(60 * time.Millisecond)
+		h.c.advance(60 * time.Millisecond)
 		longs.gap(60 * time.Millisecond)
-		fs.gap(60 * time.Millisecond)
+		h.fullStreams.gap(60 * time.Millisecond)
 	}
-	req.Now = c.now()
-	if got := p.Pick(req, cands); got != half {
+	if got := h.pick(4000); got != h.half {
 		t.Errorf("1.2 s after the short output ended: picked %s, want half (a 400-token output's headroom takes the stall)", got.Name())
 	}
 }
