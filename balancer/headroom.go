@@ -23,21 +23,30 @@ import (
 // decodes) and with every output chunk (Lease.ObserveGap): its TPOT
 // objective's worth of decode time, less the time it has decoded so far
 // and its remaining tokens at the replica's live ITL (its step fit's
-// TPOT while nothing streams there). The replica keeps the least reported within liveITLFresh:
-// the tightest of its decoding requests, as each reports every step, and
-// forgotten a second after the one that set it ends.
+// TPOT while nothing streams there). The replica keeps the least
+// reported within liveITLFresh: the tightest of its requests, as each
+// reports every step, forgotten a second after the one that set it ends.
+//
+// Only a request that protecting can save, at a price a prompt can pay,
+// reports: one with headroom left (one past its objective already would
+// otherwise keep every prompt off its replica until it ended) whose
+// remaining decode ends within the pool's TTFT objective, so that a
+// prompt kept off the replica for it waits at most about that long —
+// a single replica decoding a 400-token output with little headroom
+// left would otherwise take no long prompt for its twenty seconds.
 
-// noteHeadroom records a decoding request's headroom, seen at now (the
-// exchange's clock, as for liveITL): st is its lease state, after its
-// latest gap.
+// noteHeadroom records a request's headroom, seen at now (the exchange's
+// clock, as for liveITL): st is its lease state, at placement or after
+// its latest gap.
 func (r *Replica) noteHeadroom(st *leaseState, now time.Time) {
 	left := st.output - 1 - st.gaps // tokens still to come after this one
 	if st.output <= 1 || left <= 0 {
 		return // done, or its length unknown
 	}
-	obj := st.tpotObj
-	if obj <= 0 {
-		if p := r.pool.Load(); p != nil {
+	obj, horizon := st.tpotObj, DefaultSLOTTFT.Seconds()
+	if p := r.pool.Load(); p != nil {
+		horizon = p.score.SLOTTFT.Seconds()
+		if obj <= 0 {
 			obj = p.score.SLOTPOT.Seconds()
 		}
 	}
@@ -50,7 +59,11 @@ func (r *Replica) noteHeadroom(st *leaseState, now time.Time) {
 			itl = max(c+d*float64(r.inFlight.Load()), 0)
 		}
 	}
-	h := obj*float64(st.output-1) - st.decodeS - float64(left)*itl
+	rest := float64(left) * itl
+	h := obj*float64(st.output-1) - st.decodeS - rest
+	if h <= 0 || rest > horizon {
+		return // past saving, or too long to wait for
+	}
 	n := now.UnixNano()
 	for {
 		old := r.pred.headroom.Load()

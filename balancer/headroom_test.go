@@ -98,6 +98,34 @@ func TestDecodeHeadroomForgetsAnEndedRequest(t *testing.T) {
 		h.fullStreams.gap(60 * time.Millisecond)
 	}
 	if got := h.pick(4000); got != h.half {
-		t.Errorf("1.2 s after the short output ended: picked %s, want half (a 400-token output's headroom takes the stall)", got.Name())
+		t.Errorf("1.2 s after the short output ended: picked %s, want half (the 400-token output is not protected: it ends 24 s later)", got.Name())
+	}
+}
+
+// A request is protected only where that can save it at a price a prompt
+// can pay: not one past its objective already (a 16-token output under a
+// 50 ms objective on a replica at 60 ms: no headroom; it would keep every
+// prompt off its replica until it ended), nor one whose decode ends later
+// than a TTFT objective from now (a 200-token output at 95 ms a token has
+// under a second of headroom, less than the 4,000-token prompt's 1.6 s
+// there, but 18 s to go): the prompt goes to the less loaded replica
+// either way.
+func TestDecodeHeadroomIgnoresWhatCannotBeSaved(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		output    int64
+		obj, step time.Duration
+	}{
+		{"a 16-token output under a 50 ms objective at 60 ms a token", 16, 50 * time.Millisecond, 60 * time.Millisecond},
+		{"a 200-token output at 95 ms a token", 200, 100 * time.Millisecond, 95 * time.Millisecond},
+	} {
+		h := newHalfFull(t)
+		// 12 chunks: past the second in which what it reported when
+		// placed (at the step fit's 60 ms) still counts.
+		d := decoding(t, h.half, h.c, 1, tc.output, tc.obj, tc.step, 12)
+		if got := h.pick(4000); got != h.half {
+			t.Errorf("%s decoding on half: picked %s, want half, the less loaded", tc.name, got.Name())
+		}
+		d.done()
 	}
 }
