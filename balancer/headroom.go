@@ -65,6 +65,9 @@ func (r *Replica) noteHeadroom(st *leaseState, now time.Time) {
 		return // past saving, or too long to wait for
 	}
 	n := now.UnixNano()
+	// The value and its stamp are two atomics: a report between another's
+	// swap and stamp can keep a value a step longer or lose one, an
+	// approximation the next step's reports correct.
 	for {
 		old := r.pred.headroom.Load()
 		if at := r.pred.headroomAtNs.Load(); at != 0 && n-at <= int64(liveITLFresh) && h >= math.Float64frombits(old) {
