@@ -16,7 +16,8 @@ import (
 // while a ~4,000-token prompt, which the replica prefills in 1.9 s,
 // was placed beside it: the prompt met its own TTFT objective there, and
 // the policy looked no further. The headroom lets the predictive policy
-// count that as a miss too (Predictive.rate).
+// count that as a miss too (Predictive.rate), and admission find no room
+// there for the prompt (ReplicaLoad.Headroom, admission's Fits).
 //
 // Each request reports its own headroom when it is placed (its decode is
 // still ahead, but a prompt placed after it will be prefilled while it

@@ -12,12 +12,12 @@ var _ Picker = (*Predictive)(nil)
 // (predict.go), and picks the replica most likely to meet the request's
 // SLOs: first those predicted to meet both, not to finish it late
 // (lateSlack) and not to stall a request decoding there past its TPOT
-// objective (headroom.go), among them the least loaded for this request (its requests
-// in flight for its capacity, plus the request's own predicted decode time
-// there in TTFT objectives); else those with the fewest predicted misses
-// (TTFT, TPOT, late, stall), among them the lowest predicted latency (each over
-// its objective, summed), near-ties (within tieMargin) to the less
-// loaded. What it learns comes from the router's
+// objective (headroom.go), among them the least loaded for this request
+// (its requests in flight for its capacity, plus the request's own
+// predicted decode time there in TTFT objectives); else those with the
+// fewest predicted misses (TTFT, TPOT, late, stall), among them the
+// lowest predicted latency (each over its objective, summed), near-ties
+// (within tieMargin) to the less loaded. What it learns comes from the router's
 // own measurements of every request, so a slow or throttled replica is
 // seen as slow after a few of its requests, without a profile or a weight.
 //
@@ -145,8 +145,8 @@ func (p *Predictive) soonest(r *Request, candidates []*Replica, pr *prior) float
 
 // rate predicts c's misses for r (0–4: TTFT, TPOT, late — finishing
 // over lateSlack TTFT objectives after r.soonest — and stall: its prefill
-// there longer than c's decode headroom, so
-// a request decoding there would miss its TPOT objective), its cost (predicted
+// there longer than c's decode headroom, so a request decoding there would
+// miss its TPOT objective), its cost (predicted
 // TTFT and TPOT, each over its objective, summed; stale telemetry under
 // the fail-closed posture adds saturatedScore) and its load for r: in flight
 // over capacity, plus r's predicted decode time on c (expected output ×
