@@ -82,12 +82,13 @@ type migration struct {
 
 	buf *migBuffers // pooled: text, ids, prompt ids, id, created
 
-	tokens    int  // output tokens so far: ids counted while idsOK, else text chunks
-	idsOK     bool // every chunk with output carried its token ids
-	idsSeen   bool // some chunk carried token ids
-	promptN   int  // prompt tokens, from prompt_token_ids (0 until known)
-	promptEst int  // the router's estimate of them, until they are known
-	finished  bool // a chunk carried a finish_reason: only the end was lost
+	tokens    int     // output tokens so far: ids counted while idsOK, else text chunks
+	idsOK     bool    // every chunk with output carried its token ids
+	idsSeen   bool    // some chunk carried token ids
+	promptN   int     // prompt tokens, from prompt_token_ids (0 until known)
+	promptEst int     // the router's estimate of them, until they are known
+	finished  bool    // a chunk carried a finish_reason: only the end was lost
+	choices   keyHint // where the stream's events have their choices (sse.go)
 
 	// The switch.
 	cont       bool      // relaying a continuation: ids restored, the role chunk dropped

@@ -8,7 +8,8 @@ import "bytes"
 // They read the chunks engines write (vLLM's pydantic JSON, compact or with
 // a space after the colon); a field they can't find reads as absent.
 
-// Field keys, as they appear in chunks. Read-only.
+// Field keys, as they appear in chunks, each from its opening quote
+// (indexKey). Read-only.
 var (
 	keyID             = []byte(`"id":`)
 	keyCreated        = []byte(`"created":`)
@@ -39,7 +40,7 @@ func fieldFrom(b []byte, from int, key []byte) (span, bool) {
 	if from < 0 || from > len(b) {
 		return span{}, false
 	}
-	k := bytes.Index(b[from:], key)
+	k := indexKey(b[from:], key)
 	if k < 0 {
 		return span{}, false
 	}

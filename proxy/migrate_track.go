@@ -64,7 +64,7 @@ func (m *migration) token(dst, ev []byte) (out []byte, keep bool) {
 	// token_ids — each searched from where the one before ended, so the
 	// event is scanned about once; the prompt's ids only until output
 	// came (they ride on the first chunk).
-	at := max(bytes.Index(ev, choicesKey), 0)
+	at := max(m.choices.index(ev, choicesKey), 0)
 	var text []byte
 	hasText := false
 	key := keyText

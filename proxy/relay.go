@@ -43,10 +43,11 @@ type relay struct {
 	out     []byte // processed bytes the client has not read yet
 	outPos  int
 	sawDone bool
-	eof     bool  // nothing more will be written after out
-	failure error // why the stream ended badly (nil for a clean end)
-	errEv   bool  // the upstream sent an error event
-	gotBody bool  // a byte of the body has arrived (the idle timeout now applies, not first_byte)
+	choices keyHint // where the stream's chunks have their choices (sse.go)
+	eof     bool    // nothing more will be written after out
+	failure error   // why the stream ended badly (nil for a clean end)
+	errEv   bool    // the upstream sent an error event
+	gotBody bool    // a byte of the body has arrived (the idle timeout now applies, not first_byte)
 
 	abortErr  atomic.Pointer[error] // set by abort, from the watcher
 	watch     *clientWatch
@@ -388,7 +389,7 @@ func (r *relay) process(now time.Time) {
 			continue // nothing after [DONE] is part of the answer
 		}
 		payload := eventData(ev)
-		kind := classifyEvent(payload)
+		kind := classifyEvent(payload, &r.choices)
 		if tracked && (kind == evToken || kind == evUsageOnly) {
 			r.tracked(ev, payload, kind, now) // migrate_track.go
 			continue

@@ -62,8 +62,9 @@ func eventData(ev []byte) []byte {
 
 // classifyEvent says what an event is without decoding its JSON: streams
 // carry thousands of events per second and only the usage chunk needs a
-// real parse.
-func classifyEvent(payload []byte) eventKind {
+// real parse. choices is where the stream's previous chunk had its
+// choices (nil: none kept).
+func classifyEvent(payload []byte, choices *keyHint) eventKind {
 	switch {
 	case len(payload) == 0:
 		return evOther
@@ -72,9 +73,9 @@ func classifyEvent(payload []byte) eventKind {
 	case bytes.HasPrefix(payload, errorPrefix) || bytes.HasPrefix(payload, objectPrefix):
 		return evError
 	}
-	i := bytes.Index(payload, choicesKey)
+	i := choices.index(payload, choicesKey)
 	if i < 0 {
-		if bytes.Contains(payload, usageKey) {
+		if indexKey(payload, usageKey) >= 0 {
 			return evUsageOnly
 		}
 		return evOther
@@ -95,7 +96,7 @@ func classifyEvent(payload []byte) eventKind {
 
 // hasUsage reports a non-null "usage" object in the chunk.
 func hasUsage(payload []byte) bool {
-	i := bytes.Index(payload, usageKey)
+	i := indexKey(payload, usageKey)
 	if i < 0 {
 		return false
 	}
@@ -115,4 +116,51 @@ func readUsage(payload []byte) (prompt, completion int, ok bool) {
 		return 0, 0, false
 	}
 	return int(u.Get("prompt_tokens").Int()), int(u.Get("completion_tokens").Int()), true
+}
+
+// keyHint is where a key sat in a stream's previous chunk, plus one; the
+// zero value (and a nil *keyHint) holds none. An engine writes a stream's
+// chunks with the same fields in the same order, so the next chunk mostly
+// has the key at the same offset, and one comparison replaces a search
+// that stops at every quote before it — the largest part of the relay's
+// per-event parse. Only for a key whose every occurrence is the one
+// wanted: a JSON string can't hold `"key":` (its quotes are escaped), so
+// the pattern at the hinted offset is that key; choices is the first
+// object of a chunk, so nothing before it holds another.
+type keyHint uint32
+
+// index returns key's offset in b: the hinted one when b has key there,
+// else the first (which becomes the hint), or -1.
+func (h *keyHint) index(b, key []byte) int {
+	if h == nil {
+		return bytes.Index(b, key)
+	}
+	if at := int(*h) - 1; at >= 0 && at+len(key) <= len(b) && bytes.Equal(b[at:at+len(key)], key) {
+		return at
+	}
+	i := bytes.Index(b, key)
+	if i >= 0 {
+		*h = keyHint(i + 1)
+	}
+	return i
+}
+
+// indexKey is bytes.Index(b, key) for a key written `"name":`, anchored
+// on the name's first letter rather than on the quote, which a chunk has
+// dozens of: bytes.Index stops at each quote to compare, indexKey only
+// where the letter is ("usage", absent from nearly every chunk, stops at
+// the u of "chunk" and of two nulls).
+func indexKey(b, key []byte) int {
+	name := key[1:]
+	for i := 1; i < len(b); i++ {
+		j := bytes.IndexByte(b[i:], name[0])
+		if j < 0 {
+			return -1
+		}
+		i += j
+		if b[i-1] == '"' && bytes.HasPrefix(b[i:], name) {
+			return i - 1
+		}
+	}
+	return -1
 }
