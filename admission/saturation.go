@@ -56,9 +56,10 @@ type SaturationConfig struct {
 	// replica is saturated (default 0.9). Negative ignores KV usage.
 	KVUsageThreshold float64
 	// TokenBudgetRatio sizes the router-side token budget as a multiple of
-	// the replica's KV capacity (default 1.0): outstanding tokens plus the
-	// request's must stay within it (a replica holding nothing takes any
-	// request). Negative means no budget; no budget applies either while the
+	// the replica's KV capacity (default 1.0): the most KV the router's
+	// requests there will hold at once (ReplicaLoad.OutstandingTokens,
+	// balancer/kvpeak.go) plus the request's whole footprint must stay
+	// within it (a replica holding nothing takes any request). Negative means no budget; no budget applies either while the
 	// capacity is unknown.
 	TokenBudgetRatio float64
 	// LongPrefillTokens is the prompt size, in tokens, from which a request

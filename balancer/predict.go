@@ -460,6 +460,7 @@ func (l Lease) ObserveGap(gap time.Duration, now time.Time) {
 		return
 	}
 	l.r.observeITL(gap, now)
+	l.st.made.Add(1)
 	if l.st.output > 1 {
 		l.st.gaps++
 		l.st.decodeS += gap.Seconds()

@@ -112,6 +112,7 @@ type Replica struct {
 	alive atomic.Int64
 
 	kvReserved   atomic.Int64 // KV footprint (tokens) of requests in flight, router-side
+	kv           kvLedger     // the same requests, for the fullest the KV cache will be (kvpeak.go)
 	longPrefills atomic.Int64 // requests with a long prompt not yet past their first token
 
 	idHash uint64 // hash of name, for rendezvous hashing
@@ -318,6 +319,12 @@ type leaseState struct {
 	tpotObj float64
 	gaps    int64
 	decodeS float64
+
+	// For the replica's KV peak (kvpeak.go): output tokens made so far
+	// (chunks; 0 until the first token), read by admission's goroutine;
+	// the lease's place in the replica's ledger (under its lock).
+	made     atomic.Int64
+	ledgerAt int
 }
 
 // LeaseCost is what a request brings to the replica it is placed on, for
@@ -368,6 +375,9 @@ func (r *Replica) AcquireRequest(c LeaseCost) (Lease, error) {
 	st := &leaseState{remaining: max(c.Work, 0), kv: max(c.KV, 0), long: c.Long, output: max(c.OutputTokens, 0), tpotObj: c.TPOTObjective.Seconds()}
 	r.tel.outstanding.Add(st.remaining)
 	r.kvReserved.Add(st.kv)
+	if st.kv > 0 {
+		r.kv.add(st)
+	}
 	if c.Long {
 		r.longPrefills.Add(1)
 	}
@@ -434,6 +444,7 @@ func (l Lease) PrefillDone() {
 		l.st.long = false
 		l.r.longPrefills.Add(-1)
 	}
+	l.st.made.CompareAndSwap(0, 1) // the first token: it decodes from now
 	if l.st.prefilling {
 		l.st.prefilling = false
 		l.r.pred.prefillQueued.Add(-l.st.prompt)
@@ -472,6 +483,9 @@ func (l Lease) Done(err error) {
 	l.r.tel.outstanding.Add(-l.st.remaining)
 	l.st.remaining = 0
 	l.r.kvReserved.Add(-l.st.kv)
+	if l.st.kv > 0 {
+		l.r.kv.remove(l.st)
+	}
 	l.st.kv = 0
 	if err == nil {
 		l.r.markAlive(l.r.now())

@@ -21,7 +21,8 @@
 # replica-equivalents: ~4.8 req/s for the trace, ~2.7 for the burst.
 #
 # It prints one table: per run P50/P99 TTFT, P99 TPOT, goodput, throughput,
-# failures, every replica's share of requests (counted by the engines) beside
+# failures, the engines' preemptions (KV cache overcommitted), every
+# replica's share of requests (counted by the engines) beside
 # its share of the capacity the router measured, and the router's TTFT
 # predictor |error| P50/P90; then the issue's acceptance ratios.
 #
@@ -136,12 +137,17 @@ start_front() { # CONFIG RUN
   wait_up "http://127.0.0.1:$fport/ready"
 }
 
-# engine_counts RUN: each replica's finished requests, from its own metrics.
+# engine_counts RUN: each replica's finished requests, from its own metrics
+# (RUN.counts), and its preemptions (RUN.preemptions): a router placing
+# more than the KV cache holds shows there.
 engine_counts() {
+  : >"$out/$1.counts"
+  : >"$out/$1.preemptions"
   for i in $(seq 0 $((nrep - 1))); do
-    curl -fsS "http://127.0.0.1:$((BASE_PORT + i))/metrics" |
-      awk '/^vllm:request_success_total/ {s += $NF} END {printf "%d ", s}'
-  done >"$out/$1.counts"
+    curl -fsS "http://127.0.0.1:$((BASE_PORT + i))/metrics" >"$work/metrics"
+    awk '/^vllm:request_success_total/ {s += $NF} END {printf "%d ", s}' "$work/metrics" >>"$out/$1.counts"
+    awk '/^vllm:num_preemptions_total/ {s += $NF} END {printf "%d ", s}' "$work/metrics" >>"$out/$1.preemptions"
+  done
 }
 
 workload_flags() {
@@ -184,7 +190,7 @@ import json, os, statistics, sys
 out, workloads, configs, speeds = sys.argv[1], sys.argv[2].split(), sys.argv[3].split(), sys.argv[4].split(",")
 base_port, reps = int(sys.argv[5]), int(sys.argv[6])
 print()
-hdr = f"{'workload':8} {'config':22} {'P50 TTFT':>9} {'P99 TTFT':>9} {'P99 TPOT':>9} {'goodput':>8} {'req/s':>6} {'fail':>5}  {'share of requests (engines) / of capacity (router-measured)':60} {'pred |err| P50/P90':>19}"
+hdr = f"{'workload':8} {'config':22} {'P50 TTFT':>9} {'P99 TTFT':>9} {'P99 TPOT':>9} {'goodput':>8} {'req/s':>6} {'fail':>5} {'preempt':>7}  {'share of requests (engines) / of capacity (router-measured)':60} {'pred |err| P50/P90':>19}"
 print(hdr); print("-" * len(hdr))
 res = {}  # (workload, config) -> one dict per rep that ran
 for w in workloads:
@@ -196,6 +202,10 @@ for w in workloads:
             continue
         counts = [int(x) for x in open(os.path.join(out, run + ".counts")).read().split()]
         n = sum(counts) or 1
+        try:  # the engines' preemptions: KV cache overcommitted
+            pre = str(sum(int(x) for x in open(os.path.join(out, run + ".preemptions")).read().split()))
+        except OSError:
+            pre = "-"
         caps = {}
         for r in j.get("gpurouter_replicas") or []:
             if r.get("capacity_share") is not None:
@@ -210,7 +220,7 @@ for w in workloads:
         res.setdefault((w, c), []).append(dict(p99=j["p99_ttft_ms"], tpot=j["p99_tpot_ms"], good=g, shares=[k / n for k in counts],
                            in_slo=round(g * j["duration"]), total=len(j["ttfts"]), dur=j["duration"]))
         label = c + (f" #{rep}" if reps > 1 else "")
-        print(f"{w:8} {label:22} {j['median_ttft_ms']/1000:8.2f}s {j['p99_ttft_ms']/1000:8.2f}s {j['p99_tpot_ms']:7.0f}ms {g:8.2f} {j['request_throughput']:6.2f} {j['failed']:5d}  {' '.join(shares):60} {pes:>19}")
+        print(f"{w:8} {label:22} {j['median_ttft_ms']/1000:8.2f}s {j['p99_ttft_ms']/1000:8.2f}s {j['p99_tpot_ms']:7.0f}ms {g:8.2f} {j['request_throughput']:6.2f} {j['failed']:5d} {pre:>7}  {' '.join(shares):60} {pes:>19}")
 print()
 sp = [float(s) for s in speeds]
 cap_share = [s / sum(sp) for s in sp]
