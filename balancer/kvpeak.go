@@ -16,25 +16,25 @@ import (
 // from placement to end counts every request at its final size at once.
 // But a request decoding holds its prompt and the tokens made so far, one
 // more each engine step, and frees all of it when it ends: some requests
-// are near their end while others start. On the conversation trace at 85%
-// load (bench/scripts/vs-haproxy.sh: 1,100-token prompts asking for 400
-// tokens in the bursts) the sum filled the budget with the cache ~87%
-// full, and ~40 requests a run were shed while the full-speed replicas had
-// room left. The most the requests will hold at once is ~88% of the sum
-// for 10–20 requests spread over their decode.
+// are near their end while others start. For 10–20 requests spread over
+// their decode the most they will hold at once is ~88% of the sum. On the
+// conversation trace at 85% load (bench/scripts/vs-haproxy.sh) ~40
+// requests a run, 1,100-token prompts asking for 400 tokens in the
+// bursts, were shed while the sum said the full-speed replicas were full.
 //
 // The model: every request decoding makes one token per engine step until
 // its expected output (continuous batching runs each in every step). A
 // request not yet past its first token, not streamed (no progress seen),
 // past its expected output, or of unknown output counts at its whole
-// footprint until it ends, as the sum counted it: the peak is never below
-// what those hold.
+// footprint (or what it holds, if more) until it ends, as the sum counted
+// it: the peak is never below what those hold.
 
 // kvRefresh is how long a computed peak serves before it is computed
-// again. In between, time only lowers the true peak (every request counted
-// as growing is a step nearer its end), a request placed adds its whole
-// footprint, and a request ending makes the next read compute it anew:
-// the figure read is never below the true one.
+// again. In between, time only lowers the model's peak (every request
+// counted as growing is a step nearer its end; one past its expected
+// output adds the few tokens it makes meanwhile), a request placed adds
+// its whole footprint, and a request ending makes the next read compute
+// it anew, so that its room shows at once.
 const kvRefresh = 5 * time.Millisecond
 
 // kvLedger is a replica's requests in flight with a KV footprint. The zero
@@ -78,7 +78,7 @@ func (k *kvLedger) remove(st *leaseState) {
 }
 
 // peak returns the most KV-cache tokens the requests in flight will hold
-// at once from now on (an upper bound, see kvRefresh).
+// at once from now on, as the model says (kvRefresh: how fresh).
 func (k *kvLedger) peak(now time.Time) int64 {
 	n := now.UnixNano()
 	k.mu.Lock()
