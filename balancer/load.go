@@ -10,7 +10,7 @@ type ReplicaLoad struct {
 	Waiting           int     // requests in the engine's waiting queue (vllm:num_requests_waiting) in its last two reports (the fewer: a queue it keeps, see EngineLoad.queued); 0 if stale or unknown
 	KVUsage           float64 // KV-cache usage, 0–1 (vllm:kv_cache_usage_perc); 0 if stale or unknown
 	KVCapacityTokens  int64   // KV capacity in tokens (num_gpu_blocks × block_size); 0 if unknown
-	OutstandingTokens int64   // the most KV-cache tokens the router's requests in flight there will hold at once from now on (kvpeak.go): the token budget's measure
+	OutstandingTokens int64   // the most KV-cache tokens the router's requests in flight there will hold at once from now on (kvpeak.go): the token budget's measure; 0 while KVCapacityTokens is 0 (no budget applies)
 	LongPrefills      int     // router-side long-prompt requests not yet past prefill (no first token)
 	// PrefillWait is how long a request sent now would wait behind the
 	// prefill work already queued there: the router's requests not yet
@@ -77,12 +77,11 @@ func (p *Pool) Loads(now time.Time, dst []ReplicaLoad) []ReplicaLoad {
 // allStale says every available replica of the pool is stale.
 func (r *Replica) loadAt(now time.Time, c *ScoreConfig, allStale bool) ReplicaLoad {
 	l := ReplicaLoad{
-		OutstandingTokens: r.kv.peak(now),
-		LongPrefills:      int(r.longPrefills.Load()),
-		Resting:           r.Resting(now),
-		PrefillWait:       r.prefillWait(),
-		ITL:               time.Duration(r.liveITL(now) * float64(time.Second)),
-		PrefillPerToken:   time.Duration(r.prefillPerToken() * float64(time.Second)),
+		LongPrefills:    int(r.longPrefills.Load()),
+		Resting:         r.Resting(now),
+		PrefillWait:     r.prefillWait(),
+		ITL:             time.Duration(r.liveITL(now) * float64(time.Second)),
+		PrefillPerToken: time.Duration(r.prefillPerToken() * float64(time.Second)),
 	}
 	if h, ok := r.decodeHeadroom(now); ok {
 		l.Headroom, l.HeadroomKnown = time.Duration(h*float64(time.Second)), true
@@ -96,6 +95,9 @@ func (r *Replica) loadAt(now time.Time, c *ScoreConfig, allStale bool) ReplicaLo
 		default:
 			l.Stale = true
 		}
+	}
+	if l.KVCapacityTokens > 0 { // else no token budget applies: no peak to compute
+		l.OutstandingTokens = r.kv.peak(now)
 	}
 	return l
 }
