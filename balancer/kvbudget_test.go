@@ -17,10 +17,7 @@ import (
 func TestTokenBudgetCountsTheFullestMoment(t *testing.T) {
 	c := newFakeClock()
 	r := newReplica(t, "r", c, replicaOpts{})
-	pool, err := balancer.NewPool(balancer.PoolConfig{Model: "m"}, []*balancer.Replica{r})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool := newPool(t, "m", r)
 	r.SetEngineLoad(balancer.EngineLoad{KVCapacityTokens: 30000, At: c.now()})
 	var leases []balancer.Lease
 	for i := range 20 {
