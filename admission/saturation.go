@@ -59,8 +59,9 @@ type SaturationConfig struct {
 	// the replica's KV capacity (default 1.0): the most KV the router's
 	// requests there will hold at once (ReplicaLoad.OutstandingTokens,
 	// balancer/kvpeak.go) plus the request's whole footprint must stay
-	// within it (a replica holding nothing takes any request). Negative means no budget; no budget applies either while the
-	// capacity is unknown.
+	// within it (a replica holding nothing takes any request). Negative
+	// means no budget; no budget applies either while the capacity is
+	// unknown.
 	TokenBudgetRatio float64
 	// LongPrefillTokens is the prompt size, in tokens, from which a request
 	// is a long prefill (default 4096). Negative disables the lane cap.
