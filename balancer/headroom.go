@@ -82,9 +82,10 @@ func (r *Replica) noteHeadroom(st *leaseState, now time.Time) {
 }
 
 // decodeHeadroom is the least headroom a request decoding on the replica
-// reported within liveITLFresh of now, in seconds (negative: one is past
-// its objective already); false when none did (nothing decodes there, or
-// nothing with a known length).
+// reported within liveITLFresh of now, in seconds (always positive: a
+// request past its objective does not report); false when none did
+// (nothing decodes there, nothing with a known length, or nothing that
+// protecting can save).
 func (r *Replica) decodeHeadroom(now time.Time) (float64, bool) {
 	at := r.pred.headroomAtNs.Load()
 	if at == 0 || now.UnixNano()-at > int64(liveITLFresh) {
