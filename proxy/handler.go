@@ -85,8 +85,11 @@ func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint,
 		return
 	}
 	body := ctx.PostBody()
+	p := s.parsers.Get()
 	var err error
-	if x.req, err = parseRequest(body, ep); err != nil {
+	x.req, err = readRequest(p, body, ep)
+	s.parsers.Put(p)
+	if err != nil {
 		s.reject(ctx, x, err)
 		return
 	}

@@ -2,12 +2,13 @@ package proxy
 
 import (
 	"bytes"
+	"fmt"
 	"strconv"
-	"strings"
 	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/tidwall/gjson"
+	"github.com/valyala/fastjson"
 )
 
 // endpoint is which OpenAI API a request is for.
@@ -103,98 +104,119 @@ func prefixHashOf(s string) uint64 {
 // the order of magnitude.
 func (r *request) promptTokens() int { return (r.promptBytes + 3) / 4 }
 
-// bytesView returns a string sharing b's memory, so gjson can scan the body
-// without copying it. The result must not outlive b or be retained: every
-// string kept from it is cloned (see parseRequest).
+// bytesView returns a string sharing b's memory, so a parser can scan the
+// body without copying it. The result must not outlive b or be retained:
+// every string kept from it is cloned.
 func bytesView(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
-// parseRequest reads the fields the router needs from a JSON body and checks
-// their types, naming the first offending field.
-func parseRequest(body []byte, ep endpoint) (request, error) {
+// readRequest reads the fields the router needs from a JSON body and checks
+// their types, naming the first offending field. gjson validates the body
+// (strict JSON); p then parses it once into a tree the fields are read
+// from, copying the body, which is left as it is. What the request keeps
+// is copied out of p, free for the next body once readRequest returns.
+// fastjson reads a body in one pass where gjson's top-level walk skipped
+// the messages, its second walk went through them again, and each lookup
+// in a message scanned it anew; its parser alone is not a validator (it
+// takes leading zeros, control characters and unknown escapes), and its
+// validator misses a control character before an escape in a string, so
+// gjson's validation stays.
+func readRequest(p *fastjson.Parser, body []byte, ep endpoint) (request, error) {
 	var r request
 	trimmed := bytes.TrimSpace(body)
 	if len(trimmed) == 0 {
 		return r, badParam("body", "empty request body; expected a JSON object")
 	}
-	view := bytesView(trimmed)
-	if !gjson.Valid(view) {
+	if !gjson.Valid(bytesView(trimmed)) {
 		return r, badParam("body", "malformed JSON")
 	}
 	if trimmed[0] != '{' {
 		return r, badParam("body", "expected a JSON object")
 	}
-	var err error
+	root, err := p.ParseBytes(trimmed)
+	if err != nil {
+		// Valid, but nested deeper than the parser goes (fastjson.MaxDepth).
+		return r, badParam("body", fmt.Sprintf("JSON nested more than %d levels deep", fastjson.MaxDepth))
+	}
+	obj, _ := root.Object()
 	var sawInput bool
-	gjson.Parse(view).ForEach(func(k, v gjson.Result) bool {
-		switch k.Str {
+	obj.Visit(func(key []byte, v *fastjson.Value) {
+		if err != nil {
+			return
+		}
+		switch k := bytesView(key); k {
 		case "model":
-			if v.Type != gjson.String {
+			s, e := v.StringBytes()
+			if e != nil {
 				err = badParam("model", "must be a string")
-				return false
+				return
 			}
-			r.model = strings.Clone(v.Str)
+			r.model = string(s)
 		case "stream":
-			if v.Type != gjson.True && v.Type != gjson.False && v.Type != gjson.Null {
+			t := v.Type()
+			if t != fastjson.TypeTrue && t != fastjson.TypeFalse && t != fastjson.TypeNull {
 				err = badParam("stream", "must be a boolean")
-				return false
+				return
 			}
-			r.stream = v.Type == gjson.True
+			r.stream = t == fastjson.TypeTrue
 		case "stream_options":
 			r.optionsKey = true
-			if v.Type == gjson.Null {
-				return true
+			if v.Type() == fastjson.TypeNull {
+				return
 			}
-			if !v.IsObject() {
+			if v.Type() != fastjson.TypeObject {
 				err = badParam("stream_options", "must be an object")
-				return false
+				return
 			}
 			r.hasOptions = true
 			iu := v.Get("include_usage")
-			if iu.Exists() && iu.Type != gjson.True && iu.Type != gjson.False && iu.Type != gjson.Null {
-				err = badParam("stream_options.include_usage", "must be a boolean")
-				return false
+			if iu != nil {
+				if t := iu.Type(); t != fastjson.TypeTrue && t != fastjson.TypeFalse && t != fastjson.TypeNull {
+					err = badParam("stream_options.include_usage", "must be a boolean")
+					return
+				}
+				r.clientUsage = iu.Type() == fastjson.TypeTrue
 			}
-			r.clientUsage = iu.Type == gjson.True
-			if v.Get("continuous_usage_stats").Type == gjson.True {
+			if c := v.Get("continuous_usage_stats"); c != nil && c.Type() == fastjson.TypeTrue {
 				r.cont |= contNo // per-chunk usage can't be made to add up across replicas
 			}
 		case "max_tokens", "max_completion_tokens":
 			i := 0
-			if k.Str == outputKeys[1] {
+			if k == outputKeys[1] {
 				i = 1
 			}
 			// The engine reads the last of a repeated key, a rewrite (and
 			// the router's cost) the first: refuse the ambiguity.
 			if r.limits[i].given {
-				err = badParam(k.Str, "given more than once")
-				return false
+				err = badParam(outputKeys[i], "given more than once")
+				return
 			}
 			r.limits[i].given = true
-			if v.Type == gjson.Null {
+			if v.Type() == fastjson.TypeNull {
 				r.limits[i].null = true
-				return true
+				return
 			}
 			n, ok := nonNegInt(v)
 			if !ok {
-				err = badParam(k.Str, "must be a non-negative integer")
-				return false
+				err = badParam(outputKeys[i], "must be a non-negative integer")
+				return
 			}
 			r.limits[i].n = uint32(n)
 		case "user":
-			if v.Type != gjson.String && v.Type != gjson.Null {
+			t := v.Type()
+			if t != fastjson.TypeString && t != fastjson.TypeNull {
 				err = badParam("user", "must be a string")
-				return false
+				return
 			}
-			r.user = strings.Clone(v.Str)
+			r.user = string(v.GetStringBytes())
 		case "messages":
 			if ep != epChat {
-				return true
+				return
 			}
 			sawInput = true
 			err = r.readMessages(v)
 		case "prompt":
 			if ep != epCompletions {
-				return true
+				return
 			}
 			sawInput = true
 			r.promptBytes, err = textSize("prompt", v)
@@ -202,14 +224,13 @@ func parseRequest(body []byte, ep endpoint) (request, error) {
 			r.cont |= promptCont(v)
 		case "input":
 			if ep != epEmbeddings {
-				return true
+				return
 			}
 			sawInput = true
 			r.promptBytes, err = textSize("input", v)
 		default:
-			r.cont |= continuation(k.Str, v)
+			r.cont |= continuation(k, v)
 		}
-		return err == nil
 	})
 	if err != nil {
 		return r, err
@@ -228,93 +249,113 @@ func parseRequest(body []byte, ep endpoint) (request, error) {
 	return r, nil
 }
 
-func nonNegInt(v gjson.Result) (int, bool) {
-	if v.Type != gjson.Number {
-		return 0, false
-	}
-	f := v.Float()
-	if f < 0 || f != float64(int64(f)) || f > 1<<31 {
+// nonNegInt reads a non-negative integer of at most 2^31 (1e3 and 5.0
+// count, as they are integers).
+func nonNegInt(v *fastjson.Value) (int, bool) {
+	f, err := v.Float64()
+	if err != nil || f < 0 || f != float64(int64(f)) || f > 1<<31 {
 		return 0, false
 	}
 	return int(f), true
 }
 
+// intOf is a value as an integer the way the engine's loose reading
+// would take it where only "more than one" matters: a number truncated,
+// a string of digits, true as 1; anything else 0.
+func intOf(v *fastjson.Value) int64 {
+	switch v.Type() {
+	case fastjson.TypeNumber:
+		f, _ := v.Float64()
+		return int64(f)
+	case fastjson.TypeString:
+		n, _ := strconv.ParseInt(bytesView(v.GetStringBytes()), 10, 64)
+		return n
+	case fastjson.TypeTrue:
+		return 1
+	}
+	return 0
+}
+
 // readMessages checks a chat messages array and sums its text size.
-func (r *request) readMessages(v gjson.Result) error {
-	if !v.IsArray() {
+func (r *request) readMessages(v *fastjson.Value) error {
+	msgs, e := v.Array()
+	if e != nil {
 		return badParam("messages", "must be an array of message objects")
 	}
-	var err error
-	i := 0
-	v.ForEach(func(_, m gjson.Result) bool {
-		if !m.IsObject() {
-			err = badParam("messages["+strconv.Itoa(i)+"]", "must be an object")
-			return false
+	for i, m := range msgs {
+		if m.Type() != fastjson.TypeObject {
+			return badParam("messages["+strconv.Itoa(i)+"]", "must be an object")
 		}
 		role := m.Get("role")
-		if role.Type != gjson.String {
-			err = badParam("messages["+strconv.Itoa(i)+"].role", "required string")
-			return false
+		if role == nil || role.Type() != fastjson.TypeString {
+			return badParam("messages["+strconv.Itoa(i)+"].role", "required string")
 		}
-		var n int
 		content := m.Get("content")
-		var ok bool
-		if n, ok = contentSize(content); !ok {
-			err = badParam("messages["+strconv.Itoa(i)+"].content", "must be a string or an array of content parts")
+		n, ok := contentSize(content)
+		if !ok {
+			return badParam("messages["+strconv.Itoa(i)+"].content", "must be a string or an array of content parts")
 		}
 		if i == 0 {
 			// The system prompt is what requests of one application share;
 			// without one, the start of the first message stands in.
 			r.prefixHash = firstTextHash(content)
 		}
-		r.promptBytes += n + len(role.Str)
+		r.promptBytes += n + len(role.GetStringBytes())
 		r.messages++
-		i++
-		return err == nil
-	})
-	if err == nil && r.messages == 0 {
-		err = badParam("messages", "must not be empty")
 	}
-	return err
+	if r.messages == 0 {
+		return badParam("messages", "must not be empty")
+	}
+	return nil
 }
 
 // firstTextHash hashes the first text in a content value (a string, or the
-// first text part / string of an array); 0 when there is none.
-func firstTextHash(v gjson.Result) uint64 {
-	switch {
-	case v.Type == gjson.String && v.Str != "":
-		return prefixHashOf(v.Str)
-	case v.IsArray():
-		var h uint64
-		v.ForEach(func(_, e gjson.Result) bool {
-			switch {
-			case e.Type == gjson.String && e.Str != "":
-				h = prefixHashOf(e.Str)
-			case e.IsObject() && e.Get("text").Str != "":
-				h = prefixHashOf(e.Get("text").Str)
+// first text part / string of an array); 0 when there is none (nil too).
+func firstTextHash(v *fastjson.Value) uint64 {
+	if v == nil {
+		return 0
+	}
+	switch v.Type() {
+	case fastjson.TypeString:
+		if s := v.GetStringBytes(); len(s) > 0 {
+			return prefixHashOf(bytesView(s))
+		}
+	case fastjson.TypeArray:
+		a, _ := v.Array()
+		for _, e := range a {
+			var s []byte
+			switch e.Type() {
+			case fastjson.TypeString:
+				s = e.GetStringBytes()
+			case fastjson.TypeObject:
+				s = e.GetStringBytes("text")
 			}
-			return h == 0
-		})
-		return h
+			if len(s) > 0 {
+				return prefixHashOf(bytesView(s))
+			}
+		}
 	}
 	return 0
 }
 
-// contentSize sizes a message content: a string, null, or an array of parts
-// where text parts carry "text"; false for anything else (the caller names
-// the field: a name built only for an error).
-func contentSize(c gjson.Result) (int, bool) {
-	switch {
-	case !c.Exists() || c.Type == gjson.Null:
+// contentSize sizes a message content: absent (nil), null, a string, or an
+// array of parts where text parts carry "text"; false for anything else
+// (the caller names the field: a name built only for an error).
+func contentSize(c *fastjson.Value) (int, bool) {
+	if c == nil {
 		return 0, true
-	case c.Type == gjson.String:
-		return len(c.Str), true
-	case c.IsArray():
+	}
+	switch c.Type() {
+	case fastjson.TypeNull:
+		return 0, true
+	case fastjson.TypeString:
+		return len(c.GetStringBytes()), true
+	case fastjson.TypeArray:
 		n := 0
-		c.ForEach(func(_, part gjson.Result) bool {
-			n += len(part.Get("text").Str)
-			return true
-		})
+		a, _ := c.Array()
+		for _, part := range a {
+			n += len(part.GetStringBytes("text"))
+		}
 		return n, true
 	}
 	return 0, false
@@ -322,28 +363,25 @@ func contentSize(c gjson.Result) (int, bool) {
 
 // textSize sizes a completions prompt or embeddings input: a string, an
 // array of strings, or token ids (counted at 4 bytes a token).
-func textSize(param string, v gjson.Result) (int, error) {
-	switch {
-	case v.Type == gjson.String:
-		return len(v.Str), nil
-	case v.IsArray():
+func textSize(param string, v *fastjson.Value) (int, error) {
+	switch v.Type() {
+	case fastjson.TypeString:
+		return len(v.GetStringBytes()), nil
+	case fastjson.TypeArray:
 		n := 0
-		ok := true
-		v.ForEach(func(_, e gjson.Result) bool {
-			switch {
-			case e.Type == gjson.String:
-				n += len(e.Str)
-			case e.Type == gjson.Number:
+		a, _ := v.Array()
+		for _, e := range a {
+			switch e.Type() {
+			case fastjson.TypeString:
+				n += len(e.GetStringBytes())
+			case fastjson.TypeNumber:
 				n += 4
-			case e.IsArray():
-				n += 4 * len(e.Array())
+			case fastjson.TypeArray:
+				ids, _ := e.Array()
+				n += 4 * len(ids)
 			default:
-				ok = false
+				return 0, badParam(param, "must be a string, an array of strings or an array of token ids")
 			}
-			return ok
-		})
-		if !ok {
-			return 0, badParam(param, "must be a string, an array of strings or an array of token ids")
 		}
 		return n, nil
 	}
@@ -367,28 +405,29 @@ const (
 )
 
 // continuation reads one request key for what continuing it needs.
-func continuation(key string, v gjson.Result) contFlags {
-	set := v.Type != gjson.Null && v.Type != gjson.False
+func continuation(key string, v *fastjson.Value) contFlags {
+	t := v.Type()
+	set := t != fastjson.TypeNull && t != fastjson.TypeFalse
 	switch key {
 	case "n", "best_of":
-		if set && v.Int() > 1 {
+		if set && intOf(v) > 1 {
 			return contNo
 		}
 	case "logprobs", "top_logprobs", "echo", "use_beam_search", "suffix", "prompt_embeds",
 		"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs":
-		if set && !(key == "top_logprobs" && v.Int() == 0) {
+		if set && !(key == "top_logprobs" && intOf(v) == 0) {
 			return contNo
 		}
 	case "response_format":
-		if set && v.Get("type").Str != "text" {
+		if set && string(v.GetStringBytes("type")) != "text" {
 			return contNo
 		}
 	case "return_token_ids":
-		if v.Type == gjson.True {
+		if t == fastjson.TypeTrue {
 			return contClientIDs
 		}
 	case "continue_final_message":
-		if v.Type == gjson.True {
+		if t == fastjson.TypeTrue {
 			return contFinal
 		}
 	}
@@ -398,25 +437,21 @@ func continuation(key string, v gjson.Result) contFlags {
 // promptCont says how a completion prompt can be continued: a string or
 // one string with its text, token ids (one list) with ids only; several
 // prompts not at all.
-func promptCont(v gjson.Result) contFlags {
-	if !v.IsArray() {
+func promptCont(v *fastjson.Value) contFlags {
+	a, err := v.Array()
+	if err != nil {
 		return 0
 	}
 	var f contFlags
-	n := 0
-	v.ForEach(func(_, e gjson.Result) bool {
-		n++
+	for n, e := range a {
 		switch {
-		case n == 1 && e.Type == gjson.Number: // one prompt of token ids
-			f = contPromptIDs
-			return false
-		case n > 1: // several prompts
-			f = contNo
-			return false
-		case e.IsArray():
+		case n == 0 && e.Type() == fastjson.TypeNumber: // one prompt of token ids
+			return contPromptIDs
+		case n > 0: // several prompts
+			return contNo
+		case e.Type() == fastjson.TypeArray:
 			f = contPromptIDs
 		}
-		return true
-	})
+	}
 	return f
 }

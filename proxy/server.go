@@ -22,6 +22,7 @@ import (
 	"github.com/gpurouter/gpurouter/balancer"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
+	"github.com/valyala/fastjson"
 	"go.uber.org/zap"
 )
 
@@ -76,6 +77,7 @@ type Server struct {
 	// learns, so its estimates keep their defaults.
 	plainEst *admission.Estimator
 	authM    *authMetrics
+	parsers  fastjson.ParserPool // request bodies' parsers (readRequest)
 	records  *recordRing
 	lat      *latencyStore // ITL and queue-time sketches per replica (latency.go)
 	srv      *fasthttp.Server
