@@ -15,15 +15,17 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// requestBody is a 300-byte OpenAI chat request.
-var requestBody = func() []byte {
+// chatRequest is an OpenAI chat request of n bytes (or of its fields
+// alone, when n is smaller), its one message padded with words; stream
+// asks for a stream.
+func chatRequest(n int, stream bool) []byte {
 	head := `{"model":"m","messages":[{"role":"user","content":"`
 	tail := `"}],"max_tokens":64,"temperature":0}`
-	return []byte(head + pad(300-len(head)-len(tail)) + tail)
-}()
-
-// streamBody is the same request asking for a stream.
-var streamBody = bytes.Replace(requestBody, []byte(`"temperature":0`), []byte(`"stream":true`), 1)
+	if stream {
+		tail = `"}],"max_tokens":64,"stream":true}`
+	}
+	return []byte(head + pad(n-len(head)-len(tail)) + tail)
+}
 
 // closedLoop is c clients, each sending the next request as soon as the
 // last one's answer is read, until d has passed.
@@ -34,7 +36,7 @@ type loopResult struct {
 	elapsed  time.Duration
 }
 
-func closedLoop(ctx context.Context, addr string, c int, d time.Duration) loopResult {
+func closedLoop(ctx context.Context, addr string, body []byte, c int, d time.Duration) loopResult {
 	hc := &fasthttp.HostClient{Addr: addr, MaxConns: c, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second}
 	defer hc.CloseIdleConnections()
 	var mu sync.Mutex
@@ -50,7 +52,7 @@ func closedLoop(ctx context.Context, addr string, c int, d time.Duration) loopRe
 			req.SetRequestURI("http://" + addr + "/v1/chat/completions")
 			req.Header.SetMethod(fasthttp.MethodPost)
 			req.Header.SetContentType("application/json")
-			req.SetBodyRaw(requestBody)
+			req.SetBodyRaw(body)
 			lat := make([]time.Duration, 0, 4096)
 			errs := 0
 			for ctx.Err() == nil {
@@ -59,7 +61,7 @@ func closedLoop(ctx context.Context, addr string, c int, d time.Duration) loopRe
 					break
 				}
 				err := hc.Do(req, resp)
-				if err != nil || resp.StatusCode() != 200 || len(resp.Body()) < 400 {
+				if err != nil || resp.StatusCode() != 200 || !bytes.HasSuffix(resp.Body(), replyEnd) {
 					errs++
 					if errs > 100 {
 						break // the target is broken: don't spin on it
@@ -91,8 +93,8 @@ func streamClient(conns int) *http.Client {
 	}}
 }
 
-func newStreamRequest(ctx context.Context, addr, mode string) (*http.Request, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/chat/completions", bytes.NewReader(streamBody))
+func newStreamRequest(ctx context.Context, addr string, body []byte, mode string) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/chat/completions", bytes.NewReader(body))
 	if err != nil {
 		return nil, err
 	}
@@ -115,7 +117,7 @@ type sseResult struct {
 
 // sseLoop is c clients, each reading one stream to its [DONE] and starting
 // the next, until d has passed.
-func sseLoop(ctx context.Context, addr string, c int, d, interval time.Duration) sseResult {
+func sseLoop(ctx context.Context, addr string, body []byte, c int, d, interval time.Duration) sseResult {
 	hc := streamClient(c)
 	defer hc.CloseIdleConnections()
 	var mu sync.Mutex
@@ -127,7 +129,7 @@ func sseLoop(ctx context.Context, addr string, c int, d, interval time.Duration)
 		wg.Go(func() {
 			var one sseResult
 			for ctx.Err() == nil && time.Now().Before(end) {
-				if err := readStream(ctx, hc, addr, interval, &one); err != nil {
+				if err := readStream(ctx, hc, addr, body, interval, &one); err != nil {
 					one.errors++
 					if one.errors > 20 {
 						break
@@ -154,8 +156,8 @@ func sseLoop(ctx context.Context, addr string, c int, d, interval time.Duration)
 var errNoDone = errors.New("proxycost: stream ended without [DONE]")
 
 // readStream reads one stream, timing each event as its line arrives.
-func readStream(ctx context.Context, hc *http.Client, addr string, interval time.Duration, res *sseResult) error {
-	req, err := newStreamRequest(ctx, addr, modeSSE)
+func readStream(ctx context.Context, hc *http.Client, addr string, body []byte, interval time.Duration, res *sseResult) error {
+	req, err := newStreamRequest(ctx, addr, body, modeSSE)
 	if err != nil {
 		return err
 	}
@@ -204,7 +206,7 @@ type idleResult struct {
 	errors int
 }
 
-func idleStreams(ctx context.Context, addr string, n int, ready func()) idleResult {
+func idleStreams(ctx context.Context, addr string, body []byte, n int, ready func()) idleResult {
 	hc := streamClient(n)
 	defer hc.CloseIdleConnections()
 	var opened, failed sync.WaitGroup
@@ -216,14 +218,14 @@ func idleStreams(ctx context.Context, addr string, n int, ready func()) idleResu
 		opened.Add(1)
 		failed.Go(func() {
 			sem <- struct{}{}
-			body, err := openIdle(ctx, hc, addr)
+			rc, err := openIdle(ctx, hc, addr, body)
 			<-sem
 			mu.Lock()
 			if err != nil {
 				res.errors++
 			} else {
 				res.opened++
-				bodies = append(bodies, body)
+				bodies = append(bodies, rc)
 			}
 			mu.Unlock()
 			opened.Done()
@@ -244,8 +246,8 @@ func idleStreams(ctx context.Context, addr string, n int, ready func()) idleResu
 }
 
 // openIdle starts an idle stream and reads its first event.
-func openIdle(ctx context.Context, hc *http.Client, addr string) (io.ReadCloser, error) {
-	req, err := newStreamRequest(ctx, addr, modeIdle)
+func openIdle(ctx context.Context, hc *http.Client, addr string, body []byte) (io.ReadCloser, error) {
+	req, err := newStreamRequest(ctx, addr, body, modeIdle)
 	if err != nil {
 		return nil, err
 	}

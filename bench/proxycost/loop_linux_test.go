@@ -19,7 +19,7 @@ import (
 // every interval; it is stopped (and must return) at the test's end.
 func startLoop(t *testing.T, events int, interval time.Duration) (addr string) {
 	t.Helper()
-	up := newUpstream(interval, events, time.Now)
+	up := newUpstream(interval, events, chatReply(500), time.Now)
 	if err := up.listen(""); err != nil {
 		t.Fatal(err)
 	}
@@ -68,8 +68,8 @@ func TestLoopRelaysRepliesAndStreamsOnKeptAliveConnections(t *testing.T) {
 		}
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if resp.StatusCode != 200 || !bytes.Equal(b, wholeReply) {
-			t.Fatalf("reply %d: status %d, %d bytes, want the upstream's %d", i, resp.StatusCode, len(b), len(wholeReply))
+		if resp.StatusCode != 200 || !bytes.Equal(b, chatReply(500)) {
+			t.Fatalf("reply %d: status %d, %d bytes, want the upstream's %d", i, resp.StatusCode, len(b), len(chatReply(500)))
 		}
 	}
 	req, _ := http.NewRequest("POST", "http://"+addr+"/v1/chat/completions", strings.NewReader(chatBody))
@@ -120,8 +120,8 @@ func TestLoopWaitsForARequestSentInPieces(t *testing.T) {
 			t.Fatalf("response %d: %v", i, err)
 		}
 		b, _ := io.ReadAll(resp.Body)
-		if !bytes.Equal(b, wholeReply) {
-			t.Fatalf("response %d: %d bytes, want %d", i, len(b), len(wholeReply))
+		if !bytes.Equal(b, chatReply(500)) {
+			t.Fatalf("response %d: %d bytes, want %d", i, len(b), len(chatReply(500)))
 		}
 	}
 }

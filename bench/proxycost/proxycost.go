@@ -54,9 +54,13 @@ type Config struct {
 	IdleStreams int           // idle streams held for the memory figure [1000]
 	Interval    time.Duration // between two events of a stream [5ms]
 	Events      int           // events per SSE stream [100]
-	QuietCPU    time.Duration // a run is noisy when other processes used more CPU than this [150ms]
-	Retries     int           // reruns of a noisy run before keeping the quietest [2]
-	Warmup      time.Duration // per target before the first rep [1s]
+	// RequestBytes and ReplyBytes size the chat request (whole and
+	// streamed) and the whole reply, their text padded with words [300,
+	// 500]: what a proxy that reads bodies pays grows with them.
+	RequestBytes, ReplyBytes int
+	QuietCPU                 time.Duration // a run is noisy when other processes used more CPU than this [150ms]
+	Retries                  int           // reruns of a noisy run before keeping the quietest [2]
+	Warmup                   time.Duration // per target before the first rep [1s]
 	// IdleHold keeps the idle streams open this long after their RSS is
 	// read, to inspect the proxy (a heap profile) while they are [0].
 	IdleHold time.Duration
@@ -83,6 +87,8 @@ func (c Config) withDefaults() Config {
 	setI(&c.IdleStreams, 1000)
 	set(&c.Interval, 5*time.Millisecond)
 	setI(&c.Events, 100)
+	setI(&c.RequestBytes, 300)
+	setI(&c.ReplyBytes, 500)
 	set(&c.QuietCPU, 150*time.Millisecond)
 	set(&c.Warmup, time.Second)
 	if c.Retries == 0 {
@@ -101,7 +107,7 @@ func (c Config) withDefaults() Config {
 // started and returns the figures.
 func Run(ctx context.Context, cfg Config) (*Result, error) {
 	cfg = cfg.withDefaults()
-	up := newUpstream(cfg.Interval, cfg.Events, time.Now)
+	up := newUpstream(cfg.Interval, cfg.Events, chatReply(cfg.ReplyBytes), time.Now)
 	if err := up.listen(cfg.UpstreamAddr); err != nil {
 		return nil, fmt.Errorf("proxycost: upstream: %w", err)
 	}
@@ -164,7 +170,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	targets = append(targets, cfg.External...)
 
-	m := &measurer{cfg: cfg, up: up, res: res}
+	m := &measurer{cfg: cfg, up: up, res: res, request: chatRequest(cfg.RequestBytes, false), sseRq: chatRequest(cfg.RequestBytes, true)}
 	for i := range targets {
 		res.Targets = append(res.Targets, &TargetResult{Name: targets[i].Name, measured: len(targets[i].PIDs) > 0})
 		if err := m.warm(ctx, &targets[i], res.Targets[i]); err != nil {
@@ -187,9 +193,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 
 // measurer runs the workloads against one target at a time.
 type measurer struct {
-	cfg Config
-	up  *upstream
-	res *Result
+	cfg            Config
+	up             *upstream
+	res            *Result
+	request, sseRq []byte // the chat request, whole and streamed (Config.RequestBytes)
 }
 
 // warm sends a little of every workload through a target so that lazy
@@ -201,7 +208,7 @@ func (m *measurer) warm(ctx context.Context, t *Target, tr *TargetResult) error 
 	// proxy started before the harness's upstream): wait up to 30 s for a
 	// first answer.
 	for deadline := time.Now().Add(30 * time.Second); ; {
-		if r := closedLoop(ctx, t.Addr, 1, 50*time.Millisecond); r.requests > 0 {
+		if r := closedLoop(ctx, t.Addr, m.request, 1, 50*time.Millisecond); r.requests > 0 {
 			break
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
@@ -209,11 +216,11 @@ func (m *measurer) warm(ctx context.Context, t *Target, tr *TargetResult) error 
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	r := closedLoop(ctx, t.Addr, m.cfg.Concurrency, m.cfg.Warmup/2)
+	r := closedLoop(ctx, t.Addr, m.request, m.cfg.Concurrency, m.cfg.Warmup/2)
 	if r.requests == 0 {
 		return fmt.Errorf("no request got through in the warm-up (%d errors)", r.errors)
 	}
-	s := sseLoop(ctx, t.Addr, min(8, m.cfg.Streams), m.cfg.Warmup/2, m.cfg.Interval)
+	s := sseLoop(ctx, t.Addr, m.sseRq, min(8, m.cfg.Streams), m.cfg.Warmup/2, m.cfg.Interval)
 	if s.streams == 0 {
 		return fmt.Errorf("no stream got through in the warm-up (%d errors)", s.errors)
 	}
@@ -289,7 +296,7 @@ func (m *measurer) rep(ctx context.Context, t *Target, tr *TargetResult, rep int
 	}
 	var rss int64
 	var rerr error
-	idle := idleStreams(ctx, t.Addr, m.cfg.IdleStreams, func() {
+	idle := idleStreams(ctx, t.Addr, m.sseRq, m.cfg.IdleStreams, func() {
 		time.Sleep(200 * time.Millisecond) // let the last ones settle in the proxy
 		rss, rerr = sumRSS(t.PIDs)
 		if m.cfg.IdleHold > 0 {
@@ -310,7 +317,7 @@ func (m *measurer) rep(ctx context.Context, t *Target, tr *TargetResult, rep int
 }
 
 func (m *measurer) runC1(ctx context.Context, t *Target, s *sample) error {
-	r := closedLoop(ctx, t.Addr, 1, m.cfg.C1Duration)
+	r := closedLoop(ctx, t.Addr, m.request, 1, m.cfg.C1Duration)
 	if err := checkErrors(r.errors, r.requests); err != nil {
 		return err
 	}
@@ -319,7 +326,7 @@ func (m *measurer) runC1(ctx context.Context, t *Target, s *sample) error {
 }
 
 func (m *measurer) runC64(ctx context.Context, t *Target, s *sample) error {
-	r := closedLoop(ctx, t.Addr, m.cfg.Concurrency, m.cfg.Duration)
+	r := closedLoop(ctx, t.Addr, m.request, m.cfg.Concurrency, m.cfg.Duration)
 	if err := checkErrors(r.errors, r.requests); err != nil {
 		return err
 	}
@@ -328,7 +335,7 @@ func (m *measurer) runC64(ctx context.Context, t *Target, s *sample) error {
 }
 
 func (m *measurer) runSSE(ctx context.Context, t *Target, s *sample) error {
-	r := sseLoop(ctx, t.Addr, m.cfg.Streams, m.cfg.Duration, m.cfg.Interval)
+	r := sseLoop(ctx, t.Addr, m.sseRq, m.cfg.Streams, m.cfg.Duration, m.cfg.Interval)
 	if err := checkErrors(r.errors, r.streams); err != nil {
 		return err
 	}

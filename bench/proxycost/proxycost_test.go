@@ -3,6 +3,7 @@ package proxycost
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -62,8 +63,20 @@ func TestEventStampRoundTrip(t *testing.T) {
 			t.Fatalf("%q read as a stamped event", l)
 		}
 	}
-	if len(requestBody) != 300 || len(wholeReply) != 500 {
-		t.Fatalf("request %d B, reply %d B: want 300 and 500", len(requestBody), len(wholeReply))
+	for _, n := range []int{300, 500, 8192} {
+		for _, stream := range []bool{false, true} {
+			req := chatRequest(n, stream)
+			if len(req) != n || !json.Valid(req) || bytes.Contains(req, []byte(`"stream":true`)) != stream {
+				t.Fatalf("chatRequest(%d, %v): %d B, valid %v: %s", n, stream, len(req), json.Valid(req), req)
+			}
+		}
+		if r := chatReply(n); len(r) != n || !json.Valid(r) || !bytes.HasSuffix(r, replyEnd) {
+			t.Fatalf("chatReply(%d): %d B, valid %v", n, len(r), json.Valid(r))
+		}
+	}
+	// Smaller than their fields: the fields alone, still JSON.
+	if r := chatRequest(10, false); !json.Valid(r) || len(r) < 10 {
+		t.Fatalf("chatRequest(10): %s", r)
 	}
 }
 

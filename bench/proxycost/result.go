@@ -143,8 +143,8 @@ func (r *Result) Figures() []Figures {
 func (r *Result) WriteMarkdown(w io.Writer) {
 	fs := r.Figures()
 	c := r.Config
-	fmt.Fprintf(w, "proxy cost, %s on %s (%s); %d reps interleaved, medians; runs %s (c=1 %s)\n\n",
-		r.Started.UTC().Format("2006-01-02 15:04 MST"), hostname(), machine(), c.Reps, c.Duration, c.C1Duration)
+	fmt.Fprintf(w, "proxy cost, %s on %s (%s); %d reps interleaved, medians; runs %s (c=1 %s); requests %d B, replies %d B\n\n",
+		r.Started.UTC().Format("2006-01-02 15:04 MST"), hostname(), machine(), c.Reps, c.Duration, c.C1Duration, c.RequestBytes, c.ReplyBytes)
 	fmt.Fprint(w, "| |")
 	for _, f := range fs {
 		fmt.Fprintf(w, " %s |", f.Name)

@@ -29,6 +29,7 @@ const (
 type upstream struct {
 	interval time.Duration // between two events of a stream
 	events   int           // token events per stream
+	reply    []byte        // the whole (non-streamed) reply
 	now      func() time.Time
 
 	srv      *fasthttp.Server
@@ -38,8 +39,8 @@ type upstream struct {
 	released chan struct{} // closed to end the idle streams; replaced after
 }
 
-func newUpstream(interval time.Duration, events int, now func() time.Time) *upstream {
-	u := &upstream{interval: interval, events: events, now: now, released: make(chan struct{})}
+func newUpstream(interval time.Duration, events int, reply []byte, now func() time.Time) *upstream {
+	u := &upstream{interval: interval, events: events, reply: reply, now: now, released: make(chan struct{})}
 	u.srv = &fasthttp.Server{
 		Handler:               u.handle,
 		Name:                  "vllm-lookalike",
@@ -86,14 +87,20 @@ func (u *upstream) idleRelease() <-chan struct{} {
 	return u.released
 }
 
-// wholeReply is a 500-byte chat completion, as vLLM would send it.
-var wholeReply = func() []byte {
+// chatReply is a chat completion of n bytes (or of its fields alone, when
+// n is smaller), as vLLM would send it, its content padded with words.
+func chatReply(n int) []byte {
 	head := `{"id":"chatcmpl-proxycost","object":"chat.completion","created":1700000000,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"`
-	tail := `"},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":60,"total_tokens":124,"completion_tokens":64}}`
-	return []byte(head + pad(500-len(head)-len(tail)) + tail)
-}()
+	return []byte(head + pad(n-len(head)-len(replyEnd)) + string(replyEnd))
+}
+
+// replyEnd ends every chatReply: a client that read it read a whole reply.
+var replyEnd = []byte(`"},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":60,"total_tokens":124,"completion_tokens":64}}`)
 
 func pad(n int) string {
+	if n <= 0 {
+		return ""
+	}
 	const words = "lorem ipsum dolor sit amet consectetur adipiscing elit "
 	var b bytes.Buffer
 	for b.Len() < n {
@@ -122,7 +129,7 @@ func (u *upstream) handle(ctx *fasthttp.RequestCtx) {
 	mode := string(ctx.Request.Header.Peek(modeHeader))
 	if mode != modeSSE && mode != modeIdle {
 		ctx.SetContentType("application/json")
-		ctx.SetBody(wholeReply)
+		ctx.SetBody(u.reply)
 		return
 	}
 	usage := bytes.Contains(ctx.PostBody(), []byte(`"include_usage":true`))

@@ -49,6 +49,8 @@ func runBenchProxyCost(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.IdleStreams, "idle-streams", 1000, "idle streams held open for the memory figure")
 	fs.DurationVar(&cfg.Interval, "interval", 5*time.Millisecond, "between two events of a stream")
 	fs.IntVar(&cfg.Events, "events", 100, "events per SSE stream")
+	fs.IntVar(&cfg.RequestBytes, "request-bytes", 300, "size of the chat request, whole and streamed (its message padded with words)")
+	fs.IntVar(&cfg.ReplyBytes, "reply-bytes", 500, "size of the upstream's whole reply (its content padded with words)")
 	fs.DurationVar(&cfg.QuietCPU, "quiet-cpu", 150*time.Millisecond, "a run is noisy (rerun) when other processes used more CPU than this")
 	fs.IntVar(&cfg.Retries, "retries", 2, "reruns of a noisy run before keeping the quietest, marked noisy (-1: none)")
 	fs.DurationVar(&cfg.Warmup, "warmup", time.Second, "warm-up per target before the first rep")
