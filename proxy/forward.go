@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/gpurouter/gpurouter/balancer"
-	"github.com/tidwall/gjson"
 	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
+	"github.com/valyala/fastjson"
 	"go.uber.org/zap"
 )
 
@@ -397,7 +397,7 @@ func (s *Server) respondWhole(ctx *fasthttp.RequestCtx, x *exchange, resp *fasth
 		buf.Set(resp.Body())
 	}
 	status := resp.StatusCode()
-	if err == nil && status == fasthttp.StatusOK && !gjson.ValidBytes(buf.B) {
+	if err == nil && status == fasthttp.StatusOK && !validJSON(buf.B) {
 		err = fmt.Errorf("%w: %s returned a malformed JSON body", ErrUpstream, x.up.replica.Name())
 	}
 	if err != nil {
@@ -411,7 +411,7 @@ func (s *Server) respondWhole(ctx *fasthttp.RequestCtx, x *exchange, resp *fasth
 		s.reject(ctx, x, err)
 		return
 	}
-	if p, c, ok := readUsage(buf.B); ok {
+	if p, c, ok := s.wholeUsage(buf.B); ok {
 		x.promptTokens, x.completionTokens, x.gotUsage = p, c, true
 	}
 	copyHeaders(ctx, resp, x)
@@ -420,4 +420,26 @@ func (s *Server) respondWhole(ctx *fasthttp.RequestCtx, x *exchange, resp *fasth
 	ctx.SetStatusCode(status)
 	ctx.SetBody(buf.B)
 	x.finish(nil, status)
+}
+
+// wholeUsage reads the token counts of a whole response's top-level
+// usage; ok is false when it has none. One parse of the body, where
+// gjson's walk to "usage" went through the choices' text key by key: at a
+// 4 KB response 3.7 µs of a request's CPU (`bench proxy-cost
+// --reply-bytes 4096`).
+func (s *Server) wholeUsage(body []byte) (prompt, completion int, ok bool) {
+	if !hasUsage(body) {
+		return 0, 0, false
+	}
+	p := s.parsers.Get()
+	defer s.parsers.Put(p)
+	v, err := p.ParseBytes(body)
+	if err != nil {
+		return 0, 0, false
+	}
+	u := v.Get("usage")
+	if u == nil || u.Type() != fastjson.TypeObject {
+		return 0, 0, false
+	}
+	return int(intOf(u.Get("prompt_tokens"))), int(intOf(u.Get("completion_tokens"))), true
 }

@@ -7,7 +7,6 @@ import (
 	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
-	"github.com/tidwall/gjson"
 	"github.com/valyala/fastjson"
 )
 
@@ -110,23 +109,22 @@ func (r *request) promptTokens() int { return (r.promptBytes + 3) / 4 }
 func bytesView(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
 // readRequest reads the fields the router needs from a JSON body and checks
-// their types, naming the first offending field. gjson validates the body
-// (strict JSON); p then parses it once into a tree the fields are read
-// from, copying the body, which is left as it is. What the request keeps
-// is copied out of p, free for the next body once readRequest returns.
-// fastjson reads a body in one pass where gjson's top-level walk skipped
-// the messages, its second walk went through them again, and each lookup
-// in a message scanned it anew; its parser alone is not a validator (it
-// takes leading zeros, control characters and unknown escapes), and its
-// validator misses a control character before an escape in a string, so
-// gjson's validation stays.
+// their types, naming the first offending field. The body is validated
+// first (validJSON: strict JSON, as gjson reads it); p then parses it once
+// into a tree the fields are read from, copying the body, which is left as
+// it is. What the request keeps is copied out of p, free for the next body
+// once readRequest returns. fastjson reads a body in one pass where
+// gjson's top-level walk skipped the messages, its second walk went
+// through them again, and each lookup in a message scanned it anew; its
+// parser alone is not a validator (it takes leading zeros, control
+// characters and unknown escapes), hence the check before it.
 func readRequest(p *fastjson.Parser, body []byte, ep endpoint) (request, error) {
 	var r request
 	trimmed := bytes.TrimSpace(body)
 	if len(trimmed) == 0 {
 		return r, badParam("body", "empty request body; expected a JSON object")
 	}
-	if !gjson.Valid(bytesView(trimmed)) {
+	if !validJSON(trimmed) {
 		return r, badParam("body", "malformed JSON")
 	}
 	if trimmed[0] != '{' {
@@ -259,10 +257,13 @@ func nonNegInt(v *fastjson.Value) (int, bool) {
 	return int(f), true
 }
 
-// intOf is a value as an integer the way the engine's loose reading
-// would take it where only "more than one" matters: a number truncated,
-// a string of digits, true as 1; anything else 0.
+// intOf is a value as an integer, read loosely as gjson's Int reads one:
+// a number truncated, a string of digits, true as 1; anything else
+// (absent: nil) 0.
 func intOf(v *fastjson.Value) int64 {
+	if v == nil {
+		return 0
+	}
 	switch v.Type() {
 	case fastjson.TypeNumber:
 		f, _ := v.Float64()

@@ -1,0 +1,29 @@
+package proxy
+
+import "testing"
+
+// wholeUsage reads what readUsage (gjson's walk) reads from a whole
+// response that is JSON: the top-level usage only, counts read as gjson
+// reads them. From a body that is not JSON — only an error's is relayed
+// unchecked — it reads none, where gjson reads what it can.
+func TestWholeUsageIsReadUsage(t *testing.T) {
+	s := &Server{}
+	for _, body := range []string{
+		`{"choices":[{"message":{"content":"x"}}],"usage":{"prompt_tokens":60,"total_tokens":124,"completion_tokens":64},"prompt_logprobs":null}`,
+		`{"usage":{"prompt_tokens":7}}`,
+		`{"usage":{"prompt_tokens":"12","completion_tokens":3.9}}`,
+		`{"choices":[{"usage":{"prompt_tokens":1,"completion_tokens":1}}],"usage":{"prompt_tokens":2,"completion_tokens":2}}`,
+		`{"choices":[{"usage":{"prompt_tokens":1,"completion_tokens":1}}]}`,
+		`{"usage":null}`, `{"usage":[1]}`, `{"usage": {"completion_tokens":true}}`, `[{"usage":{}}]`,
+		`{"error":{"message":"no \"usage\": here"}}`, ``,
+	} {
+		p, c, ok := s.wholeUsage([]byte(body))
+		wp, wc, wok := readUsage([]byte(body))
+		if p != wp || c != wc || ok != wok {
+			t.Errorf("%s: wholeUsage %d, %d, %v; readUsage %d, %d, %v", body, p, c, ok, wp, wc, wok)
+		}
+	}
+	if p, c, ok := s.wholeUsage([]byte(`{"usage":{"prompt_tokens":5}`)); ok {
+		t.Errorf("truncated body: usage %d, %d", p, c)
+	}
+}
