@@ -1,6 +1,9 @@
 package proxy
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 // wholeUsage reads what readUsage (gjson's walk) reads from a whole
 // response that is JSON: the top-level usage only, counts read as gjson
@@ -25,5 +28,27 @@ func TestWholeUsageIsReadUsage(t *testing.T) {
 	}
 	if p, c, ok := s.wholeUsage([]byte(`{"usage":{"prompt_tokens":5}`)); ok {
 		t.Errorf("truncated body: usage %d, %d", p, c)
+	}
+}
+
+// A 4 KB reply's usage, against gjson's walk to it (readUsage).
+func BenchmarkWholeUsage(b *testing.B) {
+	body := []byte(`{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"` +
+		strings.Repeat("lorem ipsum dolor sit amet, consectetur adipiscing elit ", 70) +
+		`"},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":60,"total_tokens":124,"completion_tokens":64},"prompt_logprobs":null}`)
+	s := &Server{}
+	for _, v := range []struct {
+		name string
+		read func([]byte) (int, int, bool)
+	}{{"wholeUsage", s.wholeUsage}, {"readUsage", readUsage}} {
+		b.Run(v.name, func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, c, ok := v.read(body); !ok || c != 64 {
+					b.Fatal("no usage")
+				}
+			}
+		})
 	}
 }
