@@ -118,7 +118,7 @@ func TestRunDirectTiny(t *testing.T) {
 	res, err := Run(ctx, Config{
 		Reps: 2, Duration: 200 * time.Millisecond, C1Duration: 100 * time.Millisecond,
 		Concurrency: 4, Streams: 4, Events: 10, Warmup: 100 * time.Millisecond,
-		Retries: -1, Progress: &progress,
+		Retries: -1, Progress: &progress, RequestBytes: 2048, ReplyBytes: 1024,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -136,10 +136,21 @@ func TestRunDirectTiny(t *testing.T) {
 	}
 	var out bytes.Buffer
 	res.WriteMarkdown(&out)
-	for _, want := range []string{"| | direct |", "proxy CPU per request", "extra RSS per idle stream", "6 runs"} {
+	for _, want := range []string{"| | direct |", "proxy CPU per request", "extra RSS per idle stream", "6 runs", "requests 2048 B, replies 1024 B"} {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("report lacks %q:\n%s", want, out.String())
 		}
+	}
+	out.Reset()
+	if err := res.WriteJSON(&out); err != nil {
+		t.Fatal(err)
+	}
+	var j struct {
+		RequestBytes int `json:"request_bytes"`
+		ReplyBytes   int `json:"reply_bytes"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &j); err != nil || j.RequestBytes != 2048 || j.ReplyBytes != 1024 {
+		t.Fatalf("JSON body sizes %+v (%v):\n%s", j, err, out.String())
 	}
 }
 

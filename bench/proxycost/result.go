@@ -262,9 +262,11 @@ func (r *Result) WriteJSON(w io.Writer) error {
 	enc.SetIndent("", "  ")
 	return enc.Encode(struct {
 		*Result
-		Figures    []Figures `json:"figures"`
-		Acceptance []string  `json:"acceptance,omitempty"`
-	}{r, r.Figures(), r.Acceptance()})
+		RequestBytes int       `json:"request_bytes"`
+		ReplyBytes   int       `json:"reply_bytes"`
+		Figures      []Figures `json:"figures"`
+		Acceptance   []string  `json:"acceptance,omitempty"`
+	}{r, r.Config.RequestBytes, r.Config.ReplyBytes, r.Figures(), r.Acceptance()})
 }
 
 // machine describes the box: CPU model and count, kernel, Go.
