@@ -117,7 +117,10 @@ func bytesView(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(
 // gjson's top-level walk skipped the messages, its second walk went
 // through them again, and each lookup in a message scanned it anew; its
 // parser alone is not a validator (it takes leading zeros, control
-// characters and unknown escapes), hence the check before it.
+// characters and unknown escapes), hence the check before it. A lone
+// surrogate escape ("\ud800" alone) stays as written where gjson made it
+// U+FFFD: only the size and prefix hash of such a (not Unicode) string
+// move.
 func readRequest(p *fastjson.Parser, body []byte, ep endpoint) (request, error) {
 	var r request
 	trimmed := bytes.TrimSpace(body)
