@@ -62,8 +62,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 
 // proxyAPI is one API request, top to bottom; the steps are DESIGN.md's.
 // Everything it acquires is released in exchange.finish (step 7), called
-// exactly once: here for requests that end before a response stream
-// starts, in relay.CloseWithError otherwise.
+// exactly once: here for requests that end before a response starts,
+// else when fasthttp has written it (relay.CloseWithError for a stream,
+// wholeBody.CloseWithError for a whole answer).
 func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint, prefixRoute *poolRoute) {
 	x := &exchange{s: s, ep: ep, received: s.now()}
 	s.active.Add(1)
@@ -195,7 +196,7 @@ func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint,
 	}
 
 	// 6. Relay: SSE event by event, or the whole body. Step 7 follows
-	// when the response is done: exchange.finish.
+	// when the response is written: exchange.finish.
 	if resp.StatusCode() == fasthttp.StatusOK && isEventStream(resp) {
 		s.startStream(ctx, x, resp, strip, w)
 		return
