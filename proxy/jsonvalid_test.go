@@ -1,51 +1,93 @@
 package proxy
 
 import (
-	"bytes"
+	"errors"
 	"strings"
 	"testing"
 
 	"github.com/tidwall/gjson"
+	"github.com/valyala/fastjson"
 )
 
-// validJSON is gjson.Valid, whatever the body.
+// validJSON is gjson.Valid, whatever the body, but for nesting deeper
+// than maxJSONDepth.
 func FuzzValidJSON(f *testing.F) {
 	for _, s := range []string{
 		`{"a":"b"}`, `{"a":"x` + "\x01" + `y\n"}`, `{"a":"\x"}`, "{\"a\":\"\xff\"}", `{"a":01}`, `{"a":-}`,
 		`{"a":1.}`, `{"a":.5}`, `{"a":+1}`, `{"a":NaN}`, `{"a":1,}`, `{"a":1} x`, `{"a":"\ud800"}`,
 		" {\"a\":1}\n", `{"a":1e400}`, `[1,2,]`, `{"a":"\u00zz"}`, `{a:1}`, `{"a":1}{"b":2}`, `"` + "\x03" + `\b"`,
-		"{\"a\":\"tab\tin\\\"\"}", `[[[[]]]]`, `{"a":-0.5e-3}`, `true`, `nul`, ``, `"\/"`,
+		"{\"a\":\"tab\tin\\\"\"}", `[[[[]]]]`, `{"a":-0.5e-3}`, `true`, `nul`, ``, `"\/"`, "\"\x7f\"", `"\\\\\""`,
+		`{"a":"` + strings.Repeat("[", 400) + `"}`, strings.Repeat("[", 301) + strings.Repeat("]", 301),
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if got, want := validJSON(b), gjson.ValidBytes(b); got != want {
-			t.Fatalf("validJSON(%q) = %v, gjson says %v", b, got, want)
+		got, want := validJSON(b), gjson.ValidBytes(b)
+		if got == want || (want && naiveDepth(b) > maxJSONDepth) {
+			return
 		}
+		t.Fatalf("validJSON(%q) = %v, gjson says %v", b, got, want)
 	})
 }
 
-// hasControlByte finds a control byte at every offset of a word and in
-// the tail, and never a byte of 0x20 or above.
-func TestHasControlByte(t *testing.T) {
-	for n := 1; n <= 19; n++ {
-		clean := bytes.Repeat([]byte{0x20}, n)
-		if hasControlByte(clean) {
-			t.Fatalf("%d spaces: found a control byte", n)
+// naiveDepth is the nesting of a valid JSON text, read a byte at a time:
+// jsonDepthOver's reference.
+func naiveDepth(b []byte) int {
+	depth, most, inString := 0, 0, false
+	for i := 0; i < len(b); i++ {
+		switch c := b[i]; {
+		case inString && c == '\\':
+			i++
+		case c == '"':
+			inString = !inString
+		case inString:
+		case c == '[' || c == '{':
+			depth++
+			most = max(most, depth)
+		case c == ']' || c == '}':
+			depth--
 		}
-		for i := range n {
-			for _, c := range []byte{0x00, 0x09, 0x1f} {
-				b := bytes.Clone(clean)
-				b[i] = c
-				if !hasControlByte(b) {
-					t.Fatalf("byte %#x at %d of %d: not found", c, i, n)
-				}
+	}
+	return most
+}
+
+// jsonDepthOver measures nesting as a byte-at-a-time reading does, and
+// never counts a bracket inside a string.
+func TestJSONDepthOver(t *testing.T) {
+	for _, s := range []string{
+		`{}`, `[[[]]]`, `{"a":[{"b":[1,{"c":{}}]}]}`, `{"a":"[[[[{{{{"}`, `["\"[[[", "\\", [["\\\"{{"]]]`,
+		`[` + strings.Repeat(`"\\\\\"[",`, 20) + `[]]`, `{"x":"` + strings.Repeat(`\\`, 33) + `","y":[[[]]]}`,
+	} {
+		d := naiveDepth([]byte(s))
+		for max := range d + 2 {
+			if got, want := jsonDepthOver([]byte(s), max), d > max; got != want {
+				t.Errorf("jsonDepthOver(%s, %d) = %v; the text nests %d deep", s, max, got, d)
 			}
 		}
 	}
-	high := []byte(strings.Repeat("\xff\x80\x9f\xa0é~ ", 5))
-	if hasControlByte(high) {
-		t.Fatal("bytes of 0x20 and above read as control bytes")
+	if jsonDepthOver([]byte(`["`+strings.Repeat("[", 500)), 10) {
+		t.Error("brackets in an unterminated string counted")
+	}
+}
+
+// A client's 8 MiB of nesting is a 400 naming the depth. fastjson's
+// validator, which read bodies before it, recursed once per level: at
+// four million levels the goroutine's stack passed Go's 1 GB limit, a
+// fatal error that ended the router.
+func TestReadRequestDeepBody(t *testing.T) {
+	const n = 4 << 20
+	for _, body := range []string{
+		strings.Repeat("[", n) + strings.Repeat("]", n),
+		`{"model":"m","prompt":"x","metadata":` + strings.Repeat(`{"a":`, n/5) + `1` + strings.Repeat("}", n/5) + `}`,
+	} {
+		var p fastjson.Parser
+		_, err := readRequest(&p, []byte(body), epCompletions)
+		if err == nil || statusOf(err) != 400 || !strings.Contains(err.Error(), "nested more than 300 levels deep") {
+			t.Fatalf("%d bytes of nesting: %v, want a 400 naming the depth", len(body), err)
+		}
+	}
+	if err := checkJSON([]byte(strings.Repeat("[", n) + "]")); !errors.Is(err, errJSONDepth) {
+		t.Fatalf("deep and malformed: %v, want errJSONDepth", err)
 	}
 }
 
@@ -54,7 +96,11 @@ func BenchmarkValidJSON(b *testing.B) {
 	for _, v := range []struct {
 		name  string
 		valid func([]byte) bool
-	}{{"validJSON", validJSON}, {"gjson", gjson.ValidBytes}} {
+	}{
+		{"validJSON", validJSON},
+		{"fastjson", func(b []byte) bool { return fastjson.ValidateBytes(b) == nil }},
+		{"gjson", gjson.ValidBytes},
+	} {
 		b.Run(v.name, func(b *testing.B) {
 			b.SetBytes(int64(len(body)))
 			b.ReportAllocs()

@@ -95,17 +95,27 @@ func valueEnd(b []byte, i int) int {
 	return j
 }
 
-// stringEnd returns the index after the string starting at b[i] (a quote).
+// stringEnd returns the index after the string starting at b[i] (a
+// quote), or -1 when no quote ends it. A quote ends it when an even run of
+// backslashes comes before it (each pair is one escaped backslash); the
+// quotes are found with IndexByte's stride, not byte by byte, as a prompt
+// can be long (jsonDepthOver).
 func stringEnd(b []byte, i int) int {
-	for j := i + 1; j < len(b); j++ {
-		switch b[j] {
-		case '\\':
-			j++
-		case '"':
-			return j + 1
+	for j := i + 1; ; {
+		q := bytes.IndexByte(b[j:], '"')
+		if q < 0 {
+			return -1
 		}
+		q += j
+		k := q - 1
+		for k > i && b[k] == '\\' {
+			k--
+		}
+		if (q-1-k)%2 == 0 {
+			return q + 1
+		}
+		j = q + 1
 	}
-	return -1
 }
 
 // isString reports a span holding a JSON string; inner is its escaped

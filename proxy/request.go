@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"strconv"
 	"unsafe"
@@ -110,8 +111,8 @@ func bytesView(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(
 
 // readRequest reads the fields the router needs from a JSON body and checks
 // their types, naming the first offending field. The body is validated
-// first (validJSON: strict JSON, as gjson reads it); p then parses it once
-// into a tree the fields are read from, copying the body, which is left as
+// first (checkJSON: strict JSON, as gjson reads it, nested no more
+// than the parser goes); p then parses it once into a tree the fields are read from, copying the body, which is left as
 // it is. What the request keeps is copied out of p, free for the next body
 // once readRequest returns. fastjson reads a body in one pass where
 // gjson's top-level walk skipped the messages, its second walk went
@@ -127,7 +128,10 @@ func readRequest(p *fastjson.Parser, body []byte, ep endpoint) (request, error) 
 	if len(trimmed) == 0 {
 		return r, badParam("body", "empty request body; expected a JSON object")
 	}
-	if !validJSON(trimmed) {
+	switch err := checkJSON(trimmed); {
+	case errors.Is(err, errJSONDepth):
+		return r, badParam("body", fmt.Sprintf("JSON nested more than %d levels deep", maxJSONDepth))
+	case err != nil:
 		return r, badParam("body", "malformed JSON")
 	}
 	if trimmed[0] != '{' {
@@ -135,8 +139,9 @@ func readRequest(p *fastjson.Parser, body []byte, ep endpoint) (request, error) 
 	}
 	root, err := p.ParseBytes(trimmed)
 	if err != nil {
-		// Valid, but nested deeper than the parser goes (fastjson.MaxDepth).
-		return r, badParam("body", fmt.Sprintf("JSON nested more than %d levels deep", fastjson.MaxDepth))
+		// Valid, but nested deeper than the parser goes; checkJSON
+		// refuses such a body first, with the same words.
+		return r, badParam("body", fmt.Sprintf("JSON nested more than %d levels deep", maxJSONDepth))
 	}
 	obj, _ := root.Object()
 	var sawInput bool

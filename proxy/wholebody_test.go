@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -87,5 +88,26 @@ func TestWholeAnswerBeforeAccounting(t *testing.T) {
 	recs := tr.srv.records.since(0, 0)
 	if len(recs) != 1 || recs[0].Outcome != "ok" || recs[0].CompletionTokens != 5 {
 		t.Errorf("records %+v", recs)
+	}
+}
+
+// An engine's 200 nested too deep to check is a malformed answer (502),
+// not the end of the router.
+func TestWholeAnswerNestedTooDeep(t *testing.T) {
+	const n = 2 << 20
+	deep := strings.Repeat("[", n) + strings.Repeat("]", n)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, deep) //nolint:errcheck
+	}))
+	defer up.Close()
+	tr := startRouter(t, []string{up.URL})
+	for range 2 { // and the router still answers
+		resp := post(t, tr.url+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadGateway || !strings.Contains(string(b), "malformed JSON") {
+			t.Fatalf("%d %s", resp.StatusCode, b)
+		}
 	}
 }
