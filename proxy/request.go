@@ -137,48 +137,42 @@ func readRequest(p *fastjson.Parser, body []byte, ep endpoint) (request, error) 
 	if trimmed[0] != '{' {
 		return r, badParam("body", "expected a JSON object")
 	}
-	root, err := p.ParseBytes(trimmed)
-	if err != nil {
-		// Valid, but nested deeper than the parser goes; checkJSON
-		// refuses such a body first, with the same words.
-		return r, badParam("body", fmt.Sprintf("JSON nested more than %d levels deep", maxJSONDepth))
-	}
-	obj, _ := root.Object()
 	var sawInput bool
-	obj.Visit(func(key []byte, v *fastjson.Value) {
-		if err != nil {
-			return
-		}
-		switch k := bytesView(key); k {
+	err := eachMember(trimmed, func(key, raw []byte) error {
+		switch k := memberKey(p, key); k {
 		case "model":
-			s, e := v.StringBytes()
-			if e != nil {
-				err = badParam("model", "must be a string")
-				return
+			if rawType(raw) != fastjson.TypeString {
+				return badParam("model", "must be a string")
 			}
-			r.model = string(s)
+			v, err := memberTree(p, k, raw)
+			if err != nil {
+				return err
+			}
+			r.model = string(v.GetStringBytes())
 		case "stream":
-			t := v.Type()
+			t := rawType(raw)
 			if t != fastjson.TypeTrue && t != fastjson.TypeFalse && t != fastjson.TypeNull {
-				err = badParam("stream", "must be a boolean")
-				return
+				return badParam("stream", "must be a boolean")
 			}
 			r.stream = t == fastjson.TypeTrue
 		case "stream_options":
 			r.optionsKey = true
-			if v.Type() == fastjson.TypeNull {
-				return
-			}
-			if v.Type() != fastjson.TypeObject {
-				err = badParam("stream_options", "must be an object")
-				return
+			switch rawType(raw) {
+			case fastjson.TypeNull:
+				return nil
+			case fastjson.TypeObject:
+			default:
+				return badParam("stream_options", "must be an object")
 			}
 			r.hasOptions = true
+			v, err := memberTree(p, k, raw)
+			if err != nil {
+				return err
+			}
 			iu := v.Get("include_usage")
 			if iu != nil {
 				if t := iu.Type(); t != fastjson.TypeTrue && t != fastjson.TypeFalse && t != fastjson.TypeNull {
-					err = badParam("stream_options.include_usage", "must be a boolean")
-					return
+					return badParam("stream_options.include_usage", "must be a boolean")
 				}
 				r.clientUsage = iu.Type() == fastjson.TypeTrue
 			}
@@ -193,50 +187,88 @@ func readRequest(p *fastjson.Parser, body []byte, ep endpoint) (request, error) 
 			// The engine reads the last of a repeated key, a rewrite (and
 			// the router's cost) the first: refuse the ambiguity.
 			if r.limits[i].given {
-				err = badParam(outputKeys[i], "given more than once")
-				return
+				return badParam(outputKeys[i], "given more than once")
 			}
 			r.limits[i].given = true
-			if v.Type() == fastjson.TypeNull {
+			if rawType(raw) == fastjson.TypeNull {
 				r.limits[i].null = true
-				return
+				return nil
 			}
-			n, ok := nonNegInt(v)
+			n, ok := 0, false
+			if rawType(raw) == fastjson.TypeNumber {
+				v, err := memberTree(p, outputKeys[i], raw)
+				if err != nil {
+					return err
+				}
+				n, ok = nonNegInt(v)
+			}
 			if !ok {
-				err = badParam(outputKeys[i], "must be a non-negative integer")
-				return
+				return badParam(outputKeys[i], "must be a non-negative integer")
 			}
 			r.limits[i].n = uint32(n)
 		case "user":
-			t := v.Type()
-			if t != fastjson.TypeString && t != fastjson.TypeNull {
-				err = badParam("user", "must be a string")
-				return
+			switch rawType(raw) {
+			case fastjson.TypeNull:
+				r.user = ""
+			case fastjson.TypeString:
+				v, err := memberTree(p, k, raw)
+				if err != nil {
+					return err
+				}
+				r.user = string(v.GetStringBytes())
+			default:
+				return badParam("user", "must be a string")
 			}
-			r.user = string(v.GetStringBytes())
 		case "messages":
 			if ep != epChat {
-				return
+				return nil
 			}
 			sawInput = true
-			err = r.readMessages(v)
+			v, err := memberTree(p, k, raw)
+			if err != nil {
+				return err
+			}
+			return r.readMessages(v)
 		case "prompt":
 			if ep != epCompletions {
-				return
+				return nil
 			}
 			sawInput = true
-			r.promptBytes, err = textSize("prompt", v)
+			if size, cont, ok := idArrays(raw); ok {
+				r.promptBytes, r.prefixHash = size, 0
+				r.cont |= cont
+				return nil
+			}
+			v, err := memberTree(p, k, raw)
+			if err != nil {
+				return err
+			}
+			if r.promptBytes, err = textSize("prompt", v); err != nil {
+				return err
+			}
 			r.prefixHash = firstTextHash(v)
 			r.cont |= promptCont(v)
 		case "input":
 			if ep != epEmbeddings {
-				return
+				return nil
 			}
 			sawInput = true
+			if size, _, ok := idArrays(raw); ok {
+				r.promptBytes = size
+				return nil
+			}
+			v, err := memberTree(p, k, raw)
+			if err != nil {
+				return err
+			}
 			r.promptBytes, err = textSize("input", v)
+			return err
 		default:
-			r.cont |= continuation(k, v)
+			c, err := continuation(p, k, raw)
+			r.cont |= c
+			return err
 		}
+		return nil
 	})
 	if err != nil {
 		return r, err
@@ -413,34 +445,82 @@ const (
 	contFinal               // the client set continue_final_message: its last message grows
 )
 
-// continuation reads one request key for what continuing it needs.
-func continuation(key string, v *fastjson.Value) contFlags {
-	t := v.Type()
+// continuation reads one request key for what continuing it needs; the
+// keys it does not name are not parsed.
+func continuation(p *fastjson.Parser, key string, raw []byte) (contFlags, error) {
+	t := rawType(raw)
 	set := t != fastjson.TypeNull && t != fastjson.TypeFalse
+	// intOf the value, parsed only when it is read.
+	n := func() (int64, error) {
+		v, err := memberTree(p, key, raw)
+		if err != nil {
+			return 0, err
+		}
+		return intOf(v), nil
+	}
 	switch key {
 	case "n", "best_of":
-		if set && intOf(v) > 1 {
-			return contNo
+		if !set {
+			return 0, nil
+		}
+		if i, err := n(); err != nil || i > 1 {
+			return contNo, err
 		}
 	case "logprobs", "top_logprobs", "echo", "use_beam_search", "suffix", "prompt_embeds",
 		"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs":
-		if set && !(key == "top_logprobs" && intOf(v) == 0) {
-			return contNo
+		if !set {
+			return 0, nil
 		}
+		if key == "top_logprobs" {
+			if i, err := n(); err != nil || i == 0 {
+				return 0, err
+			}
+		}
+		return contNo, nil
 	case "response_format":
-		if set && string(v.GetStringBytes("type")) != "text" {
-			return contNo
+		if !set {
+			return 0, nil
+		}
+		v, err := memberTree(p, key, raw)
+		if err != nil {
+			return 0, err
+		}
+		if string(v.GetStringBytes("type")) != "text" {
+			return contNo, nil
 		}
 	case "return_token_ids":
 		if t == fastjson.TypeTrue {
-			return contClientIDs
+			return contClientIDs, nil
 		}
 	case "continue_final_message":
 		if t == fastjson.TypeTrue {
-			return contFinal
+			return contFinal, nil
 		}
 	}
-	return 0
+	return 0, nil
+}
+
+// rawType is the type of the JSON value raw (which checkJSON passed), read
+// from its first byte.
+func rawType(raw []byte) fastjson.Type {
+	if len(raw) == 0 {
+		return fastjson.TypeNull
+	}
+	switch raw[0] {
+	case '"':
+		return fastjson.TypeString
+	case '{':
+		return fastjson.TypeObject
+	case '[':
+		return fastjson.TypeArray
+	case 't':
+		return fastjson.TypeTrue
+	case 'f':
+		return fastjson.TypeFalse
+	case 'n':
+		return fastjson.TypeNull
+	}
+	return fastjson.TypeNumber
 }
 
 // promptCont says how a completion prompt can be continued: a string or

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"runtime"
 	"strings"
 	"testing"
 
@@ -32,5 +33,42 @@ func TestReadRequestDepth(t *testing.T) {
 	r, err := readRequest(&p, []byte(`{"model":"x","prompt":"abcd"}`), epCompletions)
 	if err != nil || r.model != "x" || r.promptBytes != 4 {
 		t.Fatalf("next body: %+v, %v", r, err)
+	}
+}
+
+// A body's values cost the router no parse tree unless it reads them: a
+// member it does not read and a prompt of token ids are passed over in
+// their bytes, and a member it reads may hold maxTreeValues values. Parsed
+// whole, 8 MiB of "[0,0,…]" under an unread key took 2 GB of heap.
+func TestReadRequestManyValues(t *testing.T) {
+	const n = 4 << 20
+	zeros := "[" + strings.Repeat("0,", n-1) + "0]"
+	allocated := func(f func()) uint64 {
+		var m0, m1 runtime.MemStats
+		runtime.ReadMemStats(&m0)
+		f()
+		runtime.ReadMemStats(&m1)
+		return m1.TotalAlloc - m0.TotalAlloc
+	}
+	var p fastjson.Parser
+	var r request
+	var err error
+	if a := allocated(func() {
+		r, err = readRequest(&p, []byte(`{"model":"m","metadata":`+zeros+`,"prompt":"hi"}`), epCompletions)
+	}); err != nil || r.promptBytes != 2 || a > 64<<20 {
+		t.Errorf("an unread member of %d values: %+v, %v, %d MB allocated", n, r, err, a>>20)
+	}
+	if a := allocated(func() {
+		r, err = readRequest(&p, []byte(`{"model":"m","prompt":`+zeros+`}`), epCompletions)
+	}); err != nil || r.promptBytes != 4*n || r.cont != contPromptIDs || a > 64<<20 {
+		t.Errorf("a prompt of %d token ids: %+v, %v, %d MB allocated", n, r, err, a>>20)
+	}
+	if r, err = readRequest(&p, []byte(`{"input":[[1,2],[3]]}`), epEmbeddings); err != nil || r.promptBytes != 12 {
+		t.Errorf("token ids, several inputs: %+v, %v", r, err)
+	}
+	many := `{"model":"m","messages":[{"role":"user","content":[` + strings.Repeat(`{"type":"text","text":"a"},`, maxTreeValues/3) + `{"type":"text","text":"a"}]}]}`
+	_, err = readRequest(&p, []byte(many), epChat)
+	if err == nil || statusOf(err) != 400 || !strings.Contains(err.Error(), "messages: more than 65536 JSON values") {
+		t.Errorf("messages of over %d values: %v, want a 400 naming them", maxTreeValues, err)
 	}
 }

@@ -1,0 +1,184 @@
+package proxy
+
+import (
+	"bytes"
+	"fmt"
+
+	"github.com/valyala/fastjson"
+)
+
+// A JSON body is read member by member: its object's members are found in
+// its bytes (eachMember), and only those the router reads are parsed, one
+// at a time, with a bound on the tree each may grow (memberTree). fastjson
+// builds a tree of ~400 bytes per value, and ~90 ns: parsed whole, one
+// client's 8 MiB of "[0,0,0,…]" under a key nobody reads took 2 GB of heap
+// and 2.9 s (TestReadRequestManyValues).
+
+// maxTreeValues is the most JSON values the router parses out of one
+// member of a body: ~25 MB of parse tree and ~25 ms at most. A request
+// holds a few hundred; prompts of token ids, which can hold a model's
+// whole context, are read from their bytes (idArrays) instead.
+const maxTreeValues = 1 << 16
+
+// eachMember calls fn with each member of obj, a JSON object that
+// checkJSON passed, in order: its key as written (within the quotes,
+// escapes left) and its value's bytes. It stops at fn's first error; an
+// object that does not end where obj does is errJSONSyntax.
+func eachMember(obj []byte, fn func(key, raw []byte) error) error {
+	i := skipJSONSpace(obj, 1)
+	for i < len(obj) && obj[i] == '"' {
+		ke := stringEnd(obj, i)
+		if ke < 0 {
+			return errJSONSyntax
+		}
+		key := obj[i+1 : ke-1]
+		i = skipJSONSpace(obj, ke)
+		if i >= len(obj) || obj[i] != ':' {
+			return errJSONSyntax
+		}
+		i = skipJSONSpace(obj, i+1)
+		ve := valueEnd(obj, i)
+		if ve < 0 {
+			return errJSONSyntax
+		}
+		if err := fn(key, obj[i:ve]); err != nil {
+			return err
+		}
+		i = skipJSONSpace(obj, ve)
+		if i < len(obj) && obj[i] == ',' {
+			i = skipJSONSpace(obj, i+1)
+		}
+	}
+	if i >= len(obj) || obj[i] != '}' || skipJSONSpace(obj, i+1) != len(obj) {
+		return errJSONSyntax
+	}
+	return nil
+}
+
+func skipJSONSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// memberKey is a member's key unescaped, as fastjson reads keys; a key
+// without escapes is a view of the body, valid while it is.
+func memberKey(p *fastjson.Parser, key []byte) string {
+	if bytes.IndexByte(key, '\\') < 0 {
+		return bytesView(key)
+	}
+	q := make([]byte, 0, len(key)+2)
+	q = append(append(append(q, '"'), key...), '"')
+	v, err := p.ParseBytes(q)
+	if err != nil {
+		return bytesView(key)
+	}
+	return string(v.GetStringBytes())
+}
+
+// memberTree parses one member's value with p, refusing one of more than
+// maxTreeValues values (an error naming the member); the tree is valid
+// until p parses again.
+func memberTree(p *fastjson.Parser, name string, raw []byte) (*fastjson.Value, error) {
+	if manyValues(raw, maxTreeValues) {
+		return nil, badParam(name, fmt.Sprintf("more than %d JSON values", maxTreeValues))
+	}
+	v, err := p.ParseBytes(raw)
+	if err != nil {
+		return nil, badParam("body", fmt.Sprintf("JSON nested more than %d levels deep", maxJSONDepth))
+	}
+	return v, nil
+}
+
+// manyValues reports whether raw holds more than max JSON values, counted
+// as its commas and opening brackets outside strings (an upper bound):
+// three counts at memchr speed settle almost every body, one with many of
+// those bytes is read through, its strings skipped.
+func manyValues(raw []byte, max int) bool {
+	if bytes.Count(raw, comma)+bytes.Count(raw, openBrace)+bytes.Count(raw, openBracket) < max {
+		return false
+	}
+	n := 1
+	for i := 0; i < len(raw); i++ {
+		switch raw[i] {
+		case ',', '[', '{':
+			if n++; n > max {
+				return true
+			}
+		case '"':
+			e := stringEnd(raw, i)
+			if e < 0 {
+				return false
+			}
+			i = e - 1
+		}
+	}
+	return false
+}
+
+var comma = []byte{','}
+
+// idArrays reads a prompt of token ids from its bytes, without a parse
+// tree: an array of numbers (one prompt) or of arrays of numbers (several).
+// size is textSize's (4 bytes a token), cont promptCont's; ok is false for
+// any other value, which is parsed.
+func idArrays(raw []byte) (size int, cont contFlags, ok bool) {
+	if len(raw) < 2 || raw[0] != '[' {
+		return 0, 0, false
+	}
+	depth, elems, inner := 0, 0, 0
+	var first byte
+	expect := false // the next number starts an element
+	for _, c := range raw {
+		switch {
+		case c == '[':
+			depth++
+			switch depth {
+			case 2:
+				elems++
+				if elems == 1 {
+					first = '['
+				}
+				inner = 0
+			case 3:
+				return 0, 0, false
+			}
+			expect = true
+		case c == ']':
+			if depth == 2 {
+				size += 4 * inner
+			}
+			depth--
+			expect = false
+		case c == ',':
+			expect = true
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
+		case c >= '0' && c <= '9' || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E':
+			if !expect {
+				continue
+			}
+			expect = false
+			if depth == 1 {
+				elems++
+				size += 4
+				if elems == 1 {
+					first = '0'
+				}
+			} else {
+				inner++
+			}
+		default:
+			return 0, 0, false
+		}
+	}
+	switch {
+	case first == '0':
+		cont = contPromptIDs // one prompt of token ids
+	case elems > 1:
+		cont = contNo // several prompts
+	case first == '[':
+		cont = contPromptIDs
+	}
+	return size, cont, true
+}
