@@ -9,13 +9,13 @@ import (
 
 // A JSON body is read member by member: its object's members are found in
 // its bytes (eachMember), and only those the router reads are parsed, one
-// at a time, with a bound on the tree each may grow (memberTree). fastjson
+// at a time, within a bound on the tree they may grow (memberParser). fastjson
 // builds a tree of ~400 bytes per value, and ~90 ns: parsed whole, one
 // client's 8 MiB of "[0,0,0,…]" under a key nobody reads took 2 GB of heap
 // and 2.9 s (TestReadRequestManyValues).
 
 // maxTreeValues is the most JSON values the router parses out of one
-// member of a body: ~25 MB of parse tree and ~25 ms at most. A request
+// body: ~25 MB of parse tree and ~25 ms at most. A request
 // holds a few hundred; prompts of token ids, which can hold a model's
 // whole context, are read from their bytes (idArrays) instead.
 const maxTreeValues = 1 << 16
@@ -77,44 +77,58 @@ func memberKey(p *fastjson.Parser, key []byte) string {
 	return string(v.GetStringBytes())
 }
 
-// memberTree parses one member's value with p, refusing one of more than
-// maxTreeValues values (an error naming the member); the tree is valid
-// until p parses again.
-func memberTree(p *fastjson.Parser, name string, raw []byte) (*fastjson.Value, error) {
-	if manyValues(raw, maxTreeValues) {
-		return nil, badParam(name, fmt.Sprintf("more than %d JSON values", maxTreeValues))
+// memberParser parses the members a reader reads, out of one budget of
+// maxTreeValues values for the whole body: the tree one body may grow,
+// and the time spent growing it, stay bounded however its members repeat.
+type memberParser struct {
+	p    *fastjson.Parser
+	left int // values the body's members may still hold
+}
+
+func newMemberParser(p *fastjson.Parser) memberParser {
+	return memberParser{p: p, left: maxTreeValues}
+}
+
+// tree parses one member's value, refusing it (an error naming the
+// member) when the body's members would hold more than maxTreeValues
+// values; the tree is valid until the next parse.
+func (m *memberParser) tree(name string, raw []byte) (*fastjson.Value, error) {
+	n := jsonValues(raw, m.left)
+	if n > m.left {
+		return nil, badParam(name, fmt.Sprintf("more than %d JSON values in the body", maxTreeValues))
 	}
-	v, err := p.ParseBytes(raw)
+	m.left -= n
+	v, err := m.p.ParseBytes(raw)
 	if err != nil {
 		return nil, badParam("body", fmt.Sprintf("JSON nested more than %d levels deep", maxJSONDepth))
 	}
 	return v, nil
 }
 
-// manyValues reports whether raw holds more than max JSON values, counted
-// as its commas and opening brackets outside strings (an upper bound):
-// three counts at memchr speed settle almost every body, one with many of
-// those bytes is read through, its strings skipped.
-func manyValues(raw []byte, max int) bool {
-	if bytes.Count(raw, comma)+bytes.Count(raw, openBrace)+bytes.Count(raw, openBracket) < max {
-		return false
+// jsonValues bounds the JSON values raw holds by its commas and opening
+// brackets outside strings, plus one; past max it stops counting. Three
+// counts at memchr speed, which count the bytes within strings too, settle
+// a value with few of them; one with many is read through, its strings
+// skipped, so that text full of commas is not counted as values.
+func jsonValues(raw []byte, max int) int {
+	n := 1 + bytes.Count(raw, comma) + bytes.Count(raw, openBrace) + bytes.Count(raw, openBracket)
+	if n <= 4096 {
+		return n
 	}
-	n := 1
-	for i := 0; i < len(raw); i++ {
+	n = 1
+	for i := 0; i < len(raw) && n <= max; i++ {
 		switch raw[i] {
 		case ',', '[', '{':
-			if n++; n > max {
-				return true
-			}
+			n++
 		case '"':
 			e := stringEnd(raw, i)
 			if e < 0 {
-				return false
+				return n
 			}
 			i = e - 1
 		}
 	}
-	return false
+	return n
 }
 
 var comma = []byte{','}

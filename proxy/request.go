@@ -138,13 +138,14 @@ func readRequest(p *fastjson.Parser, body []byte, ep endpoint) (request, error) 
 		return r, badParam("body", "expected a JSON object")
 	}
 	var sawInput bool
+	mp := newMemberParser(p)
 	err := eachMember(trimmed, func(key, raw []byte) error {
 		switch k := memberKey(p, key); k {
 		case "model":
 			if rawType(raw) != fastjson.TypeString {
 				return badParam("model", "must be a string")
 			}
-			v, err := memberTree(p, k, raw)
+			v, err := mp.tree(k, raw)
 			if err != nil {
 				return err
 			}
@@ -165,7 +166,7 @@ func readRequest(p *fastjson.Parser, body []byte, ep endpoint) (request, error) 
 				return badParam("stream_options", "must be an object")
 			}
 			r.hasOptions = true
-			v, err := memberTree(p, k, raw)
+			v, err := mp.tree(k, raw)
 			if err != nil {
 				return err
 			}
@@ -196,7 +197,7 @@ func readRequest(p *fastjson.Parser, body []byte, ep endpoint) (request, error) 
 			}
 			n, ok := 0, false
 			if rawType(raw) == fastjson.TypeNumber {
-				v, err := memberTree(p, outputKeys[i], raw)
+				v, err := mp.tree(outputKeys[i], raw)
 				if err != nil {
 					return err
 				}
@@ -211,7 +212,7 @@ func readRequest(p *fastjson.Parser, body []byte, ep endpoint) (request, error) 
 			case fastjson.TypeNull:
 				r.user = ""
 			case fastjson.TypeString:
-				v, err := memberTree(p, k, raw)
+				v, err := mp.tree(k, raw)
 				if err != nil {
 					return err
 				}
@@ -224,7 +225,7 @@ func readRequest(p *fastjson.Parser, body []byte, ep endpoint) (request, error) 
 				return nil
 			}
 			sawInput = true
-			v, err := memberTree(p, k, raw)
+			v, err := mp.tree(k, raw)
 			if err != nil {
 				return err
 			}
@@ -239,7 +240,7 @@ func readRequest(p *fastjson.Parser, body []byte, ep endpoint) (request, error) 
 				r.cont |= cont
 				return nil
 			}
-			v, err := memberTree(p, k, raw)
+			v, err := mp.tree(k, raw)
 			if err != nil {
 				return err
 			}
@@ -257,14 +258,14 @@ func readRequest(p *fastjson.Parser, body []byte, ep endpoint) (request, error) 
 				r.promptBytes = size
 				return nil
 			}
-			v, err := memberTree(p, k, raw)
+			v, err := mp.tree(k, raw)
 			if err != nil {
 				return err
 			}
 			r.promptBytes, err = textSize("input", v)
 			return err
 		default:
-			c, err := continuation(p, k, raw)
+			c, err := continuation(&mp, k, raw)
 			r.cont |= c
 			return err
 		}
@@ -447,12 +448,12 @@ const (
 
 // continuation reads one request key for what continuing it needs; the
 // keys it does not name are not parsed.
-func continuation(p *fastjson.Parser, key string, raw []byte) (contFlags, error) {
+func continuation(mp *memberParser, key string, raw []byte) (contFlags, error) {
 	t := rawType(raw)
 	set := t != fastjson.TypeNull && t != fastjson.TypeFalse
 	// intOf the value, parsed only when it is read.
 	n := func() (int64, error) {
-		v, err := memberTree(p, key, raw)
+		v, err := mp.tree(key, raw)
 		if err != nil {
 			return 0, err
 		}
@@ -481,7 +482,7 @@ func continuation(p *fastjson.Parser, key string, raw []byte) (contFlags, error)
 		if !set {
 			return 0, nil
 		}
-		v, err := memberTree(p, key, raw)
+		v, err := mp.tree(key, raw)
 		if err != nil {
 			return 0, err
 		}

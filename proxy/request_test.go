@@ -68,7 +68,16 @@ func TestReadRequestManyValues(t *testing.T) {
 	}
 	many := `{"model":"m","messages":[{"role":"user","content":[` + strings.Repeat(`{"type":"text","text":"a"},`, maxTreeValues/3) + `{"type":"text","text":"a"}]}]}`
 	_, err = readRequest(&p, []byte(many), epChat)
-	if err == nil || statusOf(err) != 400 || !strings.Contains(err.Error(), "messages: more than 65536 JSON values") {
+	if err == nil || statusOf(err) != 400 || !strings.Contains(err.Error(), "messages: more than 65536 JSON values in the body") {
 		t.Errorf("messages of over %d values: %v, want a 400 naming them", maxTreeValues, err)
+	}
+	// The bound is the body's, however a member repeats.
+	part := `{"role":"user","content":[` + strings.Repeat(`{"type":"text","text":"a"},`, maxTreeValues/6) + `{"type":"text","text":"a"}]}`
+	if _, err = readRequest(&p, []byte(`{"model":"m","messages":[`+part+`]}`), epChat); err != nil {
+		t.Errorf("messages of half the bound's values: %v", err)
+	}
+	thrice := `{"model":"m","messages":[` + part + `],"messages":[` + part + `],"messages":[` + part + `]}`
+	if _, err = readRequest(&p, []byte(thrice), epChat); err == nil || statusOf(err) != 400 {
+		t.Errorf("three such members: %v, want a 400", err)
 	}
 }

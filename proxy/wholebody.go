@@ -110,7 +110,8 @@ func (s *Server) wholeUsage(body []byte) (prompt, completion int, ok bool) {
 	if err != nil || rawType(usage) != fastjson.TypeObject {
 		return 0, 0, false
 	}
-	u, err := memberTree(p, "usage", usage)
+	mp := newMemberParser(p)
+	u, err := mp.tree("usage", usage)
 	if err != nil {
 		return 0, 0, false
 	}
