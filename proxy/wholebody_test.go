@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,23 +17,14 @@ import (
 // closed: a router writing one before its answer would hold the answer.
 type heldLog struct {
 	release chan struct{}
-	mu      sync.Mutex
-	lines   bytes.Buffer
+	lockedBuffer
 }
 
 func (h *heldLog) Write(p []byte) (int, error) {
 	if bytes.Contains(p, []byte(`"msg":"request"`)) {
 		<-h.release
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.lines.Write(p)
-}
-
-func (h *heldLog) String() string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.lines.String()
+	return h.lockedBuffer.Write(p)
 }
 
 // A whole answer reaches the client before the exchange is accounted
