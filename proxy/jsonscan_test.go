@@ -1,0 +1,55 @@
+package proxy
+
+import (
+	"bytes"
+	"fmt"
+	"testing"
+
+	"github.com/valyala/fastjson"
+)
+
+// eachMember finds the members fastjson's parse of the whole object
+// holds, in order, and idArrays reads what the tree-based readers read
+// from every value it takes.
+func FuzzMemberScan(f *testing.F) {
+	for _, s := range []string{
+		`{}`, ` { "a" : 1 , "b":[1,2] } `, `{"a":"x\"y","b\\"":{"c":[]}}`, `{"mod\u0065l":"m","a":null,"a":true}`,
+		`{"p":[1,2,3]}`, `{"p":[[1,2],[3],[]]}`, `{"p":[]}`, `{"p":[1e3,-2.5E-1]}`, `{"p":[[1,[2]]]}`, `{"p":[1,"a"]}`,
+		`{"p":[true]}`, `{"p":[[1],2]}`, "{\"a\":\"\\\\\",\"b\":\"[\"}", `{"a":{"b":{"c":"}"}},"d":"{"}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		body = bytes.TrimSpace(body)
+		if checkJSON(body) != nil || len(body) == 0 || body[0] != '{' {
+			return
+		}
+		var p, q fastjson.Parser
+		root, err := q.ParseBytes(body)
+		if err != nil {
+			t.Fatalf("%q: checked but not parsed: %v", body, err)
+		}
+		var want []string
+		obj, _ := root.Object()
+		obj.Visit(func(k []byte, v *fastjson.Value) { want = append(want, string(k)+"="+v.String()) })
+		var got []string
+		err = eachMember(body, func(key, raw []byte) error {
+			k := memberKey(&p, key)
+			v, err := p.ParseBytes(raw)
+			if err != nil {
+				return fmt.Errorf("member %s: %q is not a value: %w", k, raw, err)
+			}
+			got = append(got, k+"="+v.String())
+			if size, cont, ok := idArrays(raw); ok {
+				wantSize, err := textSize("p", v)
+				if err != nil || size != wantSize || cont != promptCont(v) {
+					return fmt.Errorf("idArrays(%s) = %d, %d; the tree reads %d, %d (%v)", raw, size, cont, wantSize, promptCont(v), err)
+				}
+			}
+			return nil
+		})
+		if err != nil || fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("%q:\n eachMember %v %v\n parse      %v", body, got, err, want)
+		}
+	})
+}
