@@ -20,6 +20,10 @@ import (
 // whole context, are read from their bytes (idArrays) instead.
 const maxTreeValues = 1 << 16
 
+// pooledTreeValues is the most values a pooled parser parses (~2 MB of
+// tree it then keeps); more take a parser of their own (memberParser.tree).
+const pooledTreeValues = 4096
+
 // eachMember calls fn with each member of obj, a JSON object that
 // checkJSON passed, in order: its key as written (within the quotes,
 // escapes left) and its value's bytes. It stops at fn's first error; an
@@ -98,7 +102,14 @@ func (m *memberParser) tree(name string, raw []byte) (*fastjson.Value, error) {
 		return nil, badParam(name, fmt.Sprintf("more than %d JSON values in the body", maxTreeValues))
 	}
 	m.left -= n
-	v, err := m.p.ParseBytes(raw)
+	p := m.p
+	if n > pooledTreeValues {
+		// A parser keeps its tree's memory for its next parse, in the
+		// pool: a large tree is grown by a parser of its own, dropped
+		// with the request.
+		p = new(fastjson.Parser)
+	}
+	v, err := p.ParseBytes(raw)
 	if err != nil {
 		return nil, badParam("body", fmt.Sprintf("JSON nested more than %d levels deep", maxJSONDepth))
 	}

@@ -81,3 +81,22 @@ func TestReadRequestManyValues(t *testing.T) {
 		t.Errorf("three such members: %v, want a 400", err)
 	}
 }
+
+// A member of more than pooledTreeValues values is parsed by a parser of
+// its own: the pooled one, which keeps its tree's memory for its next
+// body, is left as it was (a tree it made earlier still reads).
+func TestReadRequestBigTreeNotPooled(t *testing.T) {
+	var p fastjson.Parser
+	before, err := p.Parse(`{"a":[1,2,3],"b":"x"}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompts := `["a"` + strings.Repeat(`,"a"`, pooledTreeValues) + `]`
+	r, err := readRequest(&p, []byte(`{"prompt":`+prompts+`}`), epCompletions)
+	if err != nil || r.promptBytes != pooledTreeValues+1 {
+		t.Fatalf("%+v, %v", r, err)
+	}
+	if got := before.String(); got != `{"a":[1,2,3],"b":"x"}` {
+		t.Errorf("the pooled parser's earlier tree reads %s: it parsed the large member", got)
+	}
+}
