@@ -7,17 +7,17 @@ import (
 	"github.com/valyala/fastjson"
 )
 
-// A JSON body is read member by member: its object's members are found in
-// its bytes (eachMember), and only those the router reads are parsed, one
-// at a time, within a bound on the tree they may grow (memberParser). fastjson
-// builds a tree of ~400 bytes per value, and ~90 ns: parsed whole, one
-// client's 8 MiB of "[0,0,0,…]" under a key nobody reads took 2 GB of heap
-// and 2.9 s (TestReadRequestManyValues).
+// A JSON body is read member by member: its object's members are found
+// in its bytes (eachMember), and only those the router reads are parsed,
+// one at a time, within a bound on the tree they may grow (memberParser).
+// fastjson builds a tree of ~400 bytes per value, and ~90 ns: parsed
+// whole, one client's 8 MiB of "[0,0,0,…]" under a key nobody reads took
+// 2 GB of heap and 2.9 s (TestReadRequestManyValues).
 
 // maxTreeValues is the most JSON values the router parses out of one
-// body: ~25 MB of parse tree and ~25 ms at most. A request
-// holds a few hundred; prompts of token ids, which can hold a model's
-// whole context, are read from their bytes (idArrays) instead.
+// body: ~25 MB of parse tree and ~25 ms at most. A request holds a few
+// hundred; prompts of token ids, which can hold a model's whole context,
+// are read from their bytes (idArrays) instead.
 const maxTreeValues = 1 << 16
 
 // pooledTreeValues is the most values a pooled parser parses (~2 MB of
@@ -119,11 +119,13 @@ func (m *memberParser) tree(name string, raw []byte) (*fastjson.Value, error) {
 // jsonValues bounds the JSON values raw holds by its commas and opening
 // brackets outside strings, plus one; past max it stops counting. Three
 // counts at memchr speed, which count the bytes within strings too, settle
-// a value with few of them; one with many is read through, its strings
-// skipped, so that text full of commas is not counted as values.
+// a value with few of them (no more than pooledTreeValues, so that such a
+// count never sends a parse out of the pool); one with many is read
+// through, its strings skipped, so that text full of commas is not
+// counted as values.
 func jsonValues(raw []byte, max int) int {
 	n := 1 + bytes.Count(raw, comma) + bytes.Count(raw, openBrace) + bytes.Count(raw, openBracket)
-	if n <= 4096 {
+	if n <= pooledTreeValues {
 		return n
 	}
 	n = 1
