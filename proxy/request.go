@@ -111,17 +111,19 @@ func bytesView(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(
 
 // readRequest reads the fields the router needs from a JSON body and checks
 // their types, naming the first offending field. The body is validated
-// first (checkJSON: strict JSON, as gjson reads it, nested no more
-// than the parser goes); p then parses it once into a tree the fields are read from, copying the body, which is left as
-// it is. What the request keeps is copied out of p, free for the next body
-// once readRequest returns. fastjson reads a body in one pass where
-// gjson's top-level walk skipped the messages, its second walk went
-// through them again, and each lookup in a message scanned it anew; its
-// parser alone is not a validator (it takes leading zeros, control
-// characters and unknown escapes), hence the check before it. A lone
-// surrogate escape ("\ud800" alone) stays as written where gjson made it
-// U+FFFD: only the size and prefix hash of such a (not Unicode) string
-// move.
+// first (checkJSON: strict JSON, as gjson reads it, nested no more than
+// the parser goes); its members are then found in its bytes (eachMember)
+// and those the router reads are parsed by p, one at a time, within one
+// bound on the tree (memberParser, jsonscan.go); a prompt of token ids is
+// read from its bytes (idArrays). The body is left as it is; what the
+// request keeps is copied out of p, free for the next body once
+// readRequest returns. fastjson reads a member in one pass where gjson's
+// top-level walk skipped the messages, its second walk went through them
+// again, and each lookup in a message scanned it anew; its parser alone is
+// not a validator (it takes leading zeros, control characters and unknown
+// escapes), hence the check before it. A lone surrogate escape ("\ud800"
+// alone) stays as written where gjson made it U+FFFD: only the size and
+// prefix hash of such a (not Unicode) string move.
 func readRequest(p *fastjson.Parser, body []byte, ep endpoint) (request, error) {
 	var r request
 	trimmed := bytes.TrimSpace(body)
