@@ -209,3 +209,26 @@ func idArrays(raw []byte) (size int, cont contFlags, ok bool) {
 	}
 	return size, cont, true
 }
+
+// rawType is the type of the JSON value raw (which checkJSON passed), read
+// from its first byte.
+func rawType(raw []byte) fastjson.Type {
+	if len(raw) == 0 {
+		return fastjson.TypeNull
+	}
+	switch raw[0] {
+	case '"':
+		return fastjson.TypeString
+	case '{':
+		return fastjson.TypeObject
+	case '[':
+		return fastjson.TypeArray
+	case 't':
+		return fastjson.TypeTrue
+	case 'f':
+		return fastjson.TypeFalse
+	case 'n':
+		return fastjson.TypeNull
+	}
+	return fastjson.TypeNumber
+}
