@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"io"
 	"net"
 	"strings"
 	"testing"
@@ -9,6 +10,8 @@ import (
 
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 )
 
 // trivialUpstream answers every POST with a small OpenAI JSON body, or a
@@ -49,8 +52,14 @@ func serveBench(b *testing.B, h fasthttp.RequestHandler) string {
 }
 
 func benchRouter(b *testing.B, upstream string) *fasthttp.HostClient {
+	return benchRouterWith(b, upstream, nil)
+}
+
+// benchRouterWith is benchRouter with edit applied to the router's
+// Options (nil: none).
+func benchRouterWith(b *testing.B, upstream string, edit func(*Options)) *fasthttp.HostClient {
 	b.Helper()
-	tr := startRouter(b, []string{upstream}, withPolicy("least_request"))
+	tr := startRouterWith(b, []string{upstream}, edit, withPolicy("least_request"))
 	b.Cleanup(func() { tr.srv.Shutdown(b.Context()) }) //nolint:errcheck
 	return &fasthttp.HostClient{Addr: strings.TrimPrefix(tr.url, "http://"), MaxConns: 64}
 }
@@ -59,7 +68,19 @@ func benchRouter(b *testing.B, upstream string) *fasthttp.HostClient {
 // parse, pick, forward over loopback, read the reply, answer. Allocations
 // include the benchmark's client and upstream (both zero-alloc fasthttp).
 func BenchmarkProxyNonStream(b *testing.B) {
-	c := benchRouter(b, trivialUpstream(b, 0))
+	benchNonStream(b, benchRouter(b, trivialUpstream(b, 0)))
+}
+
+// BenchmarkProxyNonStreamLogged is BenchmarkProxyNonStream with the
+// access log on, JSON as `gpurouter serve` writes it (to io.Discard): the
+// line's encoding and allocations (one pooled set of fields, not a 1 KiB
+// slice a request) on top.
+func BenchmarkProxyNonStreamLogged(b *testing.B) {
+	core := zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(io.Discard), zap.InfoLevel)
+	benchNonStream(b, benchRouterWith(b, trivialUpstream(b, 0), func(o *Options) { o.Logger = zap.New(core) }))
+}
+
+func benchNonStream(b *testing.B, c *fasthttp.HostClient) {
 	body := []byte(chatPlain)
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {

@@ -84,6 +84,10 @@ type Server struct {
 	pumps    []*streamPump // the stream loops, run by Serve (pump_linux.go)
 	nextPump atomic.Uint64 // the loop the last stream went to
 
+	// accessFields pools the access log line's fields (*accessFields,
+	// exchange.finish).
+	accessFields sync.Pool
+
 	now    func() time.Time
 	jitter func(int64) int64
 	ids    func() string
@@ -120,6 +124,7 @@ func New(o Options) (*Server, error) {
 		sleep:  o.Sleep,
 	}
 	s.afterFunc = o.AfterFunc
+	s.accessFields.New = func() any { return new(accessFields) }
 	s.statusToken = o.StatusToken
 	s.base, s.stopBase = context.WithCancelCause(context.Background())
 	if s.log == nil {
