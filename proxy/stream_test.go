@@ -102,10 +102,12 @@ func TestClientDisconnectAbortsUpstream(t *testing.T) {
 			if n := tr.reps[0].InFlight(); n != 0 {
 				t.Errorf("replica in-flight = %d after cancel", n)
 			}
-			tr.srv.routes.Load().upstreams[tr.reps[0]].pending.m.Range(func(id, _ any) bool {
-				t.Errorf("request %v still pending on the upstream after it ended", id)
-				return true
-			})
+			ps := &tr.srv.routes.Load().upstreams[tr.reps[0]].pending
+			for i := range ps.shards {
+				for seq := range ps.shards[i].m {
+					t.Errorf("request %v still pending on the upstream after it ended", seq)
+				}
+			}
 			if got := tr.reps[0].BreakerState(); got != "closed" {
 				t.Errorf("a client cancel counted against the replica: breaker %s", got)
 			}

@@ -316,8 +316,25 @@ func (c *deadlineConn) SetDeadline(t time.Time) error { return c.Conn.SetWriteDe
 // generation, a long prefill — and fasthttp's client can't be interrupted:
 // closing the connection is what stops the wait, and what tells the engine
 // to abort. The connection is found by the X-Gpurouter-Seq in the request's
-// head.
-type pendingSet struct{ m sync.Map } // seq → *pendingReq
+// head. Its zero value is an empty set.
+//
+// The set is a few maps under their own locks, by the number's low bits:
+// numbers come in sequence, so the shards share the load. A sync.Map
+// boxed each number and made a node for it, two heap objects a request,
+// where a map reuses its slots.
+type pendingSet struct{ shards [pendingShards]pendingShard }
+
+const pendingShards = 8
+
+// pendingShard is one of a pendingSet's maps, on a cache line of its own:
+// requests on different cores take different shards.
+type pendingShard struct {
+	mu sync.Mutex
+	m  map[uint64]*pendingReq // made on the first request
+	_  [48]byte
+}
+
+func (s *pendingSet) shard(seq uint64) *pendingShard { return &s.shards[seq%pendingShards] }
 
 // seqHeader carries the router's number of a request to its replica.
 const seqHeader = "X-Gpurouter-Seq"
@@ -327,7 +344,13 @@ var seqLine = []byte("\r\n" + seqHeader + ": ")
 // expect registers the request numbered seq before it is sent.
 func (s *pendingSet) expect(seq uint64, stream bool) *pendingReq {
 	pr := &pendingReq{stream: stream}
-	s.m.Store(seq, pr)
+	sh := s.shard(seq)
+	sh.mu.Lock()
+	if sh.m == nil {
+		sh.m = make(map[uint64]*pendingReq)
+	}
+	sh.m[seq] = pr
+	sh.mu.Unlock()
 	return pr
 }
 
@@ -337,7 +360,12 @@ func (s *pendingSet) settle(seq uint64, pr *pendingReq) error {
 	if pr == nil {
 		return nil
 	}
-	s.m.CompareAndDelete(seq, pr)
+	sh := s.shard(seq)
+	sh.mu.Lock()
+	if sh.m[seq] == pr {
+		delete(sh.m, seq)
+	}
+	sh.mu.Unlock()
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
 	pr.done, pr.conn = true, nil
@@ -367,10 +395,11 @@ func (s *pendingSet) byHeader(v []byte) *pendingReq {
 	if err != nil {
 		return nil
 	}
-	if v, ok := s.m.Load(seq); ok {
-		return v.(*pendingReq)
-	}
-	return nil
+	sh := s.shard(seq)
+	sh.mu.Lock()
+	pr := sh.m[seq]
+	sh.mu.Unlock()
+	return pr
 }
 
 // pendingReq is one request awaiting its response.
