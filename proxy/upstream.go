@@ -19,12 +19,19 @@ import (
 type upstream struct {
 	replica *balancer.Replica
 	pool    *balancer.Pool
-	client  *fasthttp.HostClient
+	client  upstreamClient // a *fasthttp.HostClient, but for benchmarks of the router's own work
 	all     *metrics
 	byArm   []*replicaMetrics // children for the pool's arms at build time
 	lat     *replicaLatency   // the replica's ITL and queue-time sketches (latency.go)
 	pending pendingSet        // requests sent and not yet answered
 	idle    idleConns         // connections streams taken from fasthttp gave back (pump_linux.go)
+}
+
+// upstreamClient sends a request to a replica and reads its response's
+// head (the body is streamed when resp.StreamBody is set): what forward
+// needs of fasthttp's HostClient.
+type upstreamClient interface {
+	Do(req *fasthttp.Request, resp *fasthttp.Response) error
 }
 
 func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, m *metrics, lat *latencyStore) *upstream {
