@@ -71,6 +71,41 @@ func getWith(t *testing.T, url string, hdr ...string) *http.Response {
 	return resp
 }
 
+// Header names are case-insensitive: Node's fetch and Envoy sidecars send
+// them in lower case. The key and the request id must both be seen.
+func TestHeaderNamesInAnyCase(t *testing.T) {
+	tr, up, _, logs := authRouter(t)
+	c, err := net.Dial("tcp", strings.TrimPrefix(tr.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck
+	br := bufio.NewReader(c)
+	for i, name := range []string{"authorization", "AUTHORIZATION", "Authorization"} {
+		id := fmt.Sprintf("case-%d", i)
+		fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nhost: router\r\ncontent-type: application/json\r\n"+
+			"%s: Bearer %s\r\nx-request-id: %s\r\ncontent-length: %d\r\n\r\n%s",
+			name, keyAlpha, id, len(chatPlain), chatPlain)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body) //nolint:errcheck
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Header.Get("X-Request-Id") != id {
+			t.Fatalf("%s: %d with X-Request-Id %q, want 200 and %q", name, resp.StatusCode, resp.Header.Get("X-Request-Id"), id)
+		}
+		if got := (<-up.received).Header.Get("X-Request-Id"); got != id {
+			t.Errorf("%s: the engine got X-Request-Id %q, want %q", name, got, id)
+		}
+	}
+	waitFor(t, "the requests to finish", func() bool { return tr.srv.Active() == 0 })
+	if n := strings.Count(logs.String(), `"key_id":"alpha"`); n != 3 {
+		t.Errorf("%d access log lines name key alpha, want 3", n)
+	}
+}
+
 func TestAuthEndToEnd(t *testing.T) {
 	tr, up, clock, _ := authRouter(t)
 	chat := tr.url + "/v1/chat/completions"

@@ -25,6 +25,9 @@ type fakeVLLM struct {
 	// Behaviour.
 	status     int    // non-zero: answer every request with this status and an error body
 	retryAfter string // with status: the Retry-After header to send
+	// lowerHeaders writes header names in lower case, as uvicorn (vLLM's
+	// server) does: HTTP/1.1 names are case-insensitive.
+	lowerHeaders bool
 	// closeAfter closes every connection right after its response while
 	// advertising keep-alive (Keep-Alive: timeout=5, max=100, no
 	// Connection: close), as llama.cpp's llama-server does.
@@ -46,6 +49,16 @@ type fakeVLLM struct {
 	received chan *http.Request // request heads, if the test wants them (buffered)
 	bodies   chan []byte
 	headers  chan http.Header
+}
+
+// setHeader sets a response header, its name in lower case with
+// lowerHeaders (net/http writes a name as the map holds it).
+func (f *fakeVLLM) setHeader(w http.ResponseWriter, k, v string) {
+	if f.lowerHeaders {
+		w.Header()[strings.ToLower(k)] = []string{v}
+		return
+	}
+	w.Header().Set(k, v)
 }
 
 func newFakeVLLM(t *testing.T) *fakeVLLM {
@@ -93,13 +106,13 @@ func (f *fakeVLLM) serve(w http.ResponseWriter, r *http.Request) {
 	default:
 	}
 	if f.closeAfter.Load() {
-		w.Header().Set("Keep-Alive", "timeout=5, max=100")
+		f.setHeader(w, "Keep-Alive", "timeout=5, max=100")
 	}
 	if f.status != 0 {
 		if f.retryAfter != "" {
-			w.Header().Set("Retry-After", f.retryAfter)
+			f.setHeader(w, "Retry-After", f.retryAfter)
 		}
-		w.Header().Set("Content-Type", "application/json")
+		f.setHeader(w, "Content-Type", "application/json")
 		w.WriteHeader(f.status)
 		fmt.Fprintf(w, `{"error":{"message":"fake status %d","type":"ServiceUnavailableError","param":null,"code":%d}}`, f.status, f.status)
 		return
@@ -125,7 +138,7 @@ func (f *fakeVLLM) serve(w http.ResponseWriter, r *http.Request) {
 		if !f.wait(r, f.prefill) {
 			return
 		}
-		w.Header().Set("Content-Type", "application/json")
+		f.setHeader(w, "Content-Type", "application/json")
 		if f.garbage {
 			io.WriteString(w, `{"id":"cmpl-1","choices":[{"text":"trunc`)
 			return
@@ -139,7 +152,7 @@ func (f *fakeVLLM) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// Like uvicorn, send the headers at once; the first token follows prefill.
-	w.Header().Set("Content-Type", "text/event-stream")
+	f.setHeader(w, "Content-Type", "text/event-stream")
 	w.WriteHeader(200)
 	fl := w.(http.Flusher)
 	fl.Flush()

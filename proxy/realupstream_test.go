@@ -163,6 +163,24 @@ func TestEngineRefusalReachesTheClientAsARateLimit(t *testing.T) {
 	})
 }
 
+// uvicorn, vLLM's server, writes header names in lower case: its
+// Retry-After must count as one.
+func TestEngineRetryAfterInLowerCase(t *testing.T) {
+	up := newFakeVLLM(t)
+	up.status, up.retryAfter, up.lowerHeaders = 429, "37", true
+	tr := startRouter(t, []string{up.url})
+	for i := range 2 {
+		resp := post(t, tr.url+"/v1/chat/completions", chatPlain)
+		resp.Body.Close()
+		if ra := resp.Header.Get("Retry-After"); resp.StatusCode != 429 || (ra != "37" && ra != "36") {
+			t.Fatalf("request %d: %d with Retry-After %q, want 429 and the engine's 37 s", i, resp.StatusCode, ra)
+		}
+	}
+	if n := up.requests.Load(); n != 1 {
+		t.Errorf("the engine got %d requests during its Retry-After, want 1", n)
+	}
+}
+
 func TestKilledReplicasGive503NotBadGateway(t *testing.T) {
 	a, b := newFakeVLLM(t), newFakeVLLM(t)
 	tr := startRouter(t, []string{a.url, b.url}, withPolicy("round_robin"))

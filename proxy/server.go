@@ -187,11 +187,14 @@ func New(o Options) (*Server, error) {
 		// that stops reading cannot hold its connection and a whole body
 		// for good. A stream's relay moves the deadline on with each of its
 		// writes (relay.armWrite), so this caps no stream's length.
-		WriteTimeout:                  s.cfg.IdleTimeout,
-		WriteBufferSize:               serverWriteBufferSize,
-		NoDefaultServerHeader:         true,
-		DisableHeaderNamesNormalizing: true,
-		CloseOnShutdown:               true,
+		WriteTimeout:          s.cfg.IdleTimeout,
+		WriteBufferSize:       serverWriteBufferSize,
+		NoDefaultServerHeader: true,
+		// Header names stay normalized (fasthttp's default): Peek matches
+		// names exactly, and clients send them in any case — Node's fetch
+		// and Envoy sidecars in lower case. Without it, such a client's
+		// API key was not seen (401) nor its X-Request-Id or X-Session-Id.
+		CloseOnShutdown: true,
 		// Release the connection's read buffer (MaxHeaderBytes, 16 KiB by
 		// default) once the request is read, and the write buffer between
 		// responses: a stream would otherwise hold both for its whole life.

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -125,8 +126,21 @@ const defaultRetryAfter = time.Second
 // retryAfterOf reads a response's Retry-After (seconds or an HTTP date),
 // bounded to [1 s, balancer.MaxRest]; defaultRetryAfter when absent or
 // unreadable.
+// peekFold is a response header's value by its name in any case. The
+// upstream client keeps header names as the engine wrote them
+// (DisableHeaderNamesNormalizing), where Peek matches them exactly, and
+// uvicorn, vLLM's server, writes them in lower case.
+func peekFold(h *fasthttp.ResponseHeader, name string) []byte {
+	for k, v := range h.All() {
+		if len(k) == len(name) && bytes.EqualFold(k, []byte(name)) {
+			return v
+		}
+	}
+	return nil
+}
+
 func retryAfterOf(resp *fasthttp.Response, now time.Time) time.Duration {
-	v := resp.Header.Peek("Retry-After")
+	v := peekFold(&resp.Header, "Retry-After")
 	d := defaultRetryAfter
 	if len(v) > 0 {
 		if n, err := strconv.Atoi(string(v)); err == nil {
