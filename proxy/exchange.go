@@ -211,6 +211,16 @@ func (x *exchange) finish(err error, status int) {
 		}
 	}
 	s.records.add(x.record(e2eEnd))
+	x.logLine(err, end, e2eEnd, model, replica)
+}
+
+// logLine writes the exchange's access log line: the common kind straight
+// (accessLog), the others through zap.
+func (x *exchange) logLine(err error, end, e2eEnd time.Time, model, replica string) {
+	s := x.s
+	if s.access.write(x, err, end, model, replica, e2eEnd.Sub(x.received)) {
+		return
+	}
 	if ce := s.log.Check(zap.InfoLevel, "request"); ce != nil {
 		keyID := zap.Skip() // the key's id only, never the key
 		if x.principal.ID != "" {
@@ -224,7 +234,7 @@ func (x *exchange) finish(err error, status int) {
 			zap.String("replica", replica),
 			zap.String("arm", x.arm),
 			keyID,
-			zap.Int("status", status),
+			zap.Int("status", x.status),
 			zap.String("outcome", x.outcome.String()),
 			zap.Bool("stream", x.req.stream),
 			zap.Int("attempts", x.attempts),

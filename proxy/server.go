@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"strconv"
@@ -50,7 +51,17 @@ type Options struct {
 	Registerer prometheus.Registerer
 	Gatherer   prometheus.Gatherer
 
-	Logger *zap.Logger           // nil means no logging
+	Logger *zap.Logger // nil means no logging
+	// AccessLog, when set, takes the access log's common lines — an
+	// exchange with no error to report and no migration — straight from
+	// the router, in the bytes Logger would write with zap's JSON encoder
+	// and LogEncoderConfig (`gpurouter serve`'s log), at a fraction of
+	// zap's cost (accesslog.go). Set it only to the writer
+	// such a Logger writes its info lines to; the other lines still go
+	// through Logger. It must be safe for concurrent use. nil: every line
+	// goes through Logger.
+	AccessLog io.Writer
+
 	Now    func() time.Time      // nil means time.Now
 	Jitter func(n int64) int64   // uniform in [0,n); nil means math/rand/v2
 	IDs    func() string         // request id generator; nil means a per-process prefix and a counter
@@ -85,8 +96,9 @@ type Server struct {
 	nextPump atomic.Uint64 // the loop the last stream went to
 
 	// accessFields pools the access log line's fields (*accessFields,
-	// exchange.finish).
+	// exchange.finish); access writes the common lines without them.
 	accessFields sync.Pool
+	access       accessLog
 
 	now    func() time.Time
 	jitter func(int64) int64
@@ -125,6 +137,7 @@ func New(o Options) (*Server, error) {
 	}
 	s.afterFunc = o.AfterFunc
 	s.accessFields.New = func() any { return new(accessFields) }
+	s.access.w = o.AccessLog
 	s.statusToken = o.StatusToken
 	s.base, s.stopBase = context.WithCancelCause(context.Background())
 	if s.log == nil {

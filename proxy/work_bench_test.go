@@ -32,15 +32,15 @@ func (c memClient) Do(_ *fasthttp.Request, resp *fasthttp.Response) error {
 // on Go's netpoller and fasthttp costs. The bodies are the harness's:
 // a 300-byte chat request, a 500-byte answer.
 func BenchmarkRouterWork(b *testing.B) {
-	b.Run("log=off", func(b *testing.B) { benchRouterWork(b, nil) })
-	b.Run("log=json", func(b *testing.B) {
-		core := zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(io.Discard), zap.InfoLevel)
-		benchRouterWork(b, zap.New(core))
-	})
+	core := zapcore.NewCore(zapcore.NewJSONEncoder(LogEncoderConfig()), zapcore.AddSync(io.Discard), zap.InfoLevel)
+	b.Run("log=off", func(b *testing.B) { benchRouterWork(b, nil, nil) })
+	b.Run("log=zap", func(b *testing.B) { benchRouterWork(b, zap.New(core), nil) })
+	// As `gpurouter serve` logs: the common line written by the proxy.
+	b.Run("log=serve", func(b *testing.B) { benchRouterWork(b, zap.New(core), io.Discard) })
 }
 
-func benchRouterWork(b *testing.B, log *zap.Logger) {
-	tr := startRouterWith(b, []string{"http://127.0.0.1:9"}, func(o *Options) { o.Logger = log }, withPolicy("least_request"))
+func benchRouterWork(b *testing.B, log *zap.Logger, access io.Writer) {
+	tr := startRouterWith(b, []string{"http://127.0.0.1:9"}, func(o *Options) { o.Logger, o.AccessLog = log, access }, withPolicy("least_request"))
 	for _, u := range tr.srv.routes.Load().upstreams {
 		u.client = memClient{body: harnessReply}
 	}

@@ -169,7 +169,7 @@ func TestFaultFlappingHealthDamped(t *testing.T) {
 			lie := &lyingProber{inner: balancer.HTTPProber{Path: cfg.Health.Path}, rep: fleet.Replicas()[0], pattern: tt.pattern}
 			// The router's checker with the configured thresholds, its
 			// prober wrapped to drive the lies.
-			r, err := newRouterProbing(cfg, zap.New(core), lie)
+			r, err := newRouterWith(cfg, zap.New(core), routerDeps{prober: lie})
 			if err != nil {
 				t.Fatal(err)
 			}

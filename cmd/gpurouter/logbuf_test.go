@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"net"
 	"os"
 	"os/exec"
@@ -171,5 +172,41 @@ func TestServeLosesNoAccessLogLineOnSIGTERM(t *testing.T) {
 	}
 	if got := bytes.Count(log, []byte(`"msg":"request"`)); got != n {
 		t.Fatalf("%d access log lines for %d requests answered:\n%s", got, n, log)
+	}
+	// Written by the proxy itself (logConfig.accessLog), each is still one
+	// JSON object saying what zap's would.
+	for _, line := range bytes.Split(log, []byte("\n")) {
+		if !bytes.Contains(line, []byte(`"msg":"request"`)) {
+			continue
+		}
+		var l struct {
+			Level, TS, Msg, Model, Replica, Outcome string
+			Status                                  int
+			CompletionTokens                        int `json:"completion_tokens"`
+		}
+		if err := json.Unmarshal(line, &l); err != nil {
+			t.Fatalf("access log line is not JSON (%v): %s", err, line)
+		}
+		if l.Level != "info" || l.Model != "m" || l.Replica != upLn.Addr().String() || l.Status != 200 || l.Outcome != "ok" || l.CompletionTokens != 1 || l.TS == "" {
+			t.Fatalf("access log line %s", line)
+		}
+	}
+}
+
+func TestAccessLogOnlyForJSONAtInfo(t *testing.T) {
+	w := &bytes.Buffer{}
+	for _, tt := range []struct {
+		lc   logConfig
+		want bool
+	}{
+		{logConfig{}, true},
+		{logConfig{Level: "info", Format: "json"}, true},
+		{logConfig{Level: "debug"}, true},
+		{logConfig{Level: "warn"}, false},
+		{logConfig{Format: "console"}, false},
+	} {
+		if got := tt.lc.accessLog(w) != nil; got != tt.want {
+			t.Errorf("%+v: access log straight from the proxy %v, want %v", tt.lc, got, tt.want)
+		}
 	}
 }

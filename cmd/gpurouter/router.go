@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"reflect"
 	"sync"
@@ -39,12 +40,23 @@ type router struct {
 // newRouter builds the router of cfg (defaults filled, validated). It
 // starts nothing: run serves.
 func newRouter(cfg fileConfig, log *zap.Logger) (*router, error) {
-	return newRouterProbing(cfg, log, nil)
+	return newRouterWith(cfg, log, routerDeps{})
 }
 
-// newRouterProbing is newRouter with the health checks' prober; nil means
-// an HTTP GET of health.path.
-func newRouterProbing(cfg fileConfig, log *zap.Logger, prober balancer.Prober) (*router, error) {
+// routerDeps are the optional parts of a router; the zero value has none.
+type routerDeps struct {
+	// access takes the proxy's common access log lines straight, without
+	// zap (proxy.Options.AccessLog): serve's log writer when it writes
+	// JSON at info level (logConfig.accessLog); nil: every line through
+	// the logger.
+	access io.Writer
+	// prober runs the health checks; nil means an HTTP GET of health.path.
+	prober balancer.Prober
+}
+
+// newRouterWith is newRouter with its optional parts.
+func newRouterWith(cfg fileConfig, log *zap.Logger, deps routerDeps) (*router, error) {
+	prober := deps.prober
 	r := &router{log: log, reg: prometheus.NewRegistry(), gpus: newGPUSources(log)}
 	am, err := admission.NewMetrics(r.reg)
 	if err != nil {
@@ -107,6 +119,7 @@ func newRouterProbing(cfg fileConfig, log *zap.Logger, prober balancer.Prober) (
 		Registerer:  r.reg,
 		Gatherer:    r.reg,
 		Logger:      log,
+		AccessLog:   deps.access,
 	})
 	if err != nil {
 		return nil, err

@@ -13,6 +13,7 @@ import (
 	"syscall"
 
 	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/gpurouter/gpurouter/proxy"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
@@ -148,7 +149,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		log.Error("listen", zap.Error(err))
 		return 1
 	}
-	r, err := newRouter(cfg, log)
+	r, err := newRouterWith(cfg, log, routerDeps{access: cfg.Log.accessLog(logBuf)})
 	if err != nil {
 		ln.Close()
 		log.Error("configuration", zap.Error(err))
@@ -181,6 +182,18 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// accessLog is w when the log is JSON at info level or below: then the
+// proxy writes its common access log lines to w itself, the bytes zap
+// would write (proxy.Options.AccessLog). nil otherwise (a console log, or
+// a level that leaves the access log out).
+func (lc logConfig) accessLog(w io.Writer) io.Writer {
+	level, err := zapcore.ParseLevel(lc.Level)
+	if err != nil || lc.Format == "console" || !level.Enabled(zapcore.InfoLevel) {
+		return nil
+	}
+	return w
+}
+
 func newLogger(lc logConfig, w io.Writer) (*zap.Logger, error) {
 	return newLoggerSync(lc, zapcore.Lock(zapcore.AddSync(w)))
 }
@@ -192,8 +205,9 @@ func newLoggerSync(lc logConfig, ws zapcore.WriteSyncer) (*zap.Logger, error) {
 	if err != nil {
 		return nil, err
 	}
-	encCfg := zap.NewProductionEncoderConfig()
-	encCfg.EncodeTime = zapcore.ISO8601TimeEncoder
+	// The proxy writes its common access log lines in this JSON itself
+	// (accessLog): the configuration is the proxy's.
+	encCfg := proxy.LogEncoderConfig()
 	var enc zapcore.Encoder
 	if lc.Format == "console" {
 		enc = zapcore.NewConsoleEncoder(encCfg)
