@@ -25,6 +25,12 @@ func (r *Replica) Handler() fasthttp.RequestHandler {
 // /health, /v1/gpus (the `gpurouter agent` document) and /sim/faults.
 func (inc *incarnation) handle(ctx *fasthttp.RequestCtx) {
 	r := inc.r
+	// uvicorn, vLLM's server, writes the header names it is given in lower
+	// case (retry-after, x-request-id); HTTP/1.1 names are case-insensitive
+	// and a client must read them so. fasthttp still writes the names of
+	// the headers it holds apart (Content-Type, Content-Length, Date)
+	// capitalized.
+	ctx.Response.Header.DisableNormalizing()
 	path := string(ctx.Path())
 	if path == "/sim/faults" {
 		inc.serveFaults(ctx)
@@ -38,7 +44,7 @@ func (inc *incarnation) handle(ctx *fasthttp.RequestCtx) {
 		closeAfterResponse(ctx)
 	}
 	if id := ctx.Request.Header.Peek("X-Request-Id"); len(id) > 0 {
-		ctx.Response.Header.SetBytesV("X-Request-Id", id)
+		ctx.Response.Header.SetBytesV("x-request-id", id)
 	}
 	if r.faults.Load().HangAll {
 		inc.hang(ctx)

@@ -27,6 +27,6 @@ func (f Faults) keepAliveTimeout() time.Duration {
 // which it closes when the hijack handler returns. A handler that drops the
 // connection instead (dropConn) overrides this.
 func closeAfterResponse(ctx *fasthttp.RequestCtx) {
-	ctx.Response.Header.Set("Keep-Alive", "timeout=5, max=100")
+	ctx.Response.Header.Set("keep-alive", "timeout=5, max=100")
 	ctx.Hijack(func(net.Conn) {})
 }

@@ -27,7 +27,7 @@ func (f Faults) retryAfter() string {
 // does: 429, Retry-After, and vLLM's error document.
 func writeTooManyRequests(ctx *fasthttp.RequestCtx, f *Faults, msg string) {
 	if ra := f.retryAfter(); ra != "" {
-		ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, ra)
+		ctx.Response.Header.Set("retry-after", ra)
 	}
 	writeError(ctx, fasthttp.StatusTooManyRequests, rateLimitErrorType, msg)
 }

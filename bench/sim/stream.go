@@ -388,7 +388,7 @@ func (inc *incarnation) inference(ctx *fasthttp.RequestCtx, chat bool) {
 
 	if req.Stream {
 		ctx.SetContentType("text/event-stream; charset=utf-8")
-		ctx.Response.Header.Set("Cache-Control", "no-cache")
+		ctx.Response.Header.Set("cache-control", "no-cache")
 		ctx.Response.ImmediateHeaderFlush = true
 		ctx.SetBodyStream(q, -1) // q.CloseWithError releases everything
 		return
