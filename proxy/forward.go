@@ -66,10 +66,25 @@ func (s *Server) upstreamRequest(ctx *fasthttp.RequestCtx, x *exchange, ep endpo
 	x.seq = s.seq.Add(1)
 	var num [20]byte
 	u.Header.SetBytesV(seqHeader, strconv.AppendUint(num[:0], x.seq, 10))
-	var ipText [46]byte // the longest IPv6 text form with an IPv4 tail
-	u.Header.SetBytesV("X-Forwarded-For", appendIP(ipText[:0], ctx.RemoteIP()))
+	// The client's address joins the chain of the proxies it came
+	// through, as nginx's $proxy_add_x_forwarded_for has it: behind a load
+	// balancer or a sidecar, the engine still learns who asked.
+	var xff [128]byte // a few hops, the longest IPv6 text form (45 bytes) last
+	u.Header.SetBytesV("X-Forwarded-For", appendForwardedFor(xff[:0], &ctx.Request.Header, ctx.RemoteIP()))
 	u.SetBodyRaw(body)
 	return u
+}
+
+// appendForwardedFor appends an X-Forwarded-For value: the chain the
+// request came with (in order, a client may send the header more than
+// once), then ip.
+func appendForwardedFor(b []byte, h *fasthttp.RequestHeader, ip net.IP) []byte {
+	for k, v := range h.All() {
+		if v = bytes.TrimSpace(v); len(v) > 0 && bytes.EqualFold(k, []byte("X-Forwarded-For")) {
+			b = append(append(b, v...), ", "...)
+		}
+	}
+	return appendIP(b, ip)
 }
 
 // appendIP appends ip's text form, as net.IP.String writes it, without
