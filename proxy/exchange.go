@@ -252,12 +252,12 @@ func (x *exchange) logLine(err error, end, e2eEnd time.Time, model, replica stri
 	}
 }
 
-// accessFields are the fields of one access log line. Passed to zap as a
-// literal list they would be a 1,152-byte heap slice per request — zap's
-// cores are interfaces, so the slice escapes — two fifths of the bytes a
-// request allocates. Server.accessFields pools them: a zap core encodes
-// the fields it is given before Write returns, and keeps none (a core
-// that keeps them, as zaptest's observer does, copies them).
+// accessFields are the fields of an access log line that goes through zap
+// (accessLog writes the common ones itself). Passed to zap as a literal
+// list they would be a 1,152-byte heap slice a line — zap's cores are
+// interfaces, so the slice escapes. Server.accessFields pools them: a zap
+// core encodes the fields it is given before Write returns, and keeps none
+// (a core that keeps them, as zaptest's observer does, copies them).
 type accessFields [17]zap.Field
 
 // causeOf is the library error behind a failure whose client-facing

@@ -56,10 +56,10 @@ type Options struct {
 	// exchange with no error to report and no migration — straight from
 	// the router, in the bytes Logger would write with zap's JSON encoder
 	// and LogEncoderConfig (`gpurouter serve`'s log), at a fraction of
-	// zap's cost (accesslog.go). Set it only to the writer
-	// such a Logger writes its info lines to; the other lines still go
-	// through Logger. It must be safe for concurrent use. nil: every line
-	// goes through Logger.
+	// zap's cost (accesslog.go). Set it only to the writer such a Logger
+	// writes its info lines to; the other lines still go through Logger.
+	// It must be safe for concurrent use. nil: every line goes through
+	// Logger.
 	AccessLog io.Writer
 
 	Now    func() time.Time      // nil means time.Now
