@@ -30,7 +30,10 @@ func LogEncoderConfig() zapcore.EncoderConfig {
 // fraction of its cost. zap spent ~2 µs a request encoding 17 generic
 // fields, a twentieth of the router's CPU per request at c=64; this is
 // appends into a pooled buffer. The other lines still go through the
-// logger. Its zero value is unset: every line goes through the logger.
+// logger. A line's time is the exchange's end on the server's clock
+// (Options.Now, time.Now by default), where zap reads its own clock a
+// moment later. Its zero value is unset: every line goes through the
+// logger.
 type accessLog struct {
 	w    io.Writer // Options.AccessLog; nil: unset
 	bufs sync.Pool // *[]byte
