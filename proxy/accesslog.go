@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"io"
-	"math"
 	"strconv"
 	"sync"
 	"time"
@@ -83,23 +82,23 @@ func (a *accessLog) write(x *exchange, err error, end time.Time, model, replica 
 	b = strconv.AppendInt(b, int64(x.completionTokens), 10)
 	b = append(b, "}\n"...)
 	a.w.Write(b) //nolint:errcheck // as zap's: a log that can't be written is not the request's failure
-	*bp = b
-	a.bufs.Put(bp)
+	// A line grown by a client's 16 KiB X-Request-Id is not kept.
+	if cap(b) <= maxPooledLine {
+		*bp = b
+		a.bufs.Put(bp)
+	}
 	return true
 }
 
-// appendSeconds is zap's SecondsDurationEncoder in its JSON encoder.
+// maxPooledLine is the largest line buffer kept for the next line: a
+// common line is ~350 bytes.
+const maxPooledLine = 4 << 10
+
+// appendSeconds is zap's SecondsDurationEncoder in its JSON encoder. A
+// duration's seconds are always finite, so zap's NaN and ±Inf cases never
+// apply.
 func appendSeconds(b []byte, d time.Duration) []byte {
-	f := float64(d) / float64(time.Second)
-	switch {
-	case math.IsNaN(f):
-		return append(b, `"NaN"`...)
-	case math.IsInf(f, 1):
-		return append(b, `"+Inf"`...)
-	case math.IsInf(f, -1):
-		return append(b, `"-Inf"`...)
-	}
-	return strconv.AppendFloat(b, f, 'f', -1, 64)
+	return strconv.AppendFloat(b, float64(d)/float64(time.Second), 'f', -1, 64)
 }
 
 // appendJSONText appends s inside a JSON string as zap's JSON encoder
