@@ -144,7 +144,7 @@ func jsonValues(raw []byte, max int) int {
 	return n
 }
 
-var comma = []byte{','}
+var comma, openBrace, openBracket = []byte{','}, []byte{'{'}, []byte{'['}
 
 // idArrays reads a prompt of token ids from its bytes, without a parse
 // tree: an array of numbers (one prompt) or of arrays of numbers (several).

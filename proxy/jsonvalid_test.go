@@ -18,6 +18,11 @@ func FuzzValidJSON(f *testing.F) {
 		" {\"a\":1}\n", `{"a":1e400}`, `[1,2,]`, `{"a":"\u00zz"}`, `{a:1}`, `{"a":1}{"b":2}`, `"` + "\x03" + `\b"`,
 		"{\"a\":\"tab\tin\\\"\"}", `[[[[]]]]`, `{"a":-0.5e-3}`, `true`, `nul`, ``, `"\/"`, "\"\x7f\"", `"\\\\\""`,
 		`{"a":"` + strings.Repeat("[", 400) + `"}`, strings.Repeat("[", 301) + strings.Repeat("]", 301),
+		// Strings past a word, and dense with escapes (read byte by byte
+		// after eight in a row), each with one fault late in it.
+		`{"s":"` + strings.Repeat(`ab\ncd\"`, 12) + "\x1f" + `x"}`, `["` + strings.Repeat(`\t`, 9) + `\q"]`,
+		`{"s":"` + strings.Repeat("lorem ipsum ", 12) + `\"` + strings.Repeat("dolor ", 9) + "\n" + `"}`,
+		`{"s":"` + strings.Repeat(`x\\`, 20) + `\u12G4"}`, `["` + strings.Repeat("é", 20) + `\`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -51,22 +56,38 @@ func naiveDepth(b []byte) int {
 	return most
 }
 
-// jsonDepthOver measures nesting as a byte-at-a-time reading does, and
-// never counts a bracket inside a string.
-func TestJSONDepthOver(t *testing.T) {
-	for _, s := range []string{
-		`{}`, `[[[]]]`, `{"a":[{"b":[1,{"c":{}}]}]}`, `{"a":"[[[[{{{{"}`, `["\"[[[", "\\", [["\\\"{{"]]]`,
-		`[` + strings.Repeat(`"\\\\\"[",`, 20) + `[]]`, `{"x":"` + strings.Repeat(`\\`, 33) + `","y":[[[]]]}`,
+// checkJSON refuses a bracket past maxJSONDepth, however the nesting is
+// built, and never counts a bracket inside a string; at maxJSONDepth the
+// same texts pass.
+func TestCheckJSONDepth(t *testing.T) {
+	seen := map[bool]int{}
+	for _, c := range []struct{ open, leaf, close string }{
+		{"[", "[]", "]"},
+		{`{"a":`, `{}`, "}"},
+		{`[{"k":"[{","v":`, `["\\\"[[",[]]`, "}]"}, // two levels a step
+		{`{"s":"]]}}","a":[`, `[1,2.5e-3,true,null]`, "]}"},
 	} {
-		d := naiveDepth([]byte(s))
-		for max := range d + 2 {
-			if got, want := jsonDepthOver([]byte(s), max), d > max; got != want {
-				t.Errorf("jsonDepthOver(%s, %d) = %v; the text nests %d deep", s, max, got, d)
+		for reps := 1; reps <= maxJSONDepth+2; reps++ {
+			b := []byte(strings.Repeat(c.open, reps) + c.leaf + strings.Repeat(c.close, reps))
+			depth := naiveDepth(b)
+			if depth < maxJSONDepth-1 || depth > maxJSONDepth+2 {
+				continue
+			}
+			if !gjson.ValidBytes(b) {
+				t.Fatalf("%.40s…: not JSON", b)
+			}
+			err := checkJSON(b)
+			seen[depth > maxJSONDepth]++
+			switch {
+			case depth > maxJSONDepth && !errors.Is(err, errJSONDepth):
+				t.Errorf("%.40s… nests %d deep: %v, want errJSONDepth", b, depth, err)
+			case depth <= maxJSONDepth && err != nil:
+				t.Errorf("%.40s… nests %d deep: %v, want nil", b, depth, err)
 			}
 		}
 	}
-	if jsonDepthOver([]byte(`["`+strings.Repeat("[", 500)), 10) {
-		t.Error("brackets in an unterminated string counted")
+	if seen[true] < 4 || seen[false] < 4 {
+		t.Fatalf("texts over and within the depth: %v, want each nesting tried on both sides", seen)
 	}
 }
 
@@ -91,24 +112,39 @@ func TestReadRequestDeepBody(t *testing.T) {
 	}
 }
 
+// BenchmarkValidJSON checks an 8 KB prompt of prose and one of code, and
+// the harness's 300-byte
+// request and 500-byte answer (work_bench_test.go), which every
+// non-streamed request has checked.
 func BenchmarkValidJSON(b *testing.B) {
-	body := []byte(`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("lorem ipsum dolor sit amet, consectetur adipiscing elit ", 150) + `"}],"max_tokens":64}`)
-	for _, v := range []struct {
-		name  string
-		valid func([]byte) bool
+	long := []byte(`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("lorem ipsum dolor sit amet, consectetur adipiscing elit ", 150) + `"}],"max_tokens":64}`)
+	for _, body := range []struct {
+		name string
+		b    []byte
 	}{
-		{"validJSON", validJSON},
-		{"fastjson", func(b []byte) bool { return fastjson.ValidateBytes(b) == nil }},
-		{"gjson", gjson.ValidBytes},
+		{"8KB", long},
+		// Source code: an escape every few bytes, quotes among them.
+		{"8KB-escaped", []byte(`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat(`\tif x := f(\"a\\\\b\"); x {\n`, 256) + `"}]}`)},
+		{"request", []byte(harnessRequest)},
+		{"answer", harnessReply},
 	} {
-		b.Run(v.name, func(b *testing.B) {
-			b.SetBytes(int64(len(body)))
-			b.ReportAllocs()
-			for b.Loop() {
-				if !v.valid(body) {
-					b.Fatal("invalid")
+		for _, v := range []struct {
+			name  string
+			valid func([]byte) bool
+		}{
+			{"validJSON", validJSON},
+			{"fastjson", func(b []byte) bool { return fastjson.ValidateBytes(b) == nil }},
+			{"gjson", gjson.ValidBytes},
+		} {
+			b.Run(body.name+"/"+v.name, func(b *testing.B) {
+				b.SetBytes(int64(len(body.b)))
+				b.ReportAllocs()
+				for b.Loop() {
+					if !v.valid(body.b) {
+						b.Fatal("invalid")
+					}
 				}
-			}
-		})
+			})
+		}
 	}
 }

@@ -99,7 +99,7 @@ func valueEnd(b []byte, i int) int {
 // quote), or -1 when no quote ends it. A quote ends it when an even run of
 // backslashes comes before it (each pair is one escaped backslash); the
 // quotes are found with IndexByte's stride, not byte by byte, as a prompt
-// can be long (jsonDepthOver).
+// can be long (jsonValues).
 func stringEnd(b []byte, i int) int {
 	for j := i + 1; ; {
 		q := bytes.IndexByte(b[j:], '"')
