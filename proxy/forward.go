@@ -411,7 +411,8 @@ func (s *Server) respondWhole(ctx *fasthttp.RequestCtx, x *exchange, resp *fasth
 		buf.Set(resp.Body())
 	}
 	status := resp.StatusCode()
-	if err == nil && status == fasthttp.StatusOK && !validJSON(buf.B) {
+	var members objectMembers // a 200's, where its usage is
+	if err == nil && status == fasthttp.StatusOK && checkJSONMembers(buf.B, &members) != nil {
 		err = fmt.Errorf("%w: %s returned a malformed JSON body", ErrUpstream, x.up.replica.Name())
 	}
 	if err != nil {
@@ -432,5 +433,9 @@ func (s *Server) respondWhole(ctx *fasthttp.RequestCtx, x *exchange, resp *fasth
 	ctx.SetStatusCode(status)
 	// The answer goes out first; its usage, metrics and log line follow
 	// (wholeBody.CloseWithError): step 7, off the client's wait.
-	ctx.SetBodyStream(&wholeBody{x: x, buf: buf, status: status}, buf.Len())
+	wb := &wholeBody{x: x, buf: buf, status: status}
+	if status == fasthttp.StatusOK {
+		wb.usage, wb.known = members.member(buf.B, "usage")
+	}
+	ctx.SetBodyStream(wb, buf.Len())
 }

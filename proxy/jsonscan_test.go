@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/valyala/fastjson"
@@ -16,6 +17,8 @@ func FuzzMemberScan(f *testing.F) {
 		`{}`, ` { "a" : 1 , "b":[1,2] } `, `{"a":"x\"y","b\\"":{"c":[]}}`, `{"mod\u0065l":"m","a":null,"a":true}`,
 		`{"p":[1,2,3]}`, `{"p":[[1,2],[3],[]]}`, `{"p":[]}`, `{"p":[1e3,-2.5E-1]}`, `{"p":[[1,[2]]]}`, `{"p":[1,"a"]}`,
 		`{"p":[true]}`, `{"p":[[1],2]}`, "{\"a\":\"\\\\\",\"b\":\"[\"}", `{"a":{"b":{"c":"}"}},"d":"{"}`,
+		`{"us\u0061ge":1,"usage":{"a":[]}}`, `{"usage" : {} , "usage":2}`, `{"a":[],"b":{}, "usage":[ ] }`,
+		`{` + strings.Repeat(`"k":0,`, maxMembers) + `"usage":{"prompt_tokens":1}}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -51,5 +54,33 @@ func FuzzMemberScan(f *testing.F) {
 		if err != nil || fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Fatalf("%q:\n eachMember %v %v\n parse      %v", body, got, err, want)
 		}
+		// The members the check notes are eachMember's, raw bytes and all,
+		// and member finds the first of a name as the parse's Get does.
+		var m objectMembers
+		if err := checkJSONMembers(body, &m); err != nil {
+			t.Fatalf("%q: checkJSON passed, checkJSONMembers: %v", body, err)
+		}
+		var scan, noted []string
+		eachMember(body, func(key, raw []byte) error { scan = append(scan, string(key)+"="+string(raw)); return nil }) //nolint:errcheck
+		m.each(body, func(key, raw []byte) error { noted = append(noted, string(key)+"="+string(raw)); return nil })   //nolint:errcheck
+		if fmt.Sprint(scan) != fmt.Sprint(noted) {
+			t.Fatalf("%q:\n eachMember %q\n noted      %q", body, scan, noted)
+		}
+		for _, name := range []string{"a", "model", "usage"} {
+			raw, known := m.member(body, name)
+			if !known {
+				continue
+			}
+			v := root.Get(name)
+			if (v == nil) != (raw == nil) || (v != nil && string(raw) != v.String() && !sameValue(&p, raw, v)) {
+				t.Fatalf("%q: member %q = %q, the parse's Get %v", body, name, raw, v)
+			}
+		}
 	})
+}
+
+// sameValue reports whether raw parses to v's value.
+func sameValue(p *fastjson.Parser, raw []byte, v *fastjson.Value) bool {
+	w, err := p.ParseBytes(raw)
+	return err == nil && w.String() == v.String()
 }

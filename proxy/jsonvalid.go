@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"math"
 	"math/bits"
 
 	"github.com/valyala/fastjson"
@@ -33,15 +34,27 @@ var (
 // non-streamed request has checked, 490 and 640 ns against ~160 and
 // ~370; on 8 KB of prose 0.85 µs against ~1.0, and on 8 KB of source code
 // (an escape every few bytes) ~10 µs against ~8 (BenchmarkValidJSON).
-func checkJSON(b []byte) error {
+func checkJSON(b []byte) error { return checkJSONMembers(b, nil) }
+
+// checkJSONMembers is checkJSON, noting in m, when b is an object and m
+// is not nil, where its members are: the scan that readRequest and
+// wholeUsage made of a body's members after checking it, ~1 µs of a
+// request (BenchmarkRouterWork), is then no second pass.
+func checkJSONMembers(b []byte, m *objectMembers) error {
 	var closers [maxJSONDepth]byte // '}' or ']' for each open level
 	depth := 0
 	i := 0
+	if m != nil {
+		m.n, m.over = 0, false
+	}
 	for {
 		// A value starts at b[i], after spaces.
 		i = skipJSONSpace(b, i)
 		if i >= len(b) {
 			return errJSONSyntax
+		}
+		if m != nil && depth == 1 && closers[0] == '}' {
+			m.valueAt(i)
 		}
 		switch c := b[i]; c {
 		case '{', '[':
@@ -59,8 +72,13 @@ func checkJSON(b []byte) error {
 			if c == '[' {
 				continue // its first element
 			}
-			if i = memberHead(b, i); i < 0 {
+			k := i
+			var ke int
+			if ke, i = memberHead(b, i); i < 0 {
 				return errJSONSyntax
+			}
+			if m != nil && depth == 1 {
+				m.key(k, ke)
 			}
 			continue // its first member's value
 		case '"':
@@ -80,6 +98,9 @@ func checkJSON(b []byte) error {
 		// A value ended before b[i]: what follows closes its array or
 		// object, or separates it from the next.
 		for {
+			if m != nil && depth == 1 && closers[0] == '}' {
+				m.valueEnd(i)
+			}
 			i = skipJSONSpace(b, i)
 			if depth == 0 {
 				if i != len(b) {
@@ -100,8 +121,13 @@ func checkJSON(b []byte) error {
 			}
 			i++
 			if closers[depth-1] == '}' {
-				if i = memberHead(b, skipJSONSpace(b, i)); i < 0 {
+				k := skipJSONSpace(b, i)
+				var ke int
+				if ke, i = memberHead(b, k); i < 0 {
 					return errJSONSyntax
+				}
+				if m != nil && depth == 1 {
+					m.key(k, ke)
 				}
 			}
 			break
@@ -112,19 +138,90 @@ func checkJSON(b []byte) error {
 // validJSON is checkJSON's verdict alone.
 func validJSON(b []byte) bool { return checkJSON(b) == nil }
 
+// maxMembers is how many members objectMembers notes: more than an
+// OpenAI request or answer has at its top level.
+const maxMembers = 32
+
+// objectMembers are where a JSON object's members are in its bytes, as
+// checkJSONMembers found them. Its zero value holds none.
+type objectMembers struct {
+	n    int
+	over bool // more than maxMembers: each scans the object instead
+	at   [maxMembers]struct{ key, keyEnd, val, valEnd int32 }
+}
+
+// key notes a member whose key is the string from k to end (its
+// quotes).
+func (m *objectMembers) key(k, end int) {
+	if m.over || m.n == maxMembers || end > math.MaxInt32 {
+		m.over = true
+		return
+	}
+	m.at[m.n].key, m.at[m.n].keyEnd = int32(k+1), int32(end-1)
+	m.n++
+}
+
+// valueAt and valueEnd note where the last member's value starts and
+// ends.
+func (m *objectMembers) valueAt(i int) {
+	if !m.over {
+		m.at[m.n-1].val = int32(i)
+	}
+}
+
+func (m *objectMembers) valueEnd(i int) {
+	if !m.over {
+		m.at[m.n-1].valEnd = int32(i)
+	}
+}
+
+// each is eachMember(obj, fn) for obj, the object m was noted from.
+func (m *objectMembers) each(obj []byte, fn func(key, raw []byte) error) error {
+	if m.over {
+		return eachMember(obj, fn)
+	}
+	for _, a := range m.at[:m.n] {
+		if err := fn(obj[a.key:a.keyEnd], obj[a.val:a.valEnd]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// member is the value of obj's first member named name, as a parse's Get
+// finds it (nil when there is none); known is false when m cannot tell —
+// more members than it notes, or a key with escapes before that member —
+// and obj must be scanned (eachMember).
+func (m *objectMembers) member(obj []byte, name string) (raw []byte, known bool) {
+	if m.over {
+		return nil, false
+	}
+	for _, a := range m.at[:m.n] {
+		key := obj[a.key:a.keyEnd]
+		if bytes.IndexByte(key, '\\') >= 0 {
+			return nil, false
+		}
+		if string(key) == name {
+			return obj[a.val:a.valEnd], true
+		}
+	}
+	return nil, true
+}
+
 // memberHead reads an object member's key and colon at b[i]: the index
-// after the colon, or -1.
-func memberHead(b []byte, i int) int {
+// after the key's string, and next, the index after the colon; next is
+// -1 when they are not there.
+func memberHead(b []byte, i int) (keyEnd, next int) {
 	if i >= len(b) || b[i] != '"' {
-		return -1
+		return 0, -1
 	}
-	if i = stringEndStrict(b, i); i < 0 {
-		return -1
+	if keyEnd = stringEndStrict(b, i); keyEnd < 0 {
+		return 0, -1
 	}
-	if i = skipJSONSpace(b, i); i >= len(b) || b[i] != ':' {
-		return -1
+	if i = skipJSONSpace(b, keyEnd); i >= len(b) || b[i] != ':' {
+		return 0, -1
 	}
-	return i + 1
+	return keyEnd, i + 1
 }
 
 // Eight bytes at a time: lanes holds one in each byte, high its top bit.

@@ -112,8 +112,8 @@ func bytesView(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(
 // readRequest reads the fields the router needs from a JSON body and checks
 // their types, naming the first offending field. The body is validated
 // first (checkJSON: strict JSON, as gjson reads it, nested no more than
-// the parser goes); its members are then found in its bytes (eachMember)
-// and those the router reads are parsed by p, one at a time, within one
+// the parser goes), its members noted as it is (checkJSONMembers); those
+// the router reads are then parsed by p, one at a time, within one
 // bound on the tree (memberParser, jsonscan.go); a prompt of token ids is
 // read from its bytes (idArrays). The body is left as it is; what the
 // request keeps is copied out of p, free for the next body once
@@ -130,7 +130,8 @@ func readRequest(p *fastjson.Parser, body []byte, ep endpoint) (request, error) 
 	if len(trimmed) == 0 {
 		return r, badParam("body", "empty request body; expected a JSON object")
 	}
-	switch err := checkJSON(trimmed); {
+	var members objectMembers
+	switch err := checkJSONMembers(trimmed, &members); {
 	case errors.Is(err, errJSONDepth):
 		return r, badParam("body", fmt.Sprintf("JSON nested more than %d levels deep", maxJSONDepth))
 	case err != nil:
@@ -141,7 +142,7 @@ func readRequest(p *fastjson.Parser, body []byte, ep endpoint) (request, error) 
 	}
 	var sawInput bool
 	mp := newMemberParser(p)
-	err := eachMember(trimmed, func(key, raw []byte) error {
+	err := members.each(trimmed, func(key, raw []byte) error {
 		switch k := memberKey(p, key); k {
 		case "model":
 			if rawType(raw) != fastjson.TypeString {

@@ -24,6 +24,11 @@ type wholeBody struct {
 	off    int  // what Read has given
 	sent   bool // WriteTo wrote it all and flushed it
 	closed bool
+	// usage is the answer's top-level usage value, in buf, when its check
+	// found where it is (known; nil: it has none); else the answer is
+	// scanned for it (wholeUsage).
+	usage []byte
+	known bool
 }
 
 // WriteTo writes the answer into fasthttp's buffered writer after the
@@ -65,11 +70,18 @@ func (b *wholeBody) CloseWithError(err error) error {
 	}
 	b.closed = true
 	x := b.x
-	if p, c, ok := x.s.wholeUsage(b.buf.B); ok {
+	var p, c int
+	var ok bool
+	if b.known {
+		p, c, ok = x.s.usageOf(b.usage)
+	} else {
+		p, c, ok = x.s.wholeUsage(b.buf.B)
+	}
+	if ok {
 		x.promptTokens, x.completionTokens, x.gotUsage = p, c, true
 	}
 	bytebufferpool.Put(b.buf)
-	b.buf = nil
+	b.buf, b.usage = nil, nil
 	var final error
 	switch {
 	case err != nil:
@@ -82,7 +94,9 @@ func (b *wholeBody) CloseWithError(err error) error {
 }
 
 // wholeUsage reads the token counts of a whole response's top-level
-// usage; ok is false when it has none. Only the usage member is parsed:
+// usage; ok is false when it has none. It is for an answer whose check
+// did not note where its usage is (a status other than 200, a key with
+// escapes; respondWhole), which usageOf reads from there. Only the usage member is parsed:
 // the rest is passed over in its bytes (eachMember), so an answer's text
 // and logprobs — thousands of values with top_logprobs — build no parse
 // tree. gjson's walk to "usage" took 3.7 µs of a 4 KB answer (`bench
@@ -107,7 +121,24 @@ func (s *Server) wholeUsage(body []byte) (prompt, completion int, ok bool) {
 		}
 		return nil
 	})
-	if err != nil || rawType(usage) != fastjson.TypeObject {
+	if err != nil {
+		return 0, 0, false
+	}
+	return s.usageOfWith(p, usage)
+}
+
+// usageOf reads the token counts of a usage value's bytes (nil: none).
+func (s *Server) usageOf(usage []byte) (prompt, completion int, ok bool) {
+	if usage == nil {
+		return 0, 0, false
+	}
+	p := s.parsers.Get()
+	defer s.parsers.Put(p)
+	return s.usageOfWith(p, usage)
+}
+
+func (s *Server) usageOfWith(p *fastjson.Parser, usage []byte) (prompt, completion int, ok bool) {
+	if rawType(usage) != fastjson.TypeObject {
 		return 0, 0, false
 	}
 	mp := newMemberParser(p)
