@@ -435,7 +435,7 @@ func (s *Server) respondWhole(ctx *fasthttp.RequestCtx, x *exchange, resp *fasth
 	// (wholeBody.CloseWithError): step 7, off the client's wait.
 	wb := &wholeBody{x: x, buf: buf, status: status}
 	if status == fasthttp.StatusOK {
-		wb.usage, wb.known = members.member(buf.B, "usage")
+		wb.setUsage(members.member(buf.B, "usage"))
 	}
 	ctx.SetBodyStream(wb, buf.Len())
 }

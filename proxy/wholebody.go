@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"math"
 
 	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fastjson"
@@ -24,11 +25,23 @@ type wholeBody struct {
 	off    int  // what Read has given
 	sent   bool // WriteTo wrote it all and flushed it
 	closed bool
-	// usage is the answer's top-level usage value, in buf, when its check
-	// found where it is (known; nil: it has none); else the answer is
-	// scanned for it (wholeUsage).
-	usage []byte
-	known bool
+	// known: the answer's check found where its top-level usage value is
+	// in buf, from usageAt to usageEnd (both 0: it has none); else the
+	// answer is scanned for it (wholeUsage). Offsets, not a slice: the
+	// struct stays in its 48-byte size class.
+	known             bool
+	usageAt, usageEnd int32
+}
+
+// setUsage notes where the answer's usage value is (nil: none); usage is
+// within buf.
+func (b *wholeBody) setUsage(usage []byte, known bool) {
+	at := cap(b.buf.B) - cap(usage) // usage is a slice of buf.B from there
+	if !known || usage == nil || at+len(usage) > math.MaxInt32 {
+		b.known = known && usage == nil
+		return
+	}
+	b.known, b.usageAt, b.usageEnd = true, int32(at), int32(at+len(usage))
 }
 
 // WriteTo writes the answer into fasthttp's buffered writer after the
@@ -73,7 +86,11 @@ func (b *wholeBody) CloseWithError(err error) error {
 	var p, c int
 	var ok bool
 	if b.known {
-		p, c, ok = x.s.usageOf(b.usage)
+		var usage []byte
+		if b.usageEnd > 0 {
+			usage = b.buf.B[b.usageAt:b.usageEnd]
+		}
+		p, c, ok = x.s.usageOf(usage)
 	} else {
 		p, c, ok = x.s.wholeUsage(b.buf.B)
 	}
@@ -81,7 +98,7 @@ func (b *wholeBody) CloseWithError(err error) error {
 		x.promptTokens, x.completionTokens, x.gotUsage = p, c, true
 	}
 	bytebufferpool.Put(b.buf)
-	b.buf, b.usage = nil, nil
+	b.buf = nil
 	var final error
 	switch {
 	case err != nil:

@@ -3,6 +3,9 @@ package proxy
 import (
 	"strings"
 	"testing"
+
+	"github.com/valyala/bytebufferpool"
+	"github.com/valyala/fastjson"
 )
 
 // wholeUsage reads what readUsage (gjson's walk) reads from a whole
@@ -24,6 +27,50 @@ func TestWholeUsageIsReadUsage(t *testing.T) {
 		wp, wc, wok := readUsage([]byte(body))
 		if p != wp || c != wc || ok != wok {
 			t.Errorf("%s: wholeUsage %d, %d, %v; readUsage %d, %d, %v", body, p, c, ok, wp, wc, wok)
+		}
+	}
+	// A 200's usage is found where its check noted it (respondWhole), as
+	// a parse of the whole answer finds it, spaces around the colon too
+	// (the scan looks for "usage": as engines write it). Past maxMembers,
+	// or after a key with escapes, the check can't tell: the scan reads it.
+	for _, tc := range []struct {
+		body  string
+		known bool
+	}{
+		{`{"choices":[{"message":{"content":"x"}}],"usage":{"prompt_tokens":60,"total_tokens":124,"completion_tokens":64},"prompt_logprobs":null}`, true},
+		{` {"usage" : {"prompt_tokens":3,"completion_tokens":4}} `, true},
+		{`{"usage":{"prompt_tokens":1},"usage":{"prompt_tokens":2}}`, true},
+		{`{"usage":[1]}`, true}, {`{"a":1}`, true}, {`[{"usage":{"prompt_tokens":1}}]`, true},
+		{`{"r\u006fle":1,"usage":{"prompt_tokens":2}}`, false},
+		{`{` + strings.Repeat(`"k":0,`, maxMembers) + `"usage":{"prompt_tokens":8,"completion_tokens":1}}`, false},
+	} {
+		var m objectMembers
+		if err := checkJSONMembers([]byte(tc.body), &m); err != nil {
+			t.Fatalf("%s: %v", tc.body, err)
+		}
+		b := &wholeBody{buf: &bytebufferpool.ByteBuffer{B: []byte(tc.body)}}
+		b.setUsage(m.member(b.buf.B, "usage"))
+		if b.known != tc.known {
+			t.Fatalf("%.60s: known %v, want %v", tc.body, b.known, tc.known)
+		}
+		var p, c int
+		var ok bool
+		if b.known {
+			var usage []byte
+			if b.usageEnd > 0 {
+				usage = b.buf.B[b.usageAt:b.usageEnd]
+			}
+			p, c, ok = s.usageOf(usage)
+		} else {
+			p, c, ok = s.wholeUsage(b.buf.B)
+		}
+		var wp, wc int
+		var wok bool
+		if u := fastjson.MustParse(tc.body).Get("usage"); u != nil && u.Type() == fastjson.TypeObject {
+			wp, wc, wok = int(intOf(u.Get("prompt_tokens"))), int(intOf(u.Get("completion_tokens"))), true
+		}
+		if p != wp || c != wc || ok != wok {
+			t.Errorf("%.60s: usage %d, %d, %v; the parse's %d, %d, %v", tc.body, p, c, ok, wp, wc, wok)
 		}
 	}
 	if p, c, ok := s.wholeUsage([]byte(`{"usage":{"prompt_tokens":5}`)); ok {
