@@ -162,15 +162,24 @@ func (m *objectMembers) key(k, end int) {
 }
 
 // valueAt and valueEnd note where the last member's value starts and
-// ends.
+// ends. Offsets past int32 (a body over 2 GiB) leave the members to the
+// scan.
 func (m *objectMembers) valueAt(i int) {
-	if !m.over {
+	switch {
+	case m.over:
+	case i > math.MaxInt32:
+		m.over = true
+	default:
 		m.at[m.n-1].val = int32(i)
 	}
 }
 
 func (m *objectMembers) valueEnd(i int) {
-	if !m.over {
+	switch {
+	case m.over:
+	case i > math.MaxInt32:
+		m.over = true
+	default:
 		m.at[m.n-1].valEnd = int32(i)
 	}
 }

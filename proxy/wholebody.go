@@ -111,13 +111,14 @@ func (b *wholeBody) CloseWithError(err error) error {
 }
 
 // wholeUsage reads the token counts of a whole response's top-level
-// usage; ok is false when it has none. It is for an answer whose check
-// did not note where its usage is (a status other than 200, a key with
-// escapes; respondWhole), which usageOf reads from there. Only the usage member is parsed:
-// the rest is passed over in its bytes (eachMember), so an answer's text
-// and logprobs — thousands of values with top_logprobs — build no parse
-// tree. gjson's walk to "usage" took 3.7 µs of a 4 KB answer (`bench
-// proxy-cost --reply-bytes 4096`); a whole-answer parse, ~1 µs.
+// usage; ok is false when it has none. It reads answers whose check did
+// not note where their usage is (not a 200, more members than noted, a
+// key with escapes before it: respondWhole); usageOf reads a noted one.
+// Only the usage member is parsed: the rest is passed over in its bytes
+// (eachMember), so an answer's text and logprobs — thousands of values
+// with top_logprobs — build no parse tree. gjson's walk to "usage" took
+// 3.7 µs of a 4 KB answer (`bench proxy-cost --reply-bytes 4096`); a
+// whole-answer parse, ~1 µs.
 func (s *Server) wholeUsage(body []byte) (prompt, completion int, ok bool) {
 	// An engine writes usage last or nearly: looked for from the end, it
 	// is found within the last few hundred bytes, where a search from the
@@ -154,6 +155,7 @@ func (s *Server) usageOf(usage []byte) (prompt, completion int, ok bool) {
 	return s.usageOfWith(p, usage)
 }
 
+// usageOfWith is usageOf with the parser p, which the caller holds.
 func (s *Server) usageOfWith(p *fastjson.Parser, usage []byte) (prompt, completion int, ok bool) {
 	if rawType(usage) != fastjson.TypeObject {
 		return 0, 0, false
