@@ -54,7 +54,7 @@ func checkJSONMembers(b []byte, m *objectMembers) error {
 			return errJSONSyntax
 		}
 		if m != nil && depth == 1 && closers[0] == '}' {
-			m.valueAt(i)
+			m.value(i, false)
 		}
 		switch c := b[i]; c {
 		case '{', '[':
@@ -99,7 +99,7 @@ func checkJSONMembers(b []byte, m *objectMembers) error {
 		// object, or separates it from the next.
 		for {
 			if m != nil && depth == 1 && closers[0] == '}' {
-				m.valueEnd(i)
+				m.value(i, true)
 			}
 			i = skipJSONSpace(b, i)
 			if depth == 0 {
@@ -161,26 +161,18 @@ func (m *objectMembers) key(k, end int) {
 	m.n++
 }
 
-// valueAt and valueEnd note where the last member's value starts and
-// ends. Offsets past int32 (a body over 2 GiB) leave the members to the
+// value notes where the last member's value starts (end false) or ends.
+// An offset past int32 (a body over 2 GiB) leaves the members to the
 // scan.
-func (m *objectMembers) valueAt(i int) {
+func (m *objectMembers) value(i int, end bool) {
 	switch {
 	case m.over:
 	case i > math.MaxInt32:
 		m.over = true
+	case end:
+		m.at[m.n-1].valEnd = int32(i)
 	default:
 		m.at[m.n-1].val = int32(i)
-	}
-}
-
-func (m *objectMembers) valueEnd(i int) {
-	switch {
-	case m.over:
-	case i > math.MaxInt32:
-		m.over = true
-	default:
-		m.at[m.n-1].valEnd = int32(i)
 	}
 }
 

@@ -44,6 +44,19 @@ func (b *wholeBody) setUsage(usage []byte, known bool) {
 	b.known, b.usageAt, b.usageEnd = true, int32(at), int32(at+len(usage))
 }
 
+// tokens reads the answer's token counts: where its check noted its
+// usage, else by a scan of the answer.
+func (b *wholeBody) tokens(s *Server) (prompt, completion int, ok bool) {
+	if !b.known {
+		return s.wholeUsage(b.buf.B)
+	}
+	var usage []byte
+	if b.usageEnd > 0 {
+		usage = b.buf.B[b.usageAt:b.usageEnd]
+	}
+	return s.usageOf(usage)
+}
+
 // WriteTo writes the answer into fasthttp's buffered writer after the
 // head, and flushes both, in one write(2) as fasthttp would: the client
 // has its answer before CloseWithError runs.
@@ -83,18 +96,7 @@ func (b *wholeBody) CloseWithError(err error) error {
 	}
 	b.closed = true
 	x := b.x
-	var p, c int
-	var ok bool
-	if b.known {
-		var usage []byte
-		if b.usageEnd > 0 {
-			usage = b.buf.B[b.usageAt:b.usageEnd]
-		}
-		p, c, ok = x.s.usageOf(usage)
-	} else {
-		p, c, ok = x.s.wholeUsage(b.buf.B)
-	}
-	if ok {
+	if p, c, ok := b.tokens(x.s); ok {
 		x.promptTokens, x.completionTokens, x.gotUsage = p, c, true
 	}
 	bytebufferpool.Put(b.buf)

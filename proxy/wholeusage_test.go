@@ -53,17 +53,7 @@ func TestWholeUsageIsReadUsage(t *testing.T) {
 		if b.known != tc.known {
 			t.Fatalf("%.60s: known %v, want %v", tc.body, b.known, tc.known)
 		}
-		var p, c int
-		var ok bool
-		if b.known {
-			var usage []byte
-			if b.usageEnd > 0 {
-				usage = b.buf.B[b.usageAt:b.usageEnd]
-			}
-			p, c, ok = s.usageOf(usage)
-		} else {
-			p, c, ok = s.wholeUsage(b.buf.B)
-		}
+		p, c, ok := b.tokens(s)
 		var wp, wc int
 		var wok bool
 		if u := fastjson.MustParse(tc.body).Get("usage"); u != nil && u.Type() == fastjson.TypeObject {
