@@ -328,8 +328,9 @@ func (s *Server) startStream(ctx *fasthttp.RequestCtx, x *exchange, resp *fastht
 	ctx.Response.ImmediateHeaderFlush = true
 	body := resp.BodyStream().(fasthttp.ReadCloserWithError)
 	hj := hijackable(ctx)
-	if hj && !s.cfg.GoroutineStreams {
-		// Relayed in the stream loop where it can be (pump_linux.go).
+	if hj && !s.cfg.GoroutineStreams && ctx.Request.Header.IsHTTP11() {
+		// Relayed in the stream loop where it can be (pump_linux.go),
+		// which writes chunked framing: HTTP/1.1's.
 		if b := s.pump().detach(x, resp, ctx.Conn()); b != nil {
 			// The head is copied and the body taken: nothing of the
 			// response is needed for the rest of the stream.

@@ -29,26 +29,31 @@ import (
 // between responses.
 
 // hijackable reports whether a stream on ctx can be relayed on its
-// connection: HTTP/1.1 (chunked framing), a connection fasthttp got from
-// the router's listener (a hijacked stream hands it back), and one still
-// open. fasthttp clears the connection's deadlines before it runs the
-// hijack and skips the hijack if that fails, which happens only on a
-// closed connection; the relay would then never run nor release what the
-// request holds, so such a stream takes fasthttp's body path, whose failed
-// write closes the relay. Clearing the deadlines here first tells.
+// connection: a connection fasthttp got from the router's listener (a
+// hijacked stream hands it back), and one still open. fasthttp clears the
+// connection's deadlines before it runs the hijack and skips the hijack
+// if that fails, which happens only on a closed connection; the relay
+// would then never run nor release what the request holds, so such a
+// stream takes fasthttp's body path, whose failed write closes the relay.
+// Clearing the deadlines here first tells.
 func hijackable(ctx *fasthttp.RequestCtx) bool {
-	if !ctx.Request.Header.IsHTTP11() {
-		return false
-	}
 	c, ok := ctx.Conn().(*prefetchConn)
 	return ok && c.SetDeadline(time.Time{}) == nil
 }
 
 // hijackStream commits the head built on ctx.Response and relays r on the
-// connection once the handler returns.
+// connection once the handler returns: in chunked framing to an HTTP/1.1
+// client; unframed to an HTTP/1.0 one, which can't read chunks (RFC 9112
+// §6.1: a server must not send them) and reads the stream to the
+// connection's close (fasthttp's own body writer would chunk it).
 func (s *Server) hijackStream(ctx *fasthttp.RequestCtx, r *relay) {
 	served := ctx.Conn().(*prefetchConn)
-	ctx.Response.Header.SetContentLength(-1) // chunked
+	http11 := ctx.Request.Header.IsHTTP11()
+	if http11 {
+		ctx.Response.Header.SetContentLength(-1) // chunked
+	} else {
+		ctx.Response.Header.SetContentLength(-2) // neither length nor chunks; Connection: close
+	}
 	ctx.HijackSetNoResponse(true)
 	s.streams.Add(1)
 	ctx.Hijack(func(c net.Conn) {
@@ -56,7 +61,12 @@ func (s *Server) hijackStream(ctx *fasthttp.RequestCtx, r *relay) {
 		// after the response: the client asked, or shutdown began.
 		keep := !ctx.Response.Header.ConnectionClose()
 		r.conn = c
-		err := r.writeChunked(c, ctx.Response.Header.Header())
+		var err error
+		if http11 {
+			err = r.writeChunked(c, ctx.Response.Header.Header())
+		} else {
+			err = r.writeRaw(c, ctx.Response.Header.Header())
+		}
 		r.CloseWithError(err)
 		s.streams.Add(-1)
 		if err != nil || !keep || s.draining.Load() || pipelined(c) {
@@ -162,6 +172,20 @@ func (r *relay) writeChunked(w io.Writer, head []byte) error {
 		return err
 	}
 	_, err := io.WriteString(w, lastChunk)
+	return err
+}
+
+// writeRaw writes head, then the stream's events as they come, for a
+// client that reads the stream to the connection's close (HTTP/1.0).
+func (r *relay) writeRaw(w io.Writer, head []byte) error {
+	defer r.disarmWrite()
+	if err := r.armWrite(); err != nil {
+		return err
+	}
+	if _, err := w.Write(head); err != nil {
+		return err
+	}
+	_, err := r.WriteTo(w)
 	return err
 }
 

@@ -129,6 +129,33 @@ func TestStreamRunsOnItsHijackedConnection(t *testing.T) {
 	}
 }
 
+// An HTTP/1.0 client can't read chunked framing (RFC 9112 §6.1: a server
+// must not send it): its stream comes unframed, as events, and the
+// connection closes at its end, which is how such a client knows it.
+func TestStreamToAnHTTP10ClientIsNotChunked(t *testing.T) {
+	up := newFakeVLLM(t)
+	tr := startRouter(t, []string{up.url})
+	c := dialRouter(t, tr, 10*time.Second)
+	if _, err := io.WriteString(c, strings.Replace(requestText(chatStream), "HTTP/1.1", "HTTP/1.0", 1)); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := io.ReadAll(c) // to the close: the router must end the connection
+	if err != nil {
+		t.Fatalf("read: %v (got %q)", err, raw)
+	}
+	head, body, _ := strings.Cut(string(raw), "\r\n\r\n")
+	h := strings.ToLower(head)
+	if !strings.HasPrefix(head, "HTTP/1.1 200") || strings.Contains(h, "transfer-encoding") ||
+		strings.Contains(h, "content-length") || !strings.Contains(h, "connection: close") {
+		t.Fatalf("head %q: want a 200 with neither length nor chunks, and Connection: close", head)
+	}
+	if !strings.HasPrefix(body, "data: {") || strings.Count(body, `"content":"tok`) != up.tokens ||
+		!strings.HasSuffix(body, "data: [DONE]\n\n") {
+		t.Fatalf("body %q: want the events unframed, ending in [DONE]", body)
+	}
+	waitFor(t, "no stream to be counted", func() bool { return tr.srv.streams.Load() == 0 })
+}
+
 // BenchmarkWriteChunk guards a hijacked stream's per-read write: the chunk
 // is framed in a pooled buffer, nothing allocated.
 func BenchmarkWriteChunk(b *testing.B) {
@@ -198,7 +225,7 @@ func TestHijackedStreamsCountTowardMaxConnections(t *testing.T) {
 // that write for good once the socket buffers filled, holding the engine's
 // sequence, the replica's lease and the upstream connection.
 func TestStreamToAClientThatStopsReadingEnds(t *testing.T) {
-	for _, proto := range []string{"HTTP/1.1", "HTTP/1.0"} { // hijacked; written by fasthttp
+	for _, proto := range []string{"HTTP/1.1", "HTTP/1.0"} { // hijacked: chunked, unframed
 		t.Run(proto, func(t *testing.T) {
 			up := newFakeVLLM(t)
 			up.tokens = 400000 // ~50 MB of events: more than loopback's socket buffers hold
