@@ -154,10 +154,7 @@ func (k *keptConns) remove(c *prefetchConn) {
 // is gone.
 func (r *relay) writeChunked(w io.Writer, head []byte) error {
 	defer r.disarmWrite()
-	if err := r.armWrite(); err != nil {
-		return err
-	}
-	if _, err := w.Write(head); err != nil {
+	if err := r.writeHead(w, head); err != nil {
 		return err
 	}
 	// In the stream loop while it can be (pump_linux.go), then here.
@@ -179,13 +176,19 @@ func (r *relay) writeChunked(w io.Writer, head []byte) error {
 // client that reads the stream to the connection's close (HTTP/1.0).
 func (r *relay) writeRaw(w io.Writer, head []byte) error {
 	defer r.disarmWrite()
-	if err := r.armWrite(); err != nil {
-		return err
-	}
-	if _, err := w.Write(head); err != nil {
+	if err := r.writeHead(w, head); err != nil {
 		return err
 	}
 	_, err := r.WriteTo(w)
+	return err
+}
+
+// writeHead writes the response head within the idle timeout.
+func (r *relay) writeHead(w io.Writer, head []byte) error {
+	if err := r.armWrite(); err != nil {
+		return err
+	}
+	_, err := w.Write(head)
 	return err
 }
 
