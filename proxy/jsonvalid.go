@@ -313,7 +313,7 @@ func stringEndStrict(b []byte, i int) int {
 func stringEndBytes(b []byte, i int) int {
 	for ; i < len(b); i++ {
 		c := b[i]
-		if !stringSpecial[c] {
+		if c != '"' && c != '\\' && c >= ' ' {
 			continue
 		}
 		switch {
@@ -330,16 +330,6 @@ func stringEndBytes(b []byte, i int) int {
 	}
 	return -1
 }
-
-// stringSpecial holds the bytes that end a string's plain run: a quote,
-// a backslash, control bytes.
-var stringSpecial = func() (t [256]bool) {
-	for c := range ' ' {
-		t[c] = true
-	}
-	t['"'], t['\\'] = true, true
-	return t
-}()
 
 // noControl reports that run has no byte under 0x20, thirty-two bytes at
 // a time.
