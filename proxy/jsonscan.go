@@ -3,12 +3,15 @@ package proxy
 import (
 	"bytes"
 	"fmt"
+	"math"
 
 	"github.com/valyala/fastjson"
 )
 
 // A JSON body is read member by member: its object's members are found
-// in its bytes (eachMember), and only those the router reads are parsed,
+// in its bytes — noted by the check as it reads them (objectMembers,
+// checkJSONMembers), else by a scan (eachMember) — and only those the
+// router reads are parsed,
 // one at a time, within a bound on the tree they may grow (memberParser).
 // fastjson builds a tree of ~400 bytes per value, and ~90 ns: parsed
 // whole, one client's 8 MiB of "[0,0,0,…]" under a key nobody reads took
@@ -57,6 +60,77 @@ func eachMember(obj []byte, fn func(key, raw []byte) error) error {
 		return errJSONSyntax
 	}
 	return nil
+}
+
+// maxMembers is how many members objectMembers notes: more than an
+// OpenAI request or answer has at its top level.
+const maxMembers = 32
+
+// objectMembers are where a JSON object's members are in its bytes, as
+// checkJSONMembers found them. Its zero value holds none.
+type objectMembers struct {
+	n    int
+	over bool // more than maxMembers: each scans the object instead
+	at   [maxMembers]struct{ key, keyEnd, val, valEnd int32 }
+}
+
+// key notes a member whose key is the string from k to end (its
+// quotes).
+func (m *objectMembers) key(k, end int) {
+	if m.over || m.n == maxMembers || end > math.MaxInt32 {
+		m.over = true
+		return
+	}
+	m.at[m.n].key, m.at[m.n].keyEnd = int32(k+1), int32(end-1)
+	m.n++
+}
+
+// value notes where the last member's value starts (end false) or ends.
+// An offset past int32 (a body over 2 GiB) leaves the members to the
+// scan.
+func (m *objectMembers) value(i int, end bool) {
+	switch {
+	case m.over:
+	case i > math.MaxInt32:
+		m.over = true
+	case end:
+		m.at[m.n-1].valEnd = int32(i)
+	default:
+		m.at[m.n-1].val = int32(i)
+	}
+}
+
+// each is eachMember(obj, fn) for obj, the object m was noted from.
+func (m *objectMembers) each(obj []byte, fn func(key, raw []byte) error) error {
+	if m.over {
+		return eachMember(obj, fn)
+	}
+	for _, a := range m.at[:m.n] {
+		if err := fn(obj[a.key:a.keyEnd], obj[a.val:a.valEnd]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// member is the value of obj's first member named name, as a parse's Get
+// finds it (nil when there is none); known is false when m cannot tell —
+// more members than it notes, or a key with escapes before that member —
+// and obj must be scanned (eachMember).
+func (m *objectMembers) member(obj []byte, name string) (raw []byte, known bool) {
+	if m.over {
+		return nil, false
+	}
+	for _, a := range m.at[:m.n] {
+		key := obj[a.key:a.keyEnd]
+		if bytes.IndexByte(key, '\\') >= 0 {
+			return nil, false
+		}
+		if string(key) == name {
+			return obj[a.val:a.valEnd], true
+		}
+	}
+	return nil, true
 }
 
 func skipJSONSpace(b []byte, i int) int {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
-	"math"
 	"math/bits"
 
 	"github.com/valyala/fastjson"
@@ -137,77 +136,6 @@ func checkJSONMembers(b []byte, m *objectMembers) error {
 
 // validJSON is checkJSON's verdict alone.
 func validJSON(b []byte) bool { return checkJSON(b) == nil }
-
-// maxMembers is how many members objectMembers notes: more than an
-// OpenAI request or answer has at its top level.
-const maxMembers = 32
-
-// objectMembers are where a JSON object's members are in its bytes, as
-// checkJSONMembers found them. Its zero value holds none.
-type objectMembers struct {
-	n    int
-	over bool // more than maxMembers: each scans the object instead
-	at   [maxMembers]struct{ key, keyEnd, val, valEnd int32 }
-}
-
-// key notes a member whose key is the string from k to end (its
-// quotes).
-func (m *objectMembers) key(k, end int) {
-	if m.over || m.n == maxMembers || end > math.MaxInt32 {
-		m.over = true
-		return
-	}
-	m.at[m.n].key, m.at[m.n].keyEnd = int32(k+1), int32(end-1)
-	m.n++
-}
-
-// value notes where the last member's value starts (end false) or ends.
-// An offset past int32 (a body over 2 GiB) leaves the members to the
-// scan.
-func (m *objectMembers) value(i int, end bool) {
-	switch {
-	case m.over:
-	case i > math.MaxInt32:
-		m.over = true
-	case end:
-		m.at[m.n-1].valEnd = int32(i)
-	default:
-		m.at[m.n-1].val = int32(i)
-	}
-}
-
-// each is eachMember(obj, fn) for obj, the object m was noted from.
-func (m *objectMembers) each(obj []byte, fn func(key, raw []byte) error) error {
-	if m.over {
-		return eachMember(obj, fn)
-	}
-	for _, a := range m.at[:m.n] {
-		if err := fn(obj[a.key:a.keyEnd], obj[a.val:a.valEnd]); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// member is the value of obj's first member named name, as a parse's Get
-// finds it (nil when there is none); known is false when m cannot tell —
-// more members than it notes, or a key with escapes before that member —
-// and obj must be scanned (eachMember).
-func (m *objectMembers) member(obj []byte, name string) (raw []byte, known bool) {
-	if m.over {
-		return nil, false
-	}
-	for _, a := range m.at[:m.n] {
-		key := obj[a.key:a.keyEnd]
-		if bytes.IndexByte(key, '\\') >= 0 {
-			return nil, false
-		}
-		if string(key) == name {
-			return obj[a.val:a.valEnd], true
-		}
-	}
-	return nil, true
-}
 
 // memberHead reads an object member's key and colon at b[i]: the index
 // after the key's string, and next, the index after the colon; next is
