@@ -80,31 +80,47 @@ func (s *Server) steer(ctx *fasthttp.RequestCtx, x *exchange) error {
 // a stream). On success the exchange holds the ticket. Pools without
 // admission let everything through.
 func (s *Server) admit(ctx *fasthttp.RequestCtx, x *exchange) error {
+	if wait, err := s.admitNow(x); !wait {
+		return err
+	}
+	actx, cancel := context.WithCancelCause(s.base)
+	defer cancel(nil)
+	w := s.startWatch(x, ctx.Conn(), abortFunc(cancel))
+	err := s.admitWait(actx, x)
+	w.stop()
+	return err
+}
+
+// admitNow decides what can be decided without waiting: wait is true
+// when the request must queue (admitWait), else err is the decision.
+func (s *Server) admitNow(x *exchange) (wait bool, err error) {
 	ctl := x.route.Admission
 	if ctl == nil {
-		return nil
+		return false, nil
 	}
 	// With no replica up the pool can't serve it however long it waits:
 	// 503 now, as without admission, not a queue until one comes back.
 	if x.route.Pool.Available(x.received) == 0 {
-		return fmt.Errorf("%w for model %q", ErrNoReplica, x.route.Pool.Model())
+		return false, fmt.Errorf("%w for model %q", ErrNoReplica, x.route.Pool.Model())
 	}
 	// A pool with room admits at once: what only a wait needs — a
 	// cancelable context, a watch on the client — is not made.
 	if t, ok := ctl.TryAdmit(x.cost); ok {
 		x.admitted = s.now()
 		x.ticket = t
-		return nil
+		return false, nil
 	}
-	actx, cancel := context.WithCancelCause(s.base)
-	defer cancel(nil)
-	w := s.startWatch(x, ctx.Conn(), abortFunc(cancel))
-	t, err := ctl.Admit(actx, x.cost)
-	w.stop()
+	return true, nil
+}
+
+// admitWait queues the request until it is admitted or shed, or actx
+// ends (its cause is the error: the client left, the router shuts down).
+func (s *Server) admitWait(actx context.Context, x *exchange) error {
+	t, err := x.route.Admission.Admit(actx, x.cost)
 	x.admitted = s.now()
 	if err != nil {
 		if actx.Err() != nil {
-			return context.Cause(actx) // the client left, or the router is shutting down
+			return context.Cause(actx)
 		}
 		return err
 	}

@@ -163,16 +163,34 @@ func (x *exchange) noReplica(lastErr error) error {
 // gone out, full-jitter backoff after one. It returns the error that ends
 // the request instead: attempts used up, or the total deadline passed.
 func (s *Server) retryWait(x *exchange, pick *balancer.Request, lastErr error) error {
+	d, err := s.retryDelay(x, lastErr)
+	if err != nil || d == 0 {
+		return err
+	}
+	s.sleep(d)
+	return s.retryAfterWait(x, pick, lastErr)
+}
+
+// retryDelay is retryWait's decision: the pause, or the error that ends
+// the request.
+func (s *Server) retryDelay(x *exchange, lastErr error) (time.Duration, error) {
 	if x.attempts >= s.cfg.MaxAttempts {
-		return x.noReplica(lastErr)
+		return 0, x.noReplica(lastErr)
 	}
 	if x.attempts > 0 {
-		s.sleep(s.backoff(x.attempts))
-		if s.totalExceeded(x) {
-			return fmt.Errorf("%w: total deadline passed while retrying (%v)", ErrTimeout, lastErr)
-		}
-		pick.Now = s.now()
+		return s.backoff(x.attempts), nil
 	}
+	return 0, nil
+}
+
+// retryAfterWait is the check after a retry's pause: the total deadline,
+// and the replicas' state judged anew.
+func (s *Server) retryAfterWait(x *exchange, pick *balancer.Request, lastErr error) error {
+	now := s.now()
+	if s.exceededAt(x, now) {
+		return fmt.Errorf("%w: total deadline passed while retrying (%v)", ErrTimeout, lastErr)
+	}
+	pick.Now = now
 	return nil
 }
 
@@ -184,23 +202,10 @@ func (s *Server) retryWait(x *exchange, pick *balancer.Request, lastErr error) e
 // a 502/503/429 before the last attempt, an open breaker; or the error
 // that ends the request (the client left, the deadline passed).
 func (s *Server) forward(rt *routeTable, x *exchange, rep *balancer.Replica, ureq *fasthttp.Request, w *clientWatch) (resp *fasthttp.Response, again bool, err error) {
-	up := s.upstreamOf(rt, rep)
+	up, lease, err := s.beginAttempt(rt, x, rep)
 	if up == nil {
-		// A reload put the replica in its pool and has not yet published
-		// the table that connects to it: not routable yet, and nothing
-		// was sent, so not an attempt.
-		return nil, true, nil
+		return nil, true, err
 	}
-	work, kv, long := x.leaseCost()
-	lease, err := rep.AcquireRequest(balancer.LeaseCost{Work: work, KV: kv, Long: long, PromptTokens: int64(x.cost.PromptTokens),
-		OutputTokens: int64(max(x.cost.OutputTokens, 0)), TPOTObjective: x.cost.TPOT})
-	if err != nil {
-		// An open breaker is not an attempt: nothing was sent.
-		return nil, true, fmt.Errorf("%w for model %q (breakers open)", ErrNoReplica, x.route.Pool.Model())
-	}
-	x.attempts++
-	x.last = rep
-	x.ticket.Placed()
 	resp = fasthttp.AcquireResponse()
 	resp.StreamBody = true
 	ureq.Header.SetHost(rep.Addr())
@@ -217,32 +222,86 @@ func (s *Server) forward(rt *routeTable, x *exchange, rep *balancer.Replica, ure
 			resp.CloseBodyStream() //nolint:errcheck
 		}
 		fasthttp.ReleaseResponse(resp)
-		if errors.Is(cause, ErrTimeout) {
-			lease.Done(cause)
-		} else {
-			lease.Done(errors.Join(cause, balancer.ErrNotReplicaFault))
-		}
+		abandon(lease, cause)
 		return nil, false, cause
 	}
 	if err != nil {
 		fasthttp.ReleaseResponse(resp)
-		err = upstreamError(rep, err)
-		if errors.Is(err, errUnreachable) {
-			// Nothing listens there: the request was never processed, so
-			// it is no attempt, and the replica is down until the health
-			// checker sees it again — not a breaker failure, a fact.
-			x.attempts--
-			lease.Done(balancer.ErrNotReplicaFault)
-			if rep.MarkDown() {
-				s.log.Warn("replica unreachable: out of rotation until its health check passes",
-					zap.String("replica", rep.Name()), zap.Error(err.(*upstreamFailure).cause))
-			}
-		} else {
-			lease.Done(err)
-		}
-		s.m.retries.WithLabelValues(x.route.Pool.Model(), retryReason(err)).Inc()
+		return nil, true, s.attemptFailed(x, rep, lease, err)
+	}
+	if err := s.judge(x, rep, lease, resp); err != nil {
+		resp.CloseBodyStream() //nolint:errcheck
+		fasthttp.ReleaseResponse(resp)
 		return nil, true, err
 	}
+	x.answered(up, lease)
+	x.upc = nil
+	if pr.dconn != nil && pr.dconn.headCut {
+		x.upc = pr.dconn
+	}
+	return resp, false, nil
+}
+
+// beginAttempt is an attempt's start on rep: its upstream, and a lease
+// with the request's cost. A nil upstream means rep can't take it, with
+// the reason (nil when nothing stands against another replica): not an
+// attempt, as nothing was sent.
+func (s *Server) beginAttempt(rt *routeTable, x *exchange, rep *balancer.Replica) (*upstream, balancer.Lease, error) {
+	up := s.upstreamOf(rt, rep)
+	if up == nil {
+		// A reload put the replica in its pool and has not yet published
+		// the table that connects to it: not routable yet.
+		return nil, balancer.Lease{}, nil
+	}
+	work, kv, long := x.leaseCost()
+	lease, err := rep.AcquireRequest(balancer.LeaseCost{Work: work, KV: kv, Long: long, PromptTokens: int64(x.cost.PromptTokens),
+		OutputTokens: int64(max(x.cost.OutputTokens, 0)), TPOTObjective: x.cost.TPOT})
+	if err != nil {
+		// An open breaker: nothing was sent.
+		return nil, balancer.Lease{}, fmt.Errorf("%w for model %q (breakers open)", ErrNoReplica, x.route.Pool.Model())
+	}
+	x.attempts++
+	x.last = rep
+	x.ticket.Placed()
+	return up, lease, nil
+}
+
+// abandon ends the lease of an attempt given up for cause — the client
+// left, the deadline passed, the router shuts down: only a timeout is the
+// replica's fault.
+func abandon(lease balancer.Lease, cause error) {
+	if errors.Is(cause, ErrTimeout) {
+		lease.Done(cause)
+		return
+	}
+	lease.Done(errors.Join(cause, balancer.ErrNotReplicaFault))
+}
+
+// attemptFailed judges err, which ended the attempt on rep before any
+// response byte: the error to try another replica with.
+func (s *Server) attemptFailed(x *exchange, rep *balancer.Replica, lease balancer.Lease, err error) error {
+	err = upstreamError(rep, err)
+	if errors.Is(err, errUnreachable) {
+		// Nothing listens there: the request was never processed, so
+		// it is no attempt, and the replica is down until the health
+		// checker sees it again — not a breaker failure, a fact.
+		x.attempts--
+		lease.Done(balancer.ErrNotReplicaFault)
+		if rep.MarkDown() {
+			s.log.Warn("replica unreachable: out of rotation until its health check passes",
+				zap.String("replica", rep.Name()), zap.Error(err.(*upstreamFailure).cause))
+		}
+	} else {
+		lease.Done(err)
+	}
+	s.m.retries.WithLabelValues(x.route.Pool.Model(), retryReason(err)).Inc()
+	return err
+}
+
+// judge reads the status of rep's response: nil when it is the answer to
+// relay, else the reason to try another replica (the lease is then done,
+// the caller closes the response).
+func (s *Server) judge(x *exchange, rep *balancer.Replica, lease balancer.Lease, resp *fasthttp.Response) error {
 	status := resp.StatusCode()
 	if status == fasthttp.StatusTooManyRequests || status == fasthttp.StatusServiceUnavailable {
 		// The engine has no room (its queue is full): it rests for its
@@ -253,24 +312,21 @@ func (s *Server) forward(rt *routeTable, x *exchange, rep *balancer.Replica, ure
 		ra := retryAfterOf(resp, now)
 		rep.Rest(now, now.Add(ra))
 		lease.Done(balancer.ErrNotReplicaFault)
-		resp.CloseBodyStream() //nolint:errcheck
-		fasthttp.ReleaseResponse(resp)
 		s.m.retries.WithLabelValues(x.route.Pool.Model(), strconv.Itoa(status)).Inc()
-		return nil, true, &refusal{replica: rep.Name(), model: x.route.Pool.Model(), status: status, retryAfter: ra}
+		return &refusal{replica: rep.Name(), model: x.route.Pool.Model(), status: status, retryAfter: ra}
 	}
 	if retryable(status) && x.attempts < s.cfg.MaxAttempts {
 		lease.Done(fmt.Errorf("upstream status %d", status))
-		resp.CloseBodyStream() //nolint:errcheck
-		fasthttp.ReleaseResponse(resp)
 		s.m.retries.WithLabelValues(x.route.Pool.Model(), strconv.Itoa(status)).Inc()
-		return nil, true, fmt.Errorf("%w: replica %s answered %d", ErrUpstream, rep.Name(), status)
+		return fmt.Errorf("%w: replica %s answered %d", ErrUpstream, rep.Name(), status)
 	}
-	x.up, x.rm, x.lease, x.firstByte = up, up.metricsFor(x.arm), lease, s.now()
-	x.upc = nil
-	if pr.dconn != nil && pr.dconn.headCut {
-		x.upc = pr.dconn
-	}
-	return resp, false, nil
+	return nil
+}
+
+// answered makes the exchange the holder of the attempt that answered:
+// its replica's metrics and lease, and the time its head came.
+func (x *exchange) answered(up *upstream, lease balancer.Lease) {
+	x.up, x.rm, x.lease, x.firstByte = up, up.metricsFor(x.arm), lease, x.s.now()
 }
 
 // upstreamOf is rep's upstream: from rt, the table the request was routed

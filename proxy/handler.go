@@ -66,13 +66,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 // else when fasthttp has written it (relay.CloseWithError for a stream,
 // wholeBody.CloseWithError for a whole answer).
 func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint, prefixRoute *poolRoute) {
-	x := &exchange{s: s, ep: ep, received: s.now()}
-	s.active.Add(1)
-	x.id = string(ctx.Request.Header.Peek("X-Request-Id"))
-	if x.id == "" {
-		x.id = s.ids()
-	}
-	ctx.Response.Header.Set("X-Request-Id", x.id)
+	x := s.newExchange(ctx, ep)
 	if s.draining.Load() {
 		s.reject(ctx, x, ErrShuttingDown)
 		return
@@ -86,58 +80,18 @@ func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint,
 		return
 	}
 	body := ctx.PostBody()
-	p := s.parsers.Get()
 	var err error
-	x.req, err = readRequest(p, body, ep)
-	s.parsers.Put(p)
-	if err != nil {
+	if x.req, err = s.readBody(body, ep); err != nil {
 		s.reject(ctx, x, err)
 		return
-	}
-	x.arm = string(ctx.Request.Header.Peek("X-Gpurouter-Policy"))
-	x.affinity = string(ctx.Request.Header.Peek("X-Session-Id"))
-	if x.affinity == "" {
-		x.affinity = x.req.user
 	}
 
-	// 2. Find the pool — the path prefix's, else the body's model — and
-	// with it the request's one cost: the pool's output cap first (a
-	// request asking for more, or not saying, is clamped and told so),
-	// then the pool's estimate. The key's model and rate limits, and the
-	// admission headers, complete it (clients.go, admit.go).
-	x.route, err = s.routeFor(rt, x.req.model, prefixRoute)
+	// 2. Find the pool and the request's cost; the key's model and rate
+	// limits (plan).
+	body, strip, err := s.plan(ctx, x, rt, prefixRoute, body)
 	if err != nil {
 		s.reject(ctx, x, err)
 		return
-	}
-	if limit := x.route.MaxTokens; limit > 0 && ep != epEmbeddings {
-		var clamped bool
-		if body, clamped, err = x.req.clampOutput(body, limit); err != nil {
-			s.reject(ctx, x, fmt.Errorf("%w: %w", ErrBadRequest, err))
-			return
-		}
-		if clamped {
-			ctx.Response.Header.Set(headerMaxTokens, strconv.Itoa(limit))
-		}
-	}
-	x.cost = x.route.costOf(&x.req, ep)
-	if err := s.permit(x); err != nil {
-		s.reject(ctx, x, err)
-		return
-	}
-	if err := s.steer(ctx, x); err != nil {
-		s.reject(ctx, x, err)
-		return
-	}
-	// The router needs exact token counts: ask the engine for the usage
-	// chunk, and hide it again if the client did not ask for it.
-	strip := false
-	if x.req.stream && !x.req.clientUsage && ep != epEmbeddings {
-		if body, err = withIncludeUsage(body, &x.req); err != nil {
-			s.reject(ctx, x, fmt.Errorf("%w: %v", ErrBadRequest, err))
-			return
-		}
-		strip = true
 	}
 
 	// 3. Admission: while the pool is saturated the request waits here,
@@ -185,10 +139,7 @@ func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint,
 		}
 	}
 	fasthttp.ReleaseRequest(ureq)
-	if a := x.admittedAt(); !a.IsZero() {
-		x.route.queue.Observe(a.Sub(x.received).Seconds())
-		x.recordQueue(a)
-	}
+	x.placed()
 	if err != nil {
 		w.stop()
 		s.reject(ctx, x, err)
@@ -202,6 +153,85 @@ func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint,
 		return
 	}
 	s.respondWhole(ctx, x, resp, w)
+}
+
+// newExchange begins an API request's exchange: from here on it is
+// counted (Active) and must be finished exactly once.
+func (s *Server) newExchange(ctx *fasthttp.RequestCtx, ep endpoint) *exchange {
+	x := &exchange{s: s, ep: ep, received: s.now()}
+	s.active.Add(1)
+	x.id = string(ctx.Request.Header.Peek("X-Request-Id"))
+	if x.id == "" {
+		x.id = s.ids()
+	}
+	ctx.Response.Header.Set("X-Request-Id", x.id)
+	return x
+}
+
+// readBody parses an API request's body (request.go). It has no side
+// effect: the request loop reads a body before deciding which path serves
+// it (reqloop_linux.go).
+func (s *Server) readBody(body []byte, ep endpoint) (request, error) {
+	p := s.parsers.Get()
+	req, err := readRequest(p, body, ep)
+	s.parsers.Put(p)
+	return req, err
+}
+
+// plan is step 2: the pool — the path prefix's, else the body's model —
+// and with it the request's one cost: the pool's output cap first (a
+// request asking for more, or not saying, is clamped and told so), then
+// the pool's estimate. The key's model and rate limits, and the admission
+// headers, complete it (clients.go, admit.go). It returns the body to
+// send, and whether the usage chunk the router asks a stream's engine for
+// must be hidden from the client.
+func (s *Server) plan(ctx *fasthttp.RequestCtx, x *exchange, rt *routeTable, prefixRoute *poolRoute, body []byte) ([]byte, bool, error) {
+	x.arm = string(ctx.Request.Header.Peek("X-Gpurouter-Policy"))
+	x.affinity = string(ctx.Request.Header.Peek("X-Session-Id"))
+	if x.affinity == "" {
+		x.affinity = x.req.user
+	}
+	var err error
+	x.route, err = s.routeFor(rt, x.req.model, prefixRoute)
+	if err != nil {
+		return nil, false, err
+	}
+	ep := x.ep
+	if limit := x.route.MaxTokens; limit > 0 && ep != epEmbeddings {
+		var clamped bool
+		if body, clamped, err = x.req.clampOutput(body, limit); err != nil {
+			return nil, false, fmt.Errorf("%w: %w", ErrBadRequest, err)
+		}
+		if clamped {
+			ctx.Response.Header.Set(headerMaxTokens, strconv.Itoa(limit))
+		}
+	}
+	x.cost = x.route.costOf(&x.req, ep)
+	if err := s.permit(x); err != nil {
+		return nil, false, err
+	}
+	if err := s.steer(ctx, x); err != nil {
+		return nil, false, err
+	}
+	// The router needs exact token counts: ask the engine for the usage
+	// chunk, and hide it again if the client did not ask for it.
+	if x.req.stream && !x.req.clientUsage && ep != epEmbeddings {
+		if body, err = withIncludeUsage(body, &x.req); err != nil {
+			return nil, false, fmt.Errorf("%w: %v", ErrBadRequest, err)
+		}
+		return body, true, nil
+	}
+	return body, false, nil
+}
+
+// placed records the request's queue time — from its arrival to its
+// admission or, without admission, to its last attempt — once its
+// attempts are over.
+func (x *exchange) placed() {
+	if a := x.admittedAt(); !a.IsZero() {
+		x.route.queue.Observe(a.Sub(x.received).Seconds())
+		x.recordQueue(a)
+	}
 }
 
 // routeFor resolves the pool for a request: its path prefix's, else the
