@@ -11,6 +11,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gpurouter/gpurouter/internal/h1"
 )
 
 // ServeLoop runs the floor of a data plane that does its own I/O instead
@@ -42,10 +44,10 @@ func ServeLoop(ctx context.Context, addr, upstream string) error {
 type loopConn struct {
 	fd       int
 	upstream bool
-	peer     *loopConn // the other side of the exchange in progress, nil between exchanges
-	in       []byte    // a client's request bytes not yet complete
-	out      []byte    // bytes accepted for this socket that it could not take yet
-	resp     respEnd   // an upstream's progress through its response
+	peer     *loopConn      // the other side of the exchange in progress, nil between exchanges
+	in       []byte         // a client's request bytes not yet complete
+	out      []byte         // bytes accepted for this socket that it could not take yet
+	resp     h1.ResponseEnd // an upstream's progress through its response
 }
 
 // loop is ServeLoop's state, touched only by its goroutine.
@@ -215,7 +217,7 @@ func (l *loop) fromClient(c *loopConn, b []byte) {
 		c.in = append(c.in, b...)
 		b = c.in
 	}
-	n := requestLen(b)
+	n := h1.RequestLen(b, h1.DefaultMaxHead)
 	switch {
 	case n < 0:
 		l.drop(c)
@@ -232,7 +234,7 @@ func (l *loop) fromClient(c *loopConn, b []byte) {
 		return
 	}
 	c.peer, u.peer = u, c
-	u.resp.reset()
+	u.resp.Reset()
 	l.send(u, b[:n])
 	if rest := b[n:]; len(rest) > 0 {
 		c.in = append(c.in[:0], rest...)
@@ -247,15 +249,22 @@ func (l *loop) fromUpstream(u *loopConn, b []byte) {
 		l.drop(u)
 		return
 	}
-	done, err := u.resp.feed(b)
+	n, done, err := u.resp.Feed(b)
 	if err != nil {
 		l.drop(u)
 		return
 	}
-	l.send(c, b)
+	l.send(c, b[:n])
+	if l.conns[u.fd] != u { // the client was dropped, and u with it
+		return
+	}
 	if done {
 		u.peer, c.peer = nil, nil
-		l.idle = append(l.idle, u)
+		if n < len(b) { // bytes past the response: out of step with its requests
+			l.drop(u)
+		} else {
+			l.idle = append(l.idle, u)
+		}
 		if len(c.in) > 0 { // the next request came while this one streamed
 			in := c.in
 			c.in = nil
