@@ -70,6 +70,13 @@ type Config struct {
 	// relays about 100k events a second, so a large router needs several
 	// [0: one per four of GOMAXPROCS, at least one].
 	StreamLoops int
+	// RequestLoops is how many request loops serve whole (non-streamed)
+	// API requests, each on a thread of its own, instead of fasthttp's
+	// goroutine per connection (reqloop_linux.go; Linux only): about half
+	// the CPU a request. Connections go to each loop in turn; requests a
+	// loop does not serve go to fasthttp's path with their connection
+	// [0: off].
+	RequestLoops int
 }
 
 func (c Config) withDefaults() Config {

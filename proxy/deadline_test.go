@@ -9,7 +9,7 @@ import (
 
 // deadlineRecorder records the read deadlines set on it.
 type deadlineRecorder struct {
-	loopConn
+	repeatConn
 	set []time.Time
 }
 
@@ -22,7 +22,7 @@ func (d *deadlineRecorder) SetReadDeadline(t time.Time) error {
 // armed deadline alone while it stays within [now+d, now+d+slack], and
 // the deadline always lies in that window after a read starts.
 func TestDeadlineConnArmsOncePerSlack(t *testing.T) {
-	rec := &deadlineRecorder{loopConn: loopConn{chunk: []byte("x")}}
+	rec := &deadlineRecorder{repeatConn: repeatConn{chunk: []byte("x")}}
 	c := &deadlineConn{Conn: rec, firstByte: time.Hour, idle: time.Minute}
 	p := make([]byte, 16)
 	for range 100 {
@@ -84,7 +84,7 @@ func BenchmarkDeadlineConnRead(b *testing.B) {
 	defer conn.Close()
 	// Reads come from an in-memory chunk; the deadline is set on the real
 	// socket, as on the router's upstream connections.
-	c := &deadlineConn{Conn: &realDeadline{loopConn: loopConn{chunk: bytes.Repeat([]byte("e"), 200)}, sock: conn}, idle: time.Minute}
+	c := &deadlineConn{Conn: &realDeadline{repeatConn: repeatConn{chunk: bytes.Repeat([]byte("e"), 200)}, sock: conn}, idle: time.Minute}
 	p := make([]byte, 2048)
 	b.ReportAllocs()
 	for b.Loop() {
@@ -95,7 +95,7 @@ func BenchmarkDeadlineConnRead(b *testing.B) {
 }
 
 type realDeadline struct {
-	loopConn
+	repeatConn
 	sock net.Conn
 }
 

@@ -6,6 +6,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -50,7 +52,7 @@ func startRouter(t testing.TB, urls []string, opts ...routerOpt) *testRouter {
 // (keys, logger); edit may be nil.
 func startRouterWith(t testing.TB, urls []string, edit func(*Options), opts ...routerOpt) *testRouter {
 	t.Helper()
-	cfg := Config{DisconnectCheck: 20 * time.Millisecond}
+	cfg := Config{DisconnectCheck: 20 * time.Millisecond, RequestLoops: testRequestLoops(t)}
 	pc := balancer.PoolConfig{Model: "m", Aliases: []string{"m-alias"}, Policy: "round_robin"}
 	bc := balancer.BreakerConfig{}
 	for _, o := range opts {
@@ -95,6 +97,22 @@ func startRouterWith(t testing.TB, urls []string, edit func(*Options), opts ...r
 		<-done
 	})
 	return tr
+}
+
+// testRequestLoops is the request loops every test router runs with:
+// GPUROUTER_TEST_REQUEST_LOOPS=N runs the whole suite on them (whole
+// requests served by the loops, the rest handed off), as
+// TestRequestLoop* run their behaviours on them always. Default 0.
+func testRequestLoops(t testing.TB) int {
+	v := os.Getenv("GPUROUTER_TEST_REQUEST_LOOPS")
+	if v == "" {
+		return 0
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		t.Fatalf("GPUROUTER_TEST_REQUEST_LOOPS=%q: want a number >= 0", v)
+	}
+	return n
 }
 
 // post sends a JSON body and returns the response (caller closes it).

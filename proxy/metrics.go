@@ -32,6 +32,9 @@ type metrics struct {
 	mig        *migrationMetrics      // migrate_metrics.go
 	loopIn     prometheus.Counter     // streams taken into the stream loop (pump_linux.go)
 	loopOut    *prometheus.CounterVec // reason
+	// loopHandOffs counts client connections a request loop gave to
+	// fasthttp's server (reqloop_linux.go).
+	loopHandOffs prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -95,8 +98,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "gpurouter_stream_loop_exits_total",
 			Help: "Streams handed back from the stream loop to a goroutine of their own, by reason: end (the engine's response ended), upstream_error (reset, broken framing), timeout (first byte or idle), slow_client (its socket took less than an event), client_gone (a write failed), aborted (the client left, shutdown or the total deadline), leaving (its replica is leaving its pool: the stream moves), stopped (the loop stopped).",
 		}, []string{"reason"}),
+		loopHandOffs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gpurouter_request_loop_handoffs_total",
+			Help: "Client connections a request loop (server.request_loops) gave to the goroutine path with a request it does not serve: a stream, the router's own endpoints, HTTP/1.0, a chunked body, Expect, a request over the limits or malformed, a pool behind TLS. The connection stays there.",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.retries, m.stale, m.ttft, m.itl, m.tpot, m.e2e, m.queue, m.connect, m.promptToks, m.genToks, m.loopIn, m.loopOut} {
+	for _, c := range []prometheus.Collector{m.requests, m.retries, m.stale, m.ttft, m.itl, m.tpot, m.e2e, m.queue, m.connect, m.promptToks, m.genToks, m.loopIn, m.loopOut, m.loopHandOffs} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -30,6 +30,9 @@ type prefetchListener struct {
 	net.Listener
 	max  int
 	open *atomic.Int64 // connections accepted and not yet closed; nil: none counted
+	// take gives a connection to a request loop (reqloop_linux.go): false
+	// leaves it to fasthttp. nil: every connection is fasthttp's.
+	take func(net.Conn) bool
 }
 
 func (l prefetchListener) Accept() (net.Conn, error) {
@@ -44,6 +47,9 @@ func (l prefetchListener) Accept() (net.Conn, error) {
 		if n := l.open.Add(1); l.max > 0 && n > int64(l.max) {
 			l.open.Add(-1)
 			refuseConn(c)
+			continue
+		}
+		if l.take != nil && l.take(c) {
 			continue
 		}
 		return newPrefetchConn(c, l.open), nil

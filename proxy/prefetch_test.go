@@ -90,7 +90,7 @@ func TestPrefetchConnExposesSocket(t *testing.T) {
 // reads each keep-alive request (over an in-memory conn: the wrapper's own
 // cost, 0 allocs).
 func BenchmarkPrefetchConnRead(b *testing.B) {
-	src := &loopConn{chunk: bytes.Repeat([]byte("r"), 500)}
+	src := &repeatConn{chunk: bytes.Repeat([]byte("r"), 500)}
 	c := &prefetchConn{Conn: src}
 	one, rest := make([]byte, 1), make([]byte, 4096)
 	b.ReportAllocs()
@@ -100,10 +100,10 @@ func BenchmarkPrefetchConnRead(b *testing.B) {
 	}
 }
 
-// loopConn is a net.Conn whose every read returns the same chunk.
-type loopConn struct {
+// repeatConn is a net.Conn whose every read returns the same chunk.
+type repeatConn struct {
 	net.Conn
 	chunk []byte
 }
 
-func (l *loopConn) Read(p []byte) (int, error) { return copy(p, l.chunk), nil }
+func (l *repeatConn) Read(p []byte) (int, error) { return copy(p, l.chunk), nil }

@@ -57,10 +57,10 @@ type streamPump struct {
 	spare    [2][]*detachedBody
 
 	// The loop's own, touched by Run's goroutine only.
-	streams  fdTable  // by upstream descriptor
-	bufs     bufStack // the streams' relay buffers while they wait
-	buf      []byte   // every read lands here, and is decoded before the next
-	frame    []byte   // a chunk being written to a client
+	streams  fdTable[detachedBody] // by upstream descriptor
+	bufs     bufStack              // the streams' relay buffers while they wait
+	buf      []byte                // every read lands here, and is decoded before the next
+	frame    []byte                // a chunk being written to a client
 	events   []unix.EpollEvent
 	lastScan time.Time
 	at       time.Time // the exchanges' clock at this wake-up: every event's timings
@@ -158,7 +158,7 @@ func (p *streamPump) Run(ctx context.Context) error {
 	}
 	p.looping = true
 	p.mu.Unlock()
-	p.streams = fdTable{}
+	p.streams = fdTable[detachedBody]{}
 	p.buf = make([]byte, 64<<10)
 	p.events = make([]unix.EpollEvent, 256)
 	defer p.stop()
@@ -417,38 +417,6 @@ func (p *streamPump) handBack(b *detachedBody, res pumpResult, why loopExit) {
 	p.size.Add(-1)
 	b.back <- res
 	p.yield = true
-}
-
-// fdTable is the loop's streams by upstream descriptor: a slice indexed
-// by descriptor, which the kernel hands out small and dense, so the
-// lookup at every event hashes nothing. Its zero value is empty.
-type fdTable struct {
-	by []*detachedBody
-	n  int // non-nil entries
-}
-
-func (t *fdTable) get(fd int) *detachedBody {
-	if uint(fd) < uint(len(t.by)) {
-		return t.by[fd]
-	}
-	return nil
-}
-
-func (t *fdTable) set(fd int, b *detachedBody) {
-	if fd >= len(t.by) {
-		t.by = append(t.by, make([]*detachedBody, fd+1-len(t.by)+len(t.by)/2)...)
-	}
-	if t.by[fd] == nil {
-		t.n++
-	}
-	t.by[fd] = b
-}
-
-func (t *fdTable) del(fd int) {
-	if t.get(fd) != nil {
-		t.by[fd] = nil
-		t.n--
-	}
 }
 
 // pumpResult is why the loop handed a stream back.

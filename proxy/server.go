@@ -92,8 +92,10 @@ type Server struct {
 	records  *recordRing
 	lat      *latencyStore // ITL and queue-time sketches per replica (latency.go)
 	srv      *fasthttp.Server
-	pumps    []*streamPump // the stream loops, run by Serve (pump_linux.go)
-	nextPump atomic.Uint64 // the loop the last stream went to
+	pumps    []*streamPump  // the stream loops, run by Serve (pump_linux.go)
+	nextPump atomic.Uint64  // the loop the last stream went to
+	reqLoops []*requestLoop // the request loops, run by Serve (reqloop_linux.go)
+	nextLoop atomic.Uint64  // the request loop the last connection went to
 
 	// accessFields pools the access log line's fields (*accessFields,
 	// exchange.finish); access writes the common lines without them.
@@ -181,6 +183,9 @@ func New(o Options) (*Server, error) {
 	for range s.cfg.StreamLoops {
 		s.pumps = append(s.pumps, newStreamPump(s.cfg, s.m, o.Now))
 	}
+	for range s.cfg.RequestLoops {
+		s.reqLoops = append(s.reqLoops, newRequestLoop(s))
+	}
 	if err := registerLoopGauges(reg, s.pumps); err != nil {
 		return nil, fmt.Errorf("proxy: metrics: %w", err)
 	}
@@ -245,8 +250,67 @@ func (s *Server) Handler() fasthttp.RequestHandler { return s.handle }
 func (s *Server) Serve(ln net.Listener) error {
 	ctx, stop := context.WithCancel(context.Background())
 	looped := s.runStreamLoops(ctx)
-	defer func() { stop(); <-looped }()
-	return s.srv.Serve(prefetchListener{Listener: ln, max: s.cfg.MaxConnections, open: &s.conns})
+	pl := prefetchListener{Listener: ln, max: s.cfg.MaxConnections, open: &s.conns}
+	var served <-chan struct{}
+	if served = s.runRequestLoops(ctx); len(s.reqLoops) > 0 {
+		pl.take = s.takeConn
+	}
+	defer func() {
+		// Requests in the request loops finish within the drain (or end
+		// when its deadline passes): the listener closes first.
+		s.waitRequestLoops()
+		stop()
+		<-looped
+		<-served
+	}()
+	return s.srv.Serve(pl)
+}
+
+// runRequestLoops opens the request loops and runs them until ctx ends;
+// the channel closes once all have stopped. A loop that can't open is
+// left out: its share of connections goes to fasthttp.
+func (s *Server) runRequestLoops(ctx context.Context) <-chan struct{} {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, l := range s.reqLoops {
+		if err := l.open(); err != nil {
+			s.log.Warn("no request loop: its connections are served on goroutines", zap.Error(err))
+			continue
+		}
+		wg.Go(func() {
+			if err := l.Run(ctx); err != nil {
+				s.log.Warn("request loop stopped: new connections are served on goroutines", zap.Error(err))
+			}
+		})
+	}
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	return done
+}
+
+// takeConn gives an accepted connection to the next request loop.
+func (s *Server) takeConn(c net.Conn) bool {
+	return s.reqLoops[s.nextLoop.Add(1)%uint64(len(s.reqLoops))].take(c)
+}
+
+// loopClients is the client connections in the request loops.
+func (s *Server) loopClients() int64 {
+	var n int64
+	for _, l := range s.reqLoops {
+		n += l.size.Load()
+	}
+	return n
+}
+
+// waitRequestLoops waits, while the router drains, until the request
+// loops hold no connection: they close idle ones and answer the rest
+// with Connection: close, and abort them when the drain deadline passes.
+func (s *Server) waitRequestLoops() {
+	for s.draining.Load() && s.loopClients() > 0 {
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // runStreamLoops opens the stream loops, before the first connection
@@ -313,7 +377,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 // fasthttp's Shutdown does not wait for, or ctx ends. It polls, as
 // fasthttp's own wait does: a stream may start while it waits.
 func (s *Server) waitStreams(ctx context.Context) error {
-	for s.streams.Load() > 0 {
+	for s.streams.Load() > 0 || s.loopClients() > 0 {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()

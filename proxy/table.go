@@ -37,6 +37,7 @@ type poolRoute struct {
 	Route
 	est   *admission.Estimator
 	queue prometheus.Observer // the pool's queue-time histogram child, resolved once
+	tls   bool                // a replica of the pool is reached over TLS: the request loop leaves its requests to fasthttp
 }
 
 // SetRoutes replaces what the router serves, atomically and whole: pools,
@@ -114,6 +115,7 @@ func buildRoutes(routes []Route, plain *admission.Estimator, cfg Config, m *metr
 			rt.prefixes = append(rt.prefixes, prefixRoute{prefix: pp, route: pr})
 		}
 		for _, rep := range p.Replicas() {
+			pr.tls = pr.tls || rep.TLS()
 			if u, ok := prev.upstream(rep); ok && u.pool == p {
 				rt.upstreams[rep] = u
 				continue

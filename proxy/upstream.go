@@ -21,10 +21,15 @@ type upstream struct {
 	pool    *balancer.Pool
 	client  upstreamClient // a *fasthttp.HostClient, but for benchmarks of the router's own work
 	all     *metrics
-	byArm   []*replicaMetrics // children for the pool's arms at build time
-	lat     *replicaLatency   // the replica's ITL and queue-time sketches (latency.go)
-	pending pendingSet        // requests sent and not yet answered
-	idle    idleConns         // connections streams taken from fasthttp gave back (pump_linux.go)
+	byArm   []*replicaMetrics   // children for the pool's arms at build time
+	lat     *replicaLatency     // the replica's ITL and queue-time sketches (latency.go)
+	pending pendingSet          // requests sent and not yet answered
+	idle    idleConns           // connections streams taken from fasthttp gave back (pump_linux.go)
+	connect prometheus.Observer // the replica's connect-time histogram child
+	// loopConns counts the request loops' connections to the replica
+	// (reqloop_upstream_linux.go), held to MaxConnsPerReplica apart from
+	// fasthttp's.
+	loopConns atomic.Int64
 }
 
 // upstreamClient sends a request to a replica and reads its response's
@@ -41,6 +46,7 @@ func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, m *metrics, 
 		u.byArm = append(u.byArm, m.forReplica(p.Model(), r.Name(), a.Name))
 	}
 	connect := m.connect.WithLabelValues(r.Name())
+	u.connect = connect
 	dialer := &net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
 	u.client = &fasthttp.HostClient{
 		Addr:  r.Addr(),

@@ -17,6 +17,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strconv"
 	"time"
 )
 
@@ -29,6 +30,9 @@ type Config struct {
 	// with GOMAXPROCS set to it ("gpurouter-pN"): HAProxy and nginx are
 	// measured with one thread, the Go runtime with one P per core.
 	GpurouterProcs int
+	// GpurouterLoops, when positive, adds a gpurouter column run with that
+	// many request loops ("gpurouter-loopN"; serve --request-loops).
+	GpurouterLoops int
 	// Bare adds a column for a bare fasthttp reverse proxy (ServeBare),
 	// started from the Gpurouter command: the floor of the library.
 	Bare bool
@@ -129,7 +133,15 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		targets = append(targets, t)
 		if cfg.GpurouterProcs > 0 {
 			name := fmt.Sprintf("gpurouter-p%d", cfg.GpurouterProcs)
-			t, err := startGpurouter(ctx, name, cfg.Gpurouter, []string{fmt.Sprintf("GOMAXPROCS=%d", cfg.GpurouterProcs)}, up.addr())
+			t, err := startGpurouter(ctx, name, cfg.Gpurouter, []string{fmt.Sprintf("GOMAXPROCS=%d", cfg.GpurouterProcs)}, nil, up.addr())
+			if err != nil {
+				return nil, err
+			}
+			targets = append(targets, t)
+		}
+		if cfg.GpurouterLoops > 0 {
+			name := fmt.Sprintf("gpurouter-loop%d", cfg.GpurouterLoops)
+			t, err := startGpurouter(ctx, name, cfg.Gpurouter, nil, []string{"--request-loops", strconv.Itoa(cfg.GpurouterLoops)}, up.addr())
 			if err != nil {
 				return nil, err
 			}

@@ -126,7 +126,7 @@ func tail(b []byte, n int) []byte {
 // StartGpurouter starts `argv0 serve` with its defaults (admission,
 // telemetry, the JSON access log written to a file) in front of upstream.
 func StartGpurouter(ctx context.Context, argv0 []string, upstream string) (Target, error) {
-	return startGpurouter(ctx, "gpurouter", argv0, nil, upstream)
+	return startGpurouter(ctx, "gpurouter", argv0, nil, nil, upstream)
 }
 
 // StartBare starts argv0's bare fasthttp proxy (ServeBare, run by
@@ -162,7 +162,7 @@ func startFloor(ctx context.Context, name, flag string, argv0 []string, upstream
 
 // startGpurouter is StartGpurouter under another column name, with env
 // added to the harness's environment.
-func startGpurouter(ctx context.Context, name string, argv0, env []string, upstream string) (Target, error) {
+func startGpurouter(ctx context.Context, name string, argv0, env, flags []string, upstream string) (Target, error) {
 	dir, err := os.MkdirTemp("", "proxycost-gpurouter-")
 	if err != nil {
 		return Target{}, err
@@ -171,7 +171,7 @@ func startGpurouter(ctx context.Context, name string, argv0, env []string, upstr
 	if err != nil {
 		return Target{}, err
 	}
-	argv := append(append([]string(nil), argv0...), "serve", "--listen", addr, "--pool", "m=http://"+upstream)
+	argv := append(append(append([]string(nil), argv0...), "serve", "--listen", addr, "--pool", "m=http://"+upstream), flags...)
 	t, err := startProcess(ctx, name, argv, env, dir, addr)
 	if err != nil {
 		os.RemoveAll(dir)

@@ -53,6 +53,9 @@ func validate(cfg fileConfig) error {
 	if cfg.Upstream.StreamLoops < 0 {
 		v.add("upstream.stream_loops", "must be >= 0 (0: one per four of GOMAXPROCS), got %d", cfg.Upstream.StreamLoops)
 	}
+	if cfg.Upstream.RequestLoops < 0 {
+		v.add("upstream.request_loops", "must be >= 0 (0: off), got %d", cfg.Upstream.RequestLoops)
+	}
 
 	if !strings.HasPrefix(cfg.Health.Path, "/") {
 		v.add("health.path", "must start with /, got %q", cfg.Health.Path)

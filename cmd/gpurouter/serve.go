@@ -47,6 +47,15 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		migrationLimit = n
 		return nil
 	})
+	requestLoops := -1 // not given: the file's upstream.request_loops
+	fs.Func("request-loops", "N: request loops serving whole (non-streamed) requests, Linux (0 = off); overrides the file's upstream.request_loops (default 0)", func(v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return fmt.Errorf("want a whole number >= 0, got %q", v)
+		}
+		requestLoops = n
+		return nil
+	})
 	printConfig := fs.Bool("print-config", false, "print the effective configuration (YAML, defaults filled) and exit")
 	check := fs.Bool("check", false, "validate the configuration and exit (non-zero listing every error)")
 	if err := fs.Parse(args); err != nil {
@@ -102,6 +111,9 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		}
 		if *adminToken != "" {
 			cfg.Admin.Token = *adminToken
+		}
+		if requestLoops >= 0 {
+			cfg.Upstream.RequestLoops = requestLoops
 		}
 		if migrationLimit >= 0 {
 			for i := range cfg.Pools {

@@ -1,0 +1,329 @@
+//go:build linux
+
+package proxy
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/gpurouter/gpurouter/internal/h1"
+	"github.com/valyala/bytebufferpool"
+	"github.com/valyala/fasthttp"
+	"golang.org/x/sys/unix"
+)
+
+// loopConn is a socket of a request loop: a client's (up nil) or an
+// engine's.
+type loopConn struct {
+	fd           int
+	laddr, raddr net.Addr
+	in           *bytebufferpool.ByteBuffer // bytes read and not yet used; nil when none
+	out          []byte                     // bytes the socket has not taken yet
+	since        time.Time                  // a client's: its request's first byte, else its last response; an engine's: idle since
+	closing      bool                       // a client's: close once out is written
+	wrote        time.Time                  // out last took bytes (or began to wait)
+
+	// A client's request in progress; nil between requests.
+	r *loopReq
+
+	// An engine's.
+	up      *upstream
+	peer    *loopConn      // the client whose request it carries; nil while idle
+	end     h1.ResponseEnd // where the response in progress ends
+	reused  bool           // it has carried a response before: an engine may have closed it meanwhile
+	head    bool           // the response's head is in
+	headLen int            // its length, once in
+	extra   bool           // bytes came past the response's end: the connection can't carry another
+	last    time.Time      // the last read of the response in progress
+}
+
+// readClient reads what a client sent and serves the requests it
+// completes.
+func (l *requestLoop) readClient(c *loopConn) {
+	n, err := unix.Read(c.fd, l.buf)
+	if err == unix.EAGAIN || err == unix.EINTR {
+		return
+	}
+	if n <= 0 {
+		l.clientGone(c)
+		return
+	}
+	if c.in == nil {
+		c.in = bytebufferpool.Get()
+		c.since = l.now
+	}
+	c.in.Write(l.buf[:n]) //nolint:errcheck
+	if c.r != nil {
+		// Sent while its last request is in progress (pipelined): served
+		// next, within the limits of one request.
+		if c.in.Len() > l.s.cfg.MaxHeaderBytes+l.s.cfg.MaxBodyBytes {
+			l.clientGone(c)
+		}
+		return
+	}
+	l.serveNext(c)
+}
+
+// serveNext serves the request at the head of c.in, once it is whole.
+func (l *requestLoop) serveNext(c *loopConn) {
+	if c.r != nil || c.closing || c.in == nil {
+		return
+	}
+	b := c.in.B
+	n := h1.RequestLen(b, l.s.cfg.MaxHeaderBytes)
+	switch {
+	case n < 0: // a chunked body, or a head over the limit: fasthttp's to answer
+		l.handOff(c)
+		return
+	case n == 0: // the head is not all in
+		return
+	}
+	head := bytes.Index(b, []byte("\r\n\r\n")) + 4
+	if n-head > l.s.cfg.MaxBodyBytes {
+		l.handOff(c) // 413, from fasthttp
+		return
+	}
+	ctx := l.acquireCtx(c)
+	l.rd.Reset(b[:head])
+	l.br.Reset(&l.rd)
+	if err := ctx.Request.Header.Read(l.br); err != nil || !l.fits(ctx) {
+		l.releaseCtx(ctx)
+		l.handOff(c)
+		return
+	}
+	if n > len(b) {
+		l.releaseCtx(ctx) // the body is still coming: parsed again once it is in
+		return
+	}
+	ctx.Request.SetBody(b[head:n])
+	l.start(c, ctx, b[:n])
+}
+
+// fits reports a request the loop serves, by its head: an API call by
+// POST over HTTP/1.1 with its body's length given and nothing asked of
+// the connection.
+func (l *requestLoop) fits(ctx *fasthttp.RequestCtx) bool {
+	h := &ctx.Request.Header
+	return h.IsPost() && h.IsHTTP11() && h.ContentLength() >= 0 && len(h.Peek("Expect")) == 0 &&
+		!h.ConnectionUpgrade() && len(h.Peek("Upgrade")) == 0
+}
+
+// acquireCtx is a request context for a request of c.
+func (l *requestLoop) acquireCtx(c *loopConn) *fasthttp.RequestCtx {
+	var ctx *fasthttp.RequestCtx
+	if n := len(l.ctxs); n > 0 {
+		ctx = l.ctxs[n-1]
+		l.ctxs = l.ctxs[:n-1]
+	} else {
+		ctx = new(fasthttp.RequestCtx)
+	}
+	ctx.Init2(loopAddrs{c.laddr, c.raddr}, fasthttpLogger{l.s.log}, true)
+	return ctx
+}
+
+func (l *requestLoop) releaseCtx(ctx *fasthttp.RequestCtx) {
+	ctx.Request.Reset()
+	ctx.Response.Reset()
+	if len(l.ctxs) < maxLoopCtxs {
+		l.ctxs = append(l.ctxs, ctx)
+	}
+}
+
+// maxLoopCtxs bounds the spare request contexts a loop keeps (each ~2 KiB).
+const maxLoopCtxs = 256
+
+// consume drops c's first n bytes: the request taken.
+func (c *loopConn) consume(n int) {
+	rest := copy(c.in.B, c.in.B[n:])
+	c.in.B = c.in.B[:rest]
+	if rest == 0 {
+		bytebufferpool.Put(c.in)
+		c.in = nil
+	}
+}
+
+// respond writes the response in ctx to c — as fasthttp's server would:
+// the answer goes out first, then closing a whole answer's body finishes
+// its exchange (wholeBody) — and goes on to c's next request.
+func (l *requestLoop) respond(c *loopConn) {
+	r := c.r
+	c.r = nil // the exchange is the response's now: a failed write ends it (wholeBody)
+	ctx := r.ctx
+	if ctx.Request.Header.ConnectionClose() || l.s.draining.Load() {
+		ctx.Response.SetConnectionClose()
+	}
+	w := loopWriter{l: l, c: c}
+	l.bw.Reset(&w)
+	err := ctx.Response.Write(l.bw)
+	if err == nil {
+		err = l.bw.Flush()
+	}
+	c.closing = ctx.Response.ConnectionClose()
+	l.releaseCtx(ctx)
+	l.releaseReq(r)
+	c.since = l.now
+	switch {
+	case err != nil:
+		l.closeClient(c)
+	case c.closing && len(c.out) == 0:
+		l.closeClient(c)
+	case c.in != nil:
+		l.serveNext(c)
+	}
+}
+
+// loopWriter writes to a client's socket without blocking: what it does
+// not take now waits in c.out for EPOLLOUT (writable).
+type loopWriter struct {
+	l *requestLoop
+	c *loopConn
+}
+
+func (w *loopWriter) Write(p []byte) (int, error) {
+	c := w.c
+	if c.fd < 0 {
+		return 0, errLoopConn
+	}
+	if len(c.out) == 0 {
+		n, err := unix.Write(c.fd, p)
+		if err != nil && err != unix.EAGAIN && err != unix.EINTR {
+			return 0, err
+		}
+		n = max(n, 0)
+		if n == len(p) {
+			return n, nil
+		}
+		c.wrote = w.l.now
+		w.l.rewatch(c, unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLOUT)
+		c.out = append(c.out, p[n:]...)
+		return len(p), nil
+	}
+	c.out = append(c.out, p...)
+	return len(p), nil
+}
+
+// send writes b to c (an engine's socket) at once, keeping what it does
+// not take for when it is writable; false when c failed (and was closed).
+func (l *requestLoop) send(c *loopConn, b []byte) bool {
+	w := loopWriter{l: l, c: c}
+	if _, err := w.Write(b); err != nil {
+		l.closeConn(c)
+		return false
+	}
+	return true
+}
+
+// writable writes what c holds; false when c failed or closed.
+func (l *requestLoop) writable(c *loopConn) bool {
+	if len(c.out) == 0 {
+		return true
+	}
+	n, err := unix.Write(c.fd, c.out)
+	if err != nil && err != unix.EAGAIN && err != unix.EINTR {
+		l.closeConn(c)
+		return false
+	}
+	if n > 0 {
+		c.wrote = l.now
+	}
+	c.out = c.out[max(n, 0):]
+	if len(c.out) > 0 {
+		return true
+	}
+	c.out = nil
+	l.rewatch(c, unix.EPOLLIN|unix.EPOLLRDHUP)
+	if c.up == nil && c.closing {
+		l.closeClient(c)
+		return false
+	}
+	return true
+}
+
+func (l *requestLoop) rewatch(c *loopConn, ev uint32) {
+	unix.EpollCtl(l.ep, unix.EPOLL_CTL_MOD, c.fd, &unix.EpollEvent{Events: ev, Fd: int32(c.fd)}) //nolint:errcheck
+}
+
+func (l *requestLoop) closeConn(c *loopConn) {
+	if c.up != nil {
+		l.upstreamGone(c)
+		return
+	}
+	l.clientGone(c)
+}
+
+// clientGone is a client that hung up or failed: its request in progress
+// ends as the client watch would end it (watch.go).
+func (l *requestLoop) clientGone(c *loopConn) {
+	if c.r != nil {
+		l.abort(c, fmt.Errorf("%w: connection closed by client", ErrClientGone))
+	}
+	l.closeClient(c)
+}
+
+// closeClient closes c and forgets it.
+func (l *requestLoop) closeClient(c *loopConn) {
+	if c.fd < 0 {
+		return
+	}
+	if l.conns.get(c.fd) == c {
+		l.conns.del(c.fd)
+	}
+	unix.Close(c.fd)
+	c.fd = -1
+	if c.in != nil {
+		bytebufferpool.Put(c.in)
+		c.in = nil
+	}
+	c.out = nil
+	l.size.Add(-1)
+	l.s.conns.Add(-1)
+}
+
+// handOff gives c, with the bytes read from it, to fasthttp's server:
+// what the loop does not serve. Nothing of the request was acted on.
+func (l *requestLoop) handOff(c *loopConn) {
+	l.conns.del(c.fd)
+	unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, c.fd, nil) //nolint:errcheck
+	l.size.Add(-1)
+	pc := newPrefetchConn(newFileConn(c.fd, c.laddr, c.raddr), &l.s.conns)
+	if c.in != nil {
+		b := make([]byte, max(c.in.Len(), prefetchSize))
+		pc.buf, pc.r, pc.w = &b, 0, copy(b, c.in.B)
+		bytebufferpool.Put(c.in)
+		c.in = nil
+	}
+	c.fd = -1
+	l.s.m.loopHandOffs.Inc()
+	go l.s.srv.ServeConn(pc) //nolint:errcheck // fasthttp logs and closes
+}
+
+// requestTimeout answers a client whose request did not arrive within
+// the read timeout (slowloris), as fasthttp would, and closes it.
+func (l *requestLoop) requestTimeout(c *loopConn) {
+	ctx := l.acquireCtx(c)
+	writeError(ctx, fmt.Errorf("%w: the request must arrive within %s", ErrRequestTimeout, l.s.cfg.ReadTimeout))
+	ctx.Response.SetConnectionClose()
+	l.bw.Reset(&loopWriter{l: l, c: c})
+	if ctx.Response.Write(l.bw) == nil {
+		l.bw.Flush() //nolint:errcheck // best effort: the client is slow or gone
+	}
+	l.releaseCtx(ctx)
+	l.closeClient(c)
+}
+
+// loopAddrs is what a request context asks of its connection on the loop:
+// its addresses (the client's IP for X-Forwarded-For).
+type loopAddrs struct{ laddr, raddr net.Addr }
+
+func (a loopAddrs) LocalAddr() net.Addr              { return a.laddr }
+func (a loopAddrs) RemoteAddr() net.Addr             { return a.raddr }
+func (a loopAddrs) Read([]byte) (int, error)         { return 0, errLoopConn }
+func (a loopAddrs) Write([]byte) (int, error)        { return 0, errLoopConn }
+func (a loopAddrs) Close() error                     { return nil }
+func (a loopAddrs) SetDeadline(time.Time) error      { return nil }
+func (a loopAddrs) SetReadDeadline(time.Time) error  { return nil }
+func (a loopAddrs) SetWriteDeadline(time.Time) error { return nil }
+
+var errLoopConn = fmt.Errorf("proxy: the request loop's connection is not read or written through its context")

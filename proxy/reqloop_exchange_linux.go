@@ -1,0 +1,340 @@
+//go:build linux
+
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/valyala/fasthttp"
+)
+
+// loopReq is a request the loop serves, from its head to its answer: the
+// loop's side of proxyAPI's locals.
+type loopReq struct {
+	ended    bool // answered or aborted: what goroutines post for it is stale
+	ctx      *fasthttp.RequestCtx
+	x        *exchange
+	rt       *routeTable
+	body     []byte // what goes to the engine (the client's, clamped)
+	ureq     *fasthttp.Request
+	wire     []byte // ureq as sent to the replica tried now
+	pick     balancer.Request
+	tried    []*balancer.Replica
+	triedArr [8]*balancer.Replica
+	lastErr  error
+
+	phase loopPhase
+	// The attempt in progress.
+	rep   *balancer.Replica
+	up    *upstream
+	lease balancer.Lease
+	u     *loopConn // its engine connection; nil while it is dialed
+
+	until  time.Time               // a retry pause's end
+	actx   context.Context         // an admission wait's; its cause says why it ended early
+	cancel context.CancelCauseFunc // ends an admission wait
+	orphan bool                    // the client left during the admission wait: its goroutine finishes the exchange
+}
+
+type loopPhase uint8
+
+const (
+	phaseAdmitting  loopPhase = iota + 1 // waiting in the admission queue, on a goroutine
+	phaseRetrying                        // pausing before the next attempt (l.timer)
+	phaseConnecting                      // a new engine connection is being dialed
+	phaseAwaiting                        // sent: the engine's answer is coming
+)
+
+func (l *requestLoop) newReq(ctx *fasthttp.RequestCtx) *loopReq {
+	r := &loopReq{ctx: ctx}
+	r.tried = r.triedArr[:0]
+	return r
+}
+
+func (l *requestLoop) releaseReq(r *loopReq) {
+	r.ended = true
+}
+
+// start serves a whole request read from c (raw, its bytes in c.in): the
+// steps of proxyAPI (handler.go), each through the same function.
+func (l *requestLoop) start(c *loopConn, ctx *fasthttp.RequestCtx, raw []byte) {
+	s := l.s
+	rt := s.routes.Load()
+	ep, prefix := rt.apiRoute(bytesView(ctx.Path()))
+	if ep == 0 || s.draining.Load() {
+		l.releaseCtx(ctx)
+		l.handOff(c)
+		return
+	}
+	// The body is read before the key is checked, only to choose the
+	// path: a stream, or a body fasthttp's path must refuse, goes there
+	// with nothing done, and is read again there in proxyAPI's order.
+	req, err := s.readBody(ctx.PostBody(), ep)
+	if err != nil || req.stream || !l.routable(rt, prefix, req.model) {
+		l.releaseCtx(ctx)
+		l.handOff(c)
+		return
+	}
+	c.consume(len(raw))
+	r := l.newReq(ctx)
+	c.r = r
+	r.rt = rt
+	x := s.newExchange(ctx, ep)
+	r.x = x
+	if err := s.authenticate(ctx, x); err != nil {
+		l.reject(c, err)
+		return
+	}
+	x.req = req
+	if r.body, _, err = s.plan(ctx, x, rt, prefix, ctx.PostBody()); err != nil {
+		l.reject(c, err)
+		return
+	}
+	wait, err := s.admitNow(x)
+	switch {
+	case err != nil:
+		l.reject(c, err)
+	case wait:
+		l.admitLater(c)
+	default:
+		l.place(c)
+	}
+}
+
+// routable reports a request whose every replica the loop can reach:
+// none behind TLS, which the loop does not speak.
+func (l *requestLoop) routable(rt *routeTable, prefix *poolRoute, model string) bool {
+	route, err := l.s.routeFor(rt, model, prefix)
+	return err != nil || !route.tls
+}
+
+// admitLater waits for admission on a goroutine, which owns the exchange
+// until it hands it back.
+func (l *requestLoop) admitLater(c *loopConn) {
+	r := c.r
+	r.phase = phaseAdmitting
+	actx, cancel := context.WithCancelCause(l.s.base)
+	r.actx, r.cancel = actx, cancel
+	go func() {
+		err := l.s.admitWait(actx, r.x)
+		if !l.post(func() { cancel(nil); l.admitted(c, r, err) }) {
+			// The loop stopped: the exchange is still this goroutine's.
+			cancel(nil)
+			if err == nil {
+				err = errLoopStopped
+			}
+			l.s.reject(r.ctx, r.x, err)
+		}
+	}()
+}
+
+func (l *requestLoop) admitted(c *loopConn, r *loopReq, err error) {
+	if r.orphan {
+		if err == nil {
+			err = context.Cause(r.actx)
+		}
+		l.s.reject(r.ctx, r.x, err)
+		l.releaseCtx(r.ctx)
+		l.releaseReq(r)
+		return
+	}
+	r.phase = 0
+	if err != nil {
+		l.reject(c, err)
+		return
+	}
+	l.place(c)
+}
+
+// place is steps 4–5: the pick, the upstream request, the first attempt.
+func (l *requestLoop) place(c *loopConn) {
+	r, s := c.r, l.s
+	r.pick = r.x.pickRequest()
+	if err := sloOf(r.ctx, &r.pick); err != nil {
+		l.reject(c, err)
+		return
+	}
+	r.ureq = s.upstreamRequest(r.ctx, r.x, r.x.ep, r.body)
+	l.attempt(c)
+}
+
+// attempt tries replicas as proxyAPI's loop does, until one is sent the
+// request, a pause is due, or the request ends.
+func (l *requestLoop) attempt(c *loopConn) {
+	r, s, x := c.r, l.s, c.r.x
+	for {
+		rep := x.route.Pool.PickExcept(&r.pick, r.tried)
+		x.arm = r.pick.Arm
+		if rep == nil {
+			l.endAttempts(c, x.noReplica(r.lastErr))
+			return
+		}
+		r.tried = append(r.tried, rep)
+		if rep.TLS() {
+			// Added to the pool over TLS since the request was routed
+			// (routable): not routable from the loop.
+			continue
+		}
+		up, lease, err := s.beginAttempt(r.rt, x, rep)
+		if up != nil {
+			r.rep, r.up, r.lease = rep, up, lease
+			l.sendRequest(c)
+			return
+		}
+		if err != nil {
+			r.lastErr = err
+		}
+		if !l.pause(c) {
+			return
+		}
+	}
+}
+
+// pause is retryWait's decision on the loop: true to try again now; else
+// the request ended, or waits for the loop's timer (scanRequest).
+func (l *requestLoop) pause(c *loopConn) bool {
+	r := c.r
+	d, err := l.s.retryDelay(r.x, r.lastErr)
+	switch {
+	case err != nil:
+		l.endAttempts(c, err)
+		return false
+	case d == 0:
+		return true
+	}
+	r.phase = phaseRetrying
+	r.until = l.now.Add(d)
+	l.armTimer(r.until)
+	return false
+}
+
+// retry follows an attempt that failed with err: another replica, or the
+// end.
+func (l *requestLoop) retry(c *loopConn, err error) {
+	c.r.lastErr = err
+	c.r.phase = 0
+	if l.pause(c) {
+		l.attempt(c)
+	}
+}
+
+// answer relays the engine's whole response (judged first: a refusal or
+// a 502 tries another replica), as respondWhole does.
+func (l *requestLoop) answer(c *loopConn, resp *fasthttp.Response) {
+	r, s := c.r, l.s
+	r.phase = 0
+	if err := s.judge(r.x, r.rep, r.lease, resp); err != nil {
+		fasthttp.ReleaseResponse(resp)
+		l.retry(c, err)
+		return
+	}
+	r.x.answered(r.up, r.lease)
+	l.placed(r)
+	s.respondWhole(r.ctx, r.x, resp, nil)
+	l.respond(c)
+}
+
+// placed ends the attempts: the upstream request is done with.
+func (l *requestLoop) placed(r *loopReq) {
+	if r.ureq != nil {
+		fasthttp.ReleaseRequest(r.ureq)
+		r.ureq = nil
+	}
+	r.x.placed()
+}
+
+// endAttempts answers the client with err: no replica took the request.
+func (l *requestLoop) endAttempts(c *loopConn, err error) {
+	l.placed(c.r)
+	l.reject(c, err)
+}
+
+// reject answers with err (s.reject: the exchange finishes).
+func (l *requestLoop) reject(c *loopConn, err error) {
+	r := c.r
+	r.phase = 0
+	l.s.reject(r.ctx, r.x, err)
+	l.respond(c)
+}
+
+// abort ends c's request for cause without answering (the client is
+// gone, or the loop stops).
+func (l *requestLoop) abort(c *loopConn, cause error) {
+	r := c.r
+	c.r = nil
+	if r.phase == phaseAdmitting {
+		// The admission's goroutine owns the exchange: it finishes it
+		// once the wait ends (admitted).
+		r.orphan = true
+		r.cancel(cause)
+		return
+	}
+	l.drop(r, cause)
+	l.s.reject(r.ctx, r.x, cause)
+	l.releaseCtx(r.ctx)
+	l.releaseReq(r)
+}
+
+// drop gives up the attempt in progress for cause, if any: its engine
+// connection closes (the engine stops generating) and its lease ends.
+func (l *requestLoop) drop(r *loopReq, cause error) {
+	switch r.phase {
+	case phaseAwaiting, phaseConnecting:
+		if u := r.u; u != nil {
+			u.peer = nil
+			l.closeUpstream(u)
+			r.u = nil
+		}
+		abandon(r.lease, cause)
+		l.placed(r)
+	case phaseRetrying:
+		l.placed(r)
+	}
+	r.phase = 0
+}
+
+// scanRequest ends a request past a deadline: the total one (as the
+// client watch does), the first byte's or an idle gap's (as the engine
+// connection's deadlines do), or a retry pause's end.
+func (l *requestLoop) scanRequest(c *loopConn, aborting bool) {
+	r, s := c.r, l.s
+	switch {
+	case r.phase == phaseAdmitting:
+		return // its goroutine's (the admission queue has its own deadline)
+	case aborting:
+		l.end(c, fmt.Errorf("%w: drain deadline passed", ErrShuttingDown))
+	case s.exceededAt(r.x, l.now):
+		l.end(c, fmt.Errorf("%w: total request deadline %s", ErrTimeout, s.cfg.TotalTimeout))
+	case r.phase == phaseRetrying:
+		if l.now.Before(r.until) {
+			l.armTimer(r.until)
+			return
+		}
+		r.phase = 0
+		if err := s.retryAfterWait(r.x, &r.pick, r.lastErr); err != nil {
+			l.endAttempts(c, err)
+			return
+		}
+		l.attempt(c)
+	case r.phase == phaseAwaiting && r.u != nil:
+		u := r.u
+		switch {
+		case !u.head && l.now.Sub(r.x.sent) > s.cfg.FirstByteTimeout:
+			l.upstreamFailed(c, u, fasthttp.ErrTimeout)
+		case u.head && l.now.Sub(u.last) > s.cfg.IdleTimeout:
+			l.upstreamFailed(c, u, fasthttp.ErrTimeout)
+		}
+	}
+}
+
+// end answers c's request with err after dropping its attempt.
+func (l *requestLoop) end(c *loopConn, err error) {
+	l.drop(c.r, err)
+	l.reject(c, err)
+}
+
+var errNoLoopConn = errors.New("proxy: no engine connection")

@@ -1,0 +1,324 @@
+//go:build linux
+
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"golang.org/x/sys/unix"
+)
+
+// The request loop (docs/dataplane-loop.md, increment 2; Config.RequestLoops).
+// On fasthttp's path a whole request costs the Go scheduler two parks and
+// two wakes (the client's request, the engine's answer), reads that find
+// nothing, and fasthttp's buffered I/O on both sides: at c=64 the router
+// spends about twice HAProxy's CPU a request, most of it there. The loop
+// serves the steady case the way HAProxy does instead: client and engine
+// sockets in one epoll set, each read once per readiness, each answer
+// written at once.
+//
+// The loop only ever does the steady part, as the stream loop does
+// (pump_linux.go), and takes every decision through the same functions as
+// proxyAPI (plan, admitNow, beginAttempt, attemptFailed, judge,
+// retryDelay, respondWhole): nothing is decided twice, or differently.
+// What it does not serve it hands off before any side effect — the
+// connection, with the bytes read so far, goes to fasthttp's server
+// (handOff): streams (their own loop takes them there), the router's own
+// endpoints, HTTP/1.0, chunked request bodies, Expect, bodies or heads over
+// the limits, malformed requests, engines behind TLS. What would block
+// goes to a goroutine that posts its result back (post): an admission
+// wait, a new engine connection.
+
+// requestLoop is one request loop. Its zero value is not usable:
+// newRequestLoop.
+type requestLoop struct {
+	s    *Server
+	size atomic.Int64 // client connections in the loop
+
+	mu      sync.Mutex
+	running bool
+	ep      int         // the epoll set (valid while running)
+	wake    int         // the eventfd that wakes it (valid while running)
+	posted  []func()    // work goroutines handed back: admissions, dials
+	spare   []func()    // posted's previous backing array
+	queued  []*loopConn // accepted connections not yet in the set
+	spareQ  []*loopConn
+
+	// Run's own.
+	conns    fdTable[loopConn]
+	events   []unix.EpollEvent
+	buf      []byte // every read lands here first
+	rd       bytes.Reader
+	br       *bufio.Reader             // reads request and response heads from memory for fasthttp's parsers
+	bw       *bufio.Writer             // writes responses to their client's socket (loopWriter)
+	idle     map[*upstream][]*loopConn // keep-alive engine connections by replica, most recent last
+	ctxs     []*fasthttp.RequestCtx    // spare contexts
+	now      time.Time                 // this wake-up's clock (time.Now)
+	lastScan time.Time
+	timer    time.Time // the earliest retry pause's end, zero when none
+}
+
+func newRequestLoop(s *Server) *requestLoop {
+	return &requestLoop{s: s, ep: -1, wake: -1}
+}
+
+// open readies the loop to take connections before Run's goroutine first
+// runs. Opening an open loop does nothing.
+func (l *requestLoop) open() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.running {
+		return nil
+	}
+	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return err
+	}
+	wake, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		unix.Close(ep)
+		return err
+	}
+	if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, wake, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(wake)}); err != nil {
+		unix.Close(ep)
+		unix.Close(wake)
+		return err
+	}
+	l.running, l.ep, l.wake = true, ep, wake
+	return nil
+}
+
+// take gives the loop a client connection accepted by the listener; false
+// when the loop does not run (the connection stays the caller's). On
+// success c is closed: the loop keeps the socket through a duplicate
+// descriptor, out of Go's netpoller.
+func (l *requestLoop) take(c net.Conn) bool {
+	fd, ok := dupSocket(c)
+	if !ok {
+		return false
+	}
+	lc := &loopConn{fd: fd, laddr: c.LocalAddr(), raddr: c.RemoteAddr()}
+	l.mu.Lock()
+	if !l.running {
+		l.mu.Unlock()
+		unix.Close(fd)
+		return false
+	}
+	l.queued = append(l.queued, lc)
+	l.mu.Unlock()
+	l.size.Add(1)
+	c.Close() //nolint:errcheck // the duplicate keeps the socket open
+	l.poke()
+	return true
+}
+
+// dupSocket duplicates c's descriptor (non-blocking, as Go made it).
+func dupSocket(c net.Conn) (int, bool) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return -1, false
+	}
+	raw, err := tc.SyscallConn()
+	if err != nil {
+		return -1, false
+	}
+	fd := -1
+	var dupErr error
+	if err := raw.Control(func(s uintptr) { fd, dupErr = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0) }); err != nil || dupErr != nil || fd < 0 {
+		return -1, false
+	}
+	return fd, true
+}
+
+// post runs f on the loop's goroutine at its next wake-up: how goroutines
+// that waited for the loop (an admission, a dial) hand their result back.
+// false when the loop has stopped: f never runs.
+func (l *requestLoop) post(f func()) bool {
+	l.mu.Lock()
+	running := l.running
+	if running {
+		l.posted = append(l.posted, f)
+	}
+	l.mu.Unlock()
+	if running {
+		l.poke()
+	}
+	return running
+}
+
+func (l *requestLoop) poke() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.wake >= 0 {
+		var one = [8]byte{1}
+		unix.Write(l.wake, one[:]) //nolint:errcheck // a full counter wakes the loop too
+	}
+}
+
+// reqLoopScan is how often the loop looks for requests past a deadline
+// and connections idle too long: each fires at most this late.
+const reqLoopScan = 100 * time.Millisecond
+
+// Run runs the loop until ctx ends, then closes every connection in it:
+// requests in progress end with ErrShuttingDown.
+func (l *requestLoop) Run(ctx context.Context) error {
+	if err := l.open(); err != nil {
+		return err
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	l.events = make([]unix.EpollEvent, 256)
+	l.buf = make([]byte, 64<<10)
+	l.br = bufio.NewReaderSize(&l.rd, max(l.s.cfg.MaxHeaderBytes, l.s.cfg.MaxUpstreamHeader, 4096))
+	l.bw = bufio.NewWriterSize(nil, 4096)
+	l.idle = map[*upstream][]*loopConn{}
+	defer l.stop()
+	stopWatch := context.AfterFunc(ctx, l.poke)
+	defer stopWatch()
+	for ctx.Err() == nil {
+		n, err := unix.EpollWait(l.ep, l.events, l.waitMillis())
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			return err
+		}
+		l.now = time.Now()
+		for _, ev := range l.events[:max(n, 0)] {
+			fd := int(ev.Fd)
+			if fd == l.wake {
+				l.admit()
+				continue
+			}
+			c := l.conns.get(fd)
+			if c == nil {
+				continue
+			}
+			if ev.Events&unix.EPOLLOUT != 0 && !l.writable(c) {
+				continue
+			}
+			if ev.Events&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+				if c.up != nil {
+					l.readUpstream(c)
+				} else {
+					l.readClient(c)
+				}
+			}
+		}
+		if !l.timer.IsZero() && !l.now.Before(l.timer) || l.now.Sub(l.lastScan) >= reqLoopScan {
+			l.lastScan = l.now
+			l.scan()
+		}
+	}
+	return nil
+}
+
+// waitMillis is how long the next wait may block: until the next scan, or
+// a retry pause's end if sooner.
+func (l *requestLoop) waitMillis() int {
+	d := reqLoopScan
+	if !l.timer.IsZero() {
+		d = min(d, l.timer.Sub(l.now)+time.Millisecond)
+	}
+	return max(int(d/time.Millisecond), 1)
+}
+
+// armTimer makes the loop wake by t.
+func (l *requestLoop) armTimer(t time.Time) {
+	if l.timer.IsZero() || t.Before(l.timer) {
+		l.timer = t
+	}
+}
+
+// admit takes the connections queued and the results posted since the
+// last wake-up.
+func (l *requestLoop) admit() {
+	var cnt [8]byte
+	unix.Read(l.wake, cnt[:]) //nolint:errcheck
+	l.mu.Lock()
+	queued, posted := l.queued, l.posted
+	l.queued, l.posted = l.spareQ[:0], l.spare[:0]
+	l.mu.Unlock()
+	for _, c := range queued {
+		c.since = l.now
+		if err := unix.EpollCtl(l.ep, unix.EPOLL_CTL_ADD, c.fd, &unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP, Fd: int32(c.fd)}); err != nil {
+			l.closeClient(c)
+			continue
+		}
+		l.conns.set(c.fd, c)
+	}
+	for i, f := range posted {
+		f()
+		posted[i] = nil
+	}
+	clear(queued)
+	l.spareQ, l.spare = queued[:0], posted[:0]
+}
+
+// scan ends what ran past a deadline, and closes connections idle too
+// long or, once the router drains, idle at all.
+func (l *requestLoop) scan() {
+	l.timer = time.Time{}
+	draining, aborting := l.s.draining.Load(), l.s.abortStreams.Load()
+	for _, c := range l.conns.by {
+		switch {
+		case c == nil:
+		case c.up != nil:
+			l.scanUpstream(c)
+		case len(c.out) > 0 && l.now.Sub(c.wrote) > l.s.cfg.IdleTimeout:
+			// A client that stops reading holds no answer for good: a
+			// write must progress within the idle timeout, as on
+			// fasthttp's path (Server.WriteTimeout).
+			l.clientGone(c)
+		case c.r != nil:
+			l.scanRequest(c, aborting)
+		case c.in != nil && c.in.Len() > 0:
+			if l.now.Sub(c.since) > l.s.cfg.ReadTimeout {
+				l.requestTimeout(c)
+			}
+		case draining || l.now.Sub(c.since) > clientIdleTimeout:
+			l.closeClient(c)
+		}
+	}
+}
+
+// clientIdleTimeout is how long a client's keep-alive connection may wait
+// for its next request, as fasthttp's Server.IdleTimeout (server.go).
+const clientIdleTimeout = 2 * time.Minute
+
+// stop ends the loop: requests in progress end, connections close.
+func (l *requestLoop) stop() {
+	l.mu.Lock()
+	l.running = false
+	queued := l.queued
+	l.queued, l.posted = nil, nil
+	l.mu.Unlock()
+	for _, c := range queued {
+		l.closeClient(c)
+	}
+	for _, c := range l.conns.by {
+		switch {
+		case c == nil:
+		case c.up != nil:
+			l.closeUpstream(c)
+		default:
+			if c.r != nil {
+				l.abort(c, errLoopStopped)
+			}
+			l.closeClient(c)
+		}
+	}
+	l.mu.Lock()
+	unix.Close(l.ep)
+	unix.Close(l.wake)
+	l.ep, l.wake = -1, -1
+	l.mu.Unlock()
+}
+
+var errLoopStopped = errors.Join(ErrShuttingDown, errors.New("request loop stopped"))

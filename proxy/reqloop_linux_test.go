@@ -1,0 +1,132 @@
+//go:build linux
+
+package proxy
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// The request loops keep every behaviour of the request path that real
+// engines and clients exercise: these tests, which hold the goroutine
+// path to them, run again with two loops (harness_test.go's
+// testRequestLoops; GPUROUTER_TEST_REQUEST_LOOPS=1 runs the whole suite
+// so). Whole requests are served by the loops, the rest (streams) handed
+// off: TestRequestLoopServesWholeRequests shows which is which.
+func TestRequestLoopKeepsTheRequestPathsBehaviours(t *testing.T) {
+	t.Setenv("GPUROUTER_TEST_REQUEST_LOOPS", "2")
+	for _, tc := range []struct {
+		name string
+		f    func(*testing.T)
+	}{
+		{"ConnectionClosedAfterEveryResponseIsResent", TestConnectionClosedAfterEveryResponseIsResent},
+		{"EngineRefusalReachesTheClientAsARateLimit", TestEngineRefusalReachesTheClientAsARateLimit},
+		{"EngineRetryAfterInLowerCase", TestEngineRetryAfterInLowerCase},
+		{"KilledReplicasGive503NotBadGateway", TestKilledReplicasGive503NotBadGateway},
+		{"NoClientMessageCarriesLibraryInternals", TestNoClientMessageCarriesLibraryInternals},
+		{"ErrorStatusesHaveOpenAIShape", TestErrorStatusesHaveOpenAIShape},
+		{"RetryBeforeFirstByteLandsOnAnotherReplica", TestRetryBeforeFirstByteLandsOnAnotherReplica},
+		{"BreakerOpensAndReplicaStopsReceivingTraffic", TestBreakerOpensAndReplicaStopsReceivingTraffic},
+		{"HeadersAndRequestID", TestHeadersAndRequestID},
+		{"RouterEndpoints", TestRouterEndpoints},
+		{"WholeAnswerBeforeAccounting", TestWholeAnswerBeforeAccounting},
+		{"WholeResponseToAClientThatStopsReadingEnds", TestWholeResponseToAClientThatStopsReadingEnds},
+		{"StreamConnectionServesTheNextRequests", TestStreamConnectionServesTheNextRequests},
+		{"ClientDisconnectAbortsUpstream", TestClientDisconnectAbortsUpstream},
+	} {
+		t.Run(tc.name, tc.f)
+	}
+}
+
+// Whole requests are the loop's: none is handed off, and they share the
+// loop's keep-alive engine connection. A stream is handed off with its
+// connection, which fasthttp's path then serves.
+func TestRequestLoopServesWholeRequests(t *testing.T) {
+	up := newFakeVLLM(t)
+	tr := startRouter(t, []string{up.url}, withConfig(func(c *Config) { c.RequestLoops = 1 }))
+	handOffs := func() float64 { return testutil.ToFloat64(tr.srv.m.loopHandOffs) }
+	for i := range 20 {
+		if st, _, b := call(t, tr.url, chatPlain); st != 200 {
+			t.Fatalf("request %d: status %d: %.200s", i, st, b)
+		}
+	}
+	if n := handOffs(); n != 0 {
+		t.Fatalf("%v connections handed off for whole requests; want 0", n)
+	}
+	conns := 0
+	up.apiConns.Range(func(any, any) bool { conns++; return true })
+	if conns != 1 {
+		t.Errorf("20 sequential requests came on %d engine connections; want 1 (kept alive)", conns)
+	}
+	if st, done, b := call(t, tr.url, chatStream); st != 200 || !done {
+		t.Fatalf("stream: status %d complete=%v: %.200s", st, done, b)
+	}
+	if n := handOffs(); n != 1 {
+		t.Errorf("%v hand-offs after a stream; want 1", n)
+	}
+	waitFor(t, "every request finished", func() bool { return tr.srv.Active() == 0 })
+}
+
+// Requests a client sends without waiting for the answers (pipelining)
+// are answered in order on the connection.
+func TestRequestLoopPipelinedRequests(t *testing.T) {
+	up := newFakeVLLM(t)
+	tr := startRouter(t, []string{up.url}, withConfig(func(c *Config) { c.RequestLoops = 1 }))
+	c, err := net.Dial("tcp", strings.TrimPrefix(tr.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	req := func(id string) string {
+		return "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\nX-Request-Id: " + id +
+			"\r\nContent-Length: " + strconv.Itoa(len(chatPlain)) + "\r\n\r\n" + chatPlain
+	}
+	if _, err := io.WriteString(c, req("first")+req("second")+req("third")); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second)) //nolint:errcheck
+	br := bufio.NewReader(c)
+	for _, id := range []string{"first", "second", "third"} {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("answer to %s: %v", id, err)
+		}
+		io.Copy(io.Discard, resp.Body) //nolint:errcheck
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Header.Get("X-Request-Id") != id {
+			t.Fatalf("answer %d %q, want 200 for %q", resp.StatusCode, resp.Header.Get("X-Request-Id"), id)
+		}
+	}
+	if n := testutil.ToFloat64(tr.srv.m.loopHandOffs); n != 0 {
+		t.Errorf("%v hand-offs; want 0", n)
+	}
+}
+
+// A client that leaves while the engine works ends its request: the
+// engine's connection closes (the engine stops), and the exchange is
+// finished as canceled.
+func TestRequestLoopClientGoneWhileTheEngineWorks(t *testing.T) {
+	up := newFakeVLLM(t)
+	up.hang = true
+	tr := startRouter(t, []string{up.url}, withConfig(func(c *Config) { c.RequestLoops = 1 }))
+	c, err := net.Dial("tcp", strings.TrimPrefix(tr.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Length: "+strconv.Itoa(len(chatPlain))+"\r\n\r\n"+chatPlain) //nolint:errcheck
+	waitFor(t, "the engine got the request", func() bool { return up.requests.Load() == 1 })
+	c.Close()
+	waitFor(t, "the engine saw the router leave", func() bool { return up.canceled.Load() == 1 })
+	waitFor(t, "the request finished", func() bool { return tr.srv.Active() == 0 })
+	if n := testutil.ToFloat64(tr.srv.m.requests.WithLabelValues("m", "r0", "round_robin", "499", "canceled")); n != 1 {
+		t.Errorf("canceled requests counted %v; want 1", n)
+	}
+}

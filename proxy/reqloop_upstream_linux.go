@@ -1,0 +1,299 @@
+//go:build linux
+
+package proxy
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"time"
+
+	"github.com/valyala/bytebufferpool"
+	"github.com/valyala/fasthttp"
+	"golang.org/x/sys/unix"
+)
+
+// sendRequest sends c's request to the replica its attempt leased: on an
+// idle keep-alive connection of the loop's, else on one dialed for it.
+func (l *requestLoop) sendRequest(c *loopConn) {
+	r := c.r
+	r.ureq.Header.SetHost(r.rep.Addr())
+	r.ureq.Header.SetContentLength(len(r.ureq.Body()))
+	r.wire = append(r.ureq.Header.AppendBytes(r.wire[:0]), r.ureq.Body()...)
+	r.x.sent = l.s.now()
+	r.phase = phaseAwaiting
+	if u := l.takeIdle(r.up); u != nil {
+		l.sendOn(c, u)
+		return
+	}
+	l.dial(c)
+}
+
+// sendOn writes c's request on u.
+func (l *requestLoop) sendOn(c *loopConn, u *loopConn) {
+	r := c.r
+	r.u, u.peer = u, c
+	u.end.Reset()
+	u.head, u.last = false, l.now
+	if !l.send(u, r.wire) {
+		return // upstreamGone has judged it
+	}
+}
+
+// takeIdle is up's most recently used idle connection in the loop, nil
+// when none.
+func (l *requestLoop) takeIdle(up *upstream) *loopConn {
+	idle := l.idle[up]
+	if len(idle) == 0 {
+		return nil
+	}
+	u := idle[len(idle)-1]
+	idle[len(idle)-1] = nil
+	l.idle[up] = idle[:len(idle)-1]
+	return u
+}
+
+// putIdle keeps u for up's next request.
+func (l *requestLoop) putIdle(u *loopConn) {
+	u.peer, u.reused, u.since = nil, true, l.now
+	l.idle[u.up] = append(l.idle[u.up], u)
+}
+
+// dial connects to c's replica on a goroutine — a connect may take a
+// round trip, a name a lookup — and sends the request once it is up.
+// The connection is counted against upstream.max_conns_per_replica.
+func (l *requestLoop) dial(c *loopConn) {
+	r := c.r
+	r.phase = phaseConnecting
+	up := r.up
+	if up.loopConns.Add(1) > int64(l.s.cfg.MaxConnsPerReplica) {
+		up.loopConns.Add(-1)
+		l.upstreamFailed(c, nil, fasthttp.ErrNoFreeConns)
+		return
+	}
+	addr, timeout := r.rep.Addr(), l.s.cfg.ConnectTimeout
+	connect := up.connect
+	go func() {
+		start := time.Now()
+		nc, err := (&net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}).Dial("tcp", addr)
+		fd := -1
+		if err == nil {
+			connect.Observe(time.Since(start).Seconds())
+			var ok bool
+			if fd, ok = dupSocket(nc); !ok {
+				err = &net.OpError{Op: "dial", Net: "tcp", Err: errNoLoopConn}
+			}
+			nc.Close() //nolint:errcheck // the duplicate keeps the socket
+		}
+		if fd < 0 {
+			up.loopConns.Add(-1)
+		}
+		var u *loopConn
+		if err == nil {
+			u = &loopConn{fd: fd, up: up, laddr: nc.LocalAddr(), raddr: nc.RemoteAddr()}
+			u.end.MaxHead = l.s.cfg.MaxUpstreamHeader
+		}
+		posted := l.post(func() { l.dialed(c, r, u, err) })
+		if !posted && u != nil {
+			unix.Close(fd)
+			up.loopConns.Add(-1)
+		}
+	}()
+}
+
+// dialed takes a dial's result: the connection joins the loop, carrying
+// the request it was dialed for unless that request has ended.
+func (l *requestLoop) dialed(c *loopConn, r *loopReq, u *loopConn, err error) {
+	live := c.r == r && !r.ended && r.phase == phaseConnecting
+	if u != nil {
+		if uerr := unix.EpollCtl(l.ep, unix.EPOLL_CTL_ADD, u.fd, &unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP, Fd: int32(u.fd)}); uerr != nil {
+			unix.Close(u.fd)
+			u.up.loopConns.Add(-1)
+			u, err = nil, &net.OpError{Op: "dial", Net: "tcp", Err: uerr}
+		} else {
+			l.conns.set(u.fd, u)
+		}
+	}
+	switch {
+	case !live && u != nil:
+		l.putIdle(u)
+	case !live:
+	case err != nil:
+		l.upstreamFailed(c, nil, err)
+	default:
+		c.r.phase = phaseAwaiting
+		l.sendOn(c, u)
+	}
+}
+
+// readUpstream reads an engine's answer; once whole, it is judged and
+// relayed (answer).
+func (l *requestLoop) readUpstream(u *loopConn) {
+	n, err := unix.Read(u.fd, l.buf)
+	if err == unix.EAGAIN || err == unix.EINTR {
+		return
+	}
+	c := u.peer
+	if c == nil || c.r == nil {
+		// An idle connection the engine closed (or one answering nothing
+		// asked): of no further use.
+		l.closeUpstream(u)
+		return
+	}
+	if n <= 0 {
+		if err == nil {
+			err = io.EOF
+		}
+		l.upstreamFailed(c, u, err)
+		return
+	}
+	if u.in == nil {
+		u.in = bytebufferpool.Get()
+	}
+	u.in.Write(l.buf[:n]) //nolint:errcheck
+	u.last = l.now
+	used, done, ferr := u.end.Feed(l.buf[:n])
+	if ferr != nil {
+		l.upstreamFailed(c, u, ferr)
+		return
+	}
+	if !u.head {
+		if i := bytes.Index(u.in.B, []byte("\r\n\r\n")); i >= 0 {
+			u.head, u.headLen = true, i+4
+		}
+	}
+	u.extra = done && used < n
+	switch {
+	case u.head && u.in.Len()-u.headLen > l.s.cfg.MaxResponseBytes:
+		l.tooLarge(c, u)
+	case done:
+		l.whole(c, u)
+	}
+}
+
+// tooLarge ends c's request whose answer on u runs past
+// limits.max_response_bytes, as respondWhole does.
+func (l *requestLoop) tooLarge(c *loopConn, u *loopConn) {
+	r := c.r
+	u.peer = nil
+	l.closeUpstream(u)
+	r.u, r.phase = nil, 0
+	r.x.answered(r.up, r.lease)
+	l.placed(r)
+	l.reject(c, fmt.Errorf("%w: response over %d bytes", ErrUpstream, l.s.cfg.MaxResponseBytes))
+}
+
+// whole parses u's complete response with fasthttp's parser, frees or
+// closes u, and relays the response.
+func (l *requestLoop) whole(c *loopConn, u *loopConn) {
+	resp := fasthttp.AcquireResponse()
+	l.rd.Reset(u.in.B)
+	l.br.Reset(&l.rd)
+	err := resp.ReadLimitBody(l.br, l.s.cfg.MaxResponseBytes)
+	extra := u.extra
+	bytebufferpool.Put(u.in)
+	u.in = nil
+	c.r.u = nil
+	if err != nil {
+		fasthttp.ReleaseResponse(resp)
+		u.peer = nil
+		l.closeUpstream(u)
+		l.attemptError(c, u, err)
+		return
+	}
+	if resp.ConnectionClose() || extra {
+		u.peer = nil
+		l.closeUpstream(u)
+	} else {
+		l.putIdle(u)
+	}
+	l.answer(c, resp)
+}
+
+// upstreamGone is an engine connection that failed on a write.
+func (l *requestLoop) upstreamGone(u *loopConn) {
+	if c := u.peer; c != nil && c.r != nil {
+		l.upstreamFailed(c, u, io.ErrUnexpectedEOF)
+		return
+	}
+	l.closeUpstream(u)
+}
+
+// upstreamFailed ends c's attempt on u (nil: not yet connected) with
+// err. A reused connection the engine had closed before any response
+// byte is no failure (staleRetry's rule): the request goes again on a new
+// one.
+func (l *requestLoop) upstreamFailed(c *loopConn, u *loopConn, err error) {
+	r := c.r
+	stale := false
+	if u != nil {
+		stale = u.reused && !u.head && (u.in == nil || u.in.Len() == 0) && peerClosedErr(err)
+		if u.in != nil {
+			bytebufferpool.Put(u.in)
+			u.in = nil
+		}
+		u.peer = nil
+		l.closeUpstream(u)
+		r.u = nil
+	}
+	if stale {
+		l.s.m.stale.WithLabelValues(r.rep.Name()).Inc()
+		l.dial(c)
+		return
+	}
+	l.attemptError(c, u, err)
+}
+
+// attemptError judges a failed attempt as forward does: before the
+// response's head, another replica may take it; after, the request ends.
+func (l *requestLoop) attemptError(c *loopConn, u *loopConn, err error) {
+	r, s := c.r, l.s
+	r.phase = 0
+	if u != nil && u.head {
+		r.x.answered(r.up, r.lease)
+		l.placed(r)
+		name := r.up.replica.Name()
+		if isTimeout(err) {
+			err = &upstreamFailure{kind: ErrTimeout, words: "replica " + name + " stopped sending its response", cause: err}
+		} else {
+			err = &upstreamFailure{kind: ErrUpstream, words: "replica " + name + ": " + streamWords(err) + " during the response", cause: err}
+		}
+		l.reject(c, err)
+		return
+	}
+	l.retry(c, s.attemptFailed(r.x, r.rep, r.lease, err))
+}
+
+// closeUpstream closes an engine connection and forgets it.
+func (l *requestLoop) closeUpstream(u *loopConn) {
+	if u.fd < 0 {
+		return
+	}
+	if idle := l.idle[u.up]; len(idle) > 0 {
+		for i, v := range idle {
+			if v == u {
+				l.idle[u.up] = append(idle[:i], idle[i+1:]...)
+				break
+			}
+		}
+	}
+	if l.conns.get(u.fd) == u {
+		l.conns.del(u.fd)
+	}
+	unix.Close(u.fd)
+	u.fd = -1
+	if u.in != nil {
+		bytebufferpool.Put(u.in)
+		u.in = nil
+	}
+	u.up.loopConns.Add(-1)
+}
+
+// scanUpstream closes a connection idle past upstream.max_idle_conn_time,
+// as fasthttp's client does.
+func (l *requestLoop) scanUpstream(u *loopConn) {
+	if u.peer == nil && l.now.Sub(u.since) > l.s.cfg.MaxIdleConnTime {
+		l.closeUpstream(u)
+	}
+}
