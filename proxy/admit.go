@@ -21,11 +21,11 @@ const (
 // priority class (at most its API key's tier), its tenant (its key, else
 // the header, else the body's user), its deadline and its TPOT objective.
 // Pools without admission ignore them.
-func (s *Server) steer(ctx *fasthttp.RequestCtx, x *exchange) error {
+func (s *Server) steer(hdr *clientHeaders, x *exchange) error {
 	if x.route.Admission == nil {
 		return nil
 	}
-	if v := ctx.Request.Header.Peek(headerPriority); len(v) > 0 {
+	if v := hdr.priority; len(v) > 0 {
 		class, err := strconv.Atoi(string(v))
 		if err != nil {
 			return badParam(headerPriority, "must be an integer priority class")
@@ -36,12 +36,12 @@ func (s *Server) steer(ctx *fasthttp.RequestCtx, x *exchange) error {
 		x.cost.Class = class
 	}
 	if x.keys == nil { // an authenticated client is its key's tenant
-		x.cost.Tenant = string(ctx.Request.Header.Peek(headerTenant))
+		x.cost.Tenant = string(hdr.tenant)
 		if x.cost.Tenant == "" {
 			x.cost.Tenant = x.req.user
 		}
 	}
-	if v := ctx.Request.Header.Peek(headerTimeout); len(v) > 0 {
+	if v := hdr.timeout; len(v) > 0 {
 		d, err := parseTimeout(string(v))
 		if err != nil {
 			return badParam(headerTimeout, err.Error())
@@ -52,7 +52,7 @@ func (s *Server) steer(ctx *fasthttp.RequestCtx, x *exchange) error {
 	// router when it passes can no longer meet it, and serving it anyway
 	// would only push others past theirs; shed it then (at once when not
 	// even an idle replica could prefill it in time).
-	if v := ctx.Request.Header.Peek(headerSLOTTFT); len(v) > 0 {
+	if v := hdr.sloTTFT; len(v) > 0 {
 		d, err := parseTimeout(string(v))
 		if err != nil {
 			return badParam(headerSLOTTFT, err.Error())
@@ -65,7 +65,7 @@ func (s *Server) steer(ctx *fasthttp.RequestCtx, x *exchange) error {
 		}
 		x.cost.ExpireAtDeadline = true
 	}
-	if v := ctx.Request.Header.Peek(headerSLOTPOT); len(v) > 0 {
+	if v := hdr.sloTPOT; len(v) > 0 {
 		d, err := parseTimeout(string(v))
 		if err != nil {
 			return badParam(headerSLOTPOT, err.Error())

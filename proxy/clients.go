@@ -58,12 +58,12 @@ func (s *Server) Keys() *KeyStore { return s.keys.Load() }
 // before anything else is looked at: a client without a valid key learns
 // nothing, not even which models exist. The store is remembered for
 // permit, so one request sees one generation of keys.
-func (s *Server) authenticate(ctx *fasthttp.RequestCtx, x *exchange) error {
+func (s *Server) authenticate(authorization []byte, x *exchange) error {
 	ks := s.keys.Load()
 	if ks == nil {
 		return nil
 	}
-	p, err := ks.Authenticate(ctx.Request.Header.Peek("Authorization"))
+	p, err := ks.Authenticate(authorization)
 	if err != nil {
 		s.authM.record(p, err)
 		return err

@@ -66,7 +66,8 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 // else when fasthttp has written it (relay.CloseWithError for a stream,
 // wholeBody.CloseWithError for a whole answer).
 func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint, prefixRoute *poolRoute) {
-	x := s.newExchange(ctx, ep)
+	hdr := readClientHeaders(&ctx.Request.Header)
+	x := s.newExchange(ctx, ep, hdr.requestID)
 	if s.draining.Load() {
 		s.reject(ctx, x, ErrShuttingDown)
 		return
@@ -75,7 +76,7 @@ func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint,
 	// 1. Read the request: the client's API key first, when keys are
 	// configured (a client without one learns nothing, not even which
 	// models exist), then the body, parsed once (request.go).
-	if err := s.authenticate(ctx, x); err != nil {
+	if err := s.authenticate(hdr.authorization, x); err != nil {
 		s.reject(ctx, x, err)
 		return
 	}
@@ -88,7 +89,7 @@ func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint,
 
 	// 2. Find the pool and the request's cost; the key's model and rate
 	// limits (plan).
-	body, strip, err := s.plan(ctx, x, rt, prefixRoute, body)
+	body, strip, err := s.plan(ctx, &hdr, x, rt, prefixRoute, body)
 	if err != nil {
 		s.reject(ctx, x, err)
 		return
@@ -107,7 +108,7 @@ func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint,
 	// any byte has reached the client, a connection failure or a
 	// 502/503/429 picks another, up to MaxAttempts (forward.go).
 	pick := x.pickRequest()
-	if err := sloOf(ctx, &pick); err != nil {
+	if err := sloOf(&hdr, &pick); err != nil {
 		s.reject(ctx, x, err)
 		return
 	}
@@ -155,12 +156,13 @@ func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint,
 	s.respondWhole(ctx, x, resp, w)
 }
 
-// newExchange begins an API request's exchange: from here on it is
-// counted (Active) and must be finished exactly once.
-func (s *Server) newExchange(ctx *fasthttp.RequestCtx, ep endpoint) *exchange {
+// newExchange begins an API request's exchange, with the client's
+// X-Request-Id (nil: a new one): from here on it is counted (Active) and
+// must be finished exactly once.
+func (s *Server) newExchange(ctx *fasthttp.RequestCtx, ep endpoint, id []byte) *exchange {
 	x := &exchange{s: s, ep: ep, received: s.now()}
 	s.active.Add(1)
-	x.id = string(ctx.Request.Header.Peek("X-Request-Id"))
+	x.id = string(id)
 	if x.id == "" {
 		x.id = s.ids()
 	}
@@ -185,9 +187,9 @@ func (s *Server) readBody(body []byte, ep endpoint) (request, error) {
 // headers, complete it (clients.go, admit.go). It returns the body to
 // send, and whether the usage chunk the router asks a stream's engine for
 // must be hidden from the client.
-func (s *Server) plan(ctx *fasthttp.RequestCtx, x *exchange, rt *routeTable, prefixRoute *poolRoute, body []byte) ([]byte, bool, error) {
-	x.arm = string(ctx.Request.Header.Peek("X-Gpurouter-Policy"))
-	x.affinity = string(ctx.Request.Header.Peek("X-Session-Id"))
+func (s *Server) plan(ctx *fasthttp.RequestCtx, hdr *clientHeaders, x *exchange, rt *routeTable, prefixRoute *poolRoute, body []byte) ([]byte, bool, error) {
+	x.arm = string(hdr.policy)
+	x.affinity = string(hdr.session)
 	if x.affinity == "" {
 		x.affinity = x.req.user
 	}
@@ -210,7 +212,7 @@ func (s *Server) plan(ctx *fasthttp.RequestCtx, x *exchange, rt *routeTable, pre
 	if err := s.permit(x); err != nil {
 		return nil, false, err
 	}
-	if err := s.steer(ctx, x); err != nil {
+	if err := s.steer(hdr, x); err != nil {
 		return nil, false, err
 	}
 	// The router needs exact token counts: ask the engine for the usage

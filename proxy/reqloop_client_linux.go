@@ -25,8 +25,9 @@ type loopConn struct {
 	closing      bool                       // a client's: close once out is written
 	wrote        time.Time                  // out last took bytes (or began to wait)
 
-	// A client's request in progress; nil between requests.
-	r *loopReq
+	// A client's request in progress (req); nil between requests.
+	r   *loopReq
+	req loopReq
 
 	// An engine's.
 	up      *upstream
@@ -42,7 +43,7 @@ type loopConn struct {
 // readClient reads what a client sent and serves the requests it
 // completes.
 func (l *requestLoop) readClient(c *loopConn) {
-	n, err := unix.Read(c.fd, l.buf)
+	n, err := rawRead(c.fd, l.buf)
 	if err == unix.EAGAIN || err == unix.EINTR {
 		return
 	}
@@ -187,7 +188,7 @@ func (w *loopWriter) Write(p []byte) (int, error) {
 		return 0, errLoopConn
 	}
 	if len(c.out) == 0 {
-		n, err := unix.Write(c.fd, p)
+		n, err := rawWrite(c.fd, p)
 		if err != nil && err != unix.EAGAIN && err != unix.EINTR {
 			return 0, err
 		}
@@ -220,7 +221,7 @@ func (l *requestLoop) writable(c *loopConn) bool {
 	if len(c.out) == 0 {
 		return true
 	}
-	n, err := unix.Write(c.fd, c.out)
+	n, err := rawWrite(c.fd, c.out)
 	if err != nil && err != unix.EAGAIN && err != unix.EINTR {
 		l.closeConn(c)
 		return false

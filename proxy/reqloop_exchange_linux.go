@@ -15,8 +15,9 @@ import (
 // loopReq is a request the loop serves, from its head to its answer: the
 // loop's side of proxyAPI's locals.
 type loopReq struct {
-	ended    bool // answered or aborted: what goroutines post for it is stale
+	gen      uint64 // which of its connection's requests it is: what goroutines post for an earlier one is stale
 	ctx      *fasthttp.RequestCtx
+	hdr      clientHeaders // views of ctx's headers
 	x        *exchange
 	rt       *routeTable
 	body     []byte // what goes to the engine (the client's, clamped)
@@ -49,14 +50,20 @@ const (
 	phaseAwaiting                        // sent: the engine's answer is coming
 )
 
-func (l *requestLoop) newReq(ctx *fasthttp.RequestCtx) *loopReq {
-	r := &loopReq{ctx: ctx}
+// newReq readies c's request struct for its next request: one struct a
+// connection, as a connection carries one request at a time.
+func (l *requestLoop) newReq(c *loopConn, ctx *fasthttp.RequestCtx) *loopReq {
+	r := &c.req
+	*r = loopReq{gen: r.gen + 1, ctx: ctx, wire: r.wire[:0]}
 	r.tried = r.triedArr[:0]
 	return r
 }
 
+// releaseReq ends r: what goroutines post for it from now on is stale.
 func (l *requestLoop) releaseReq(r *loopReq) {
-	r.ended = true
+	r.gen++
+	r.ctx, r.x, r.ureq, r.body, r.lastErr, r.hdr = nil, nil, nil, nil, nil, clientHeaders{}
+	clear(r.triedArr[:])
 }
 
 // start serves a whole request read from c (raw, its bytes in c.in): the
@@ -80,17 +87,18 @@ func (l *requestLoop) start(c *loopConn, ctx *fasthttp.RequestCtx, raw []byte) {
 		return
 	}
 	c.consume(len(raw))
-	r := l.newReq(ctx)
+	r := l.newReq(c, ctx)
 	c.r = r
 	r.rt = rt
-	x := s.newExchange(ctx, ep)
+	r.hdr = readClientHeaders(&ctx.Request.Header)
+	x := s.newExchange(ctx, ep, r.hdr.requestID)
 	r.x = x
-	if err := s.authenticate(ctx, x); err != nil {
+	if err := s.authenticate(r.hdr.authorization, x); err != nil {
 		l.reject(c, err)
 		return
 	}
 	x.req = req
-	if r.body, _, err = s.plan(ctx, x, rt, prefix, ctx.PostBody()); err != nil {
+	if r.body, _, err = s.plan(ctx, &r.hdr, x, rt, prefix, ctx.PostBody()); err != nil {
 		l.reject(c, err)
 		return
 	}
@@ -119,9 +127,10 @@ func (l *requestLoop) admitLater(c *loopConn) {
 	r.phase = phaseAdmitting
 	actx, cancel := context.WithCancelCause(l.s.base)
 	r.actx, r.cancel = actx, cancel
+	gen := r.gen
 	go func() {
 		err := l.s.admitWait(actx, r.x)
-		if !l.post(func() { cancel(nil); l.admitted(c, r, err) }) {
+		if !l.post(func() { cancel(nil); l.admitted(c, r, gen, err) }) {
 			// The loop stopped: the exchange is still this goroutine's.
 			cancel(nil)
 			if err == nil {
@@ -132,7 +141,10 @@ func (l *requestLoop) admitLater(c *loopConn) {
 	}()
 }
 
-func (l *requestLoop) admitted(c *loopConn, r *loopReq, err error) {
+func (l *requestLoop) admitted(c *loopConn, r *loopReq, gen uint64, err error) {
+	if r.gen != gen {
+		return
+	}
 	if r.orphan {
 		if err == nil {
 			err = context.Cause(r.actx)
@@ -154,7 +166,7 @@ func (l *requestLoop) admitted(c *loopConn, r *loopReq, err error) {
 func (l *requestLoop) place(c *loopConn) {
 	r, s := c.r, l.s
 	r.pick = r.x.pickRequest()
-	if err := sloOf(r.ctx, &r.pick); err != nil {
+	if err := sloOf(&r.hdr, &r.pick); err != nil {
 		l.reject(c, err)
 		return
 	}

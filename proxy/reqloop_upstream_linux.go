@@ -66,7 +66,7 @@ func (l *requestLoop) putIdle(u *loopConn) {
 func (l *requestLoop) dial(c *loopConn) {
 	r := c.r
 	r.phase = phaseConnecting
-	up := r.up
+	up, gen := r.up, r.gen
 	if up.loopConns.Add(1) > int64(l.s.cfg.MaxConnsPerReplica) {
 		up.loopConns.Add(-1)
 		l.upstreamFailed(c, nil, fasthttp.ErrNoFreeConns)
@@ -94,7 +94,7 @@ func (l *requestLoop) dial(c *loopConn) {
 			u = &loopConn{fd: fd, up: up, laddr: nc.LocalAddr(), raddr: nc.RemoteAddr()}
 			u.end.MaxHead = l.s.cfg.MaxUpstreamHeader
 		}
-		posted := l.post(func() { l.dialed(c, r, u, err) })
+		posted := l.post(func() { l.dialed(c, r, gen, u, err) })
 		if !posted && u != nil {
 			unix.Close(fd)
 			up.loopConns.Add(-1)
@@ -104,8 +104,8 @@ func (l *requestLoop) dial(c *loopConn) {
 
 // dialed takes a dial's result: the connection joins the loop, carrying
 // the request it was dialed for unless that request has ended.
-func (l *requestLoop) dialed(c *loopConn, r *loopReq, u *loopConn, err error) {
-	live := c.r == r && !r.ended && r.phase == phaseConnecting
+func (l *requestLoop) dialed(c *loopConn, r *loopReq, gen uint64, u *loopConn, err error) {
+	live := c.r == r && r.gen == gen && r.phase == phaseConnecting
 	if u != nil {
 		if uerr := unix.EpollCtl(l.ep, unix.EPOLL_CTL_ADD, u.fd, &unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP, Fd: int32(u.fd)}); uerr != nil {
 			unix.Close(u.fd)
@@ -130,7 +130,7 @@ func (l *requestLoop) dialed(c *loopConn, r *loopReq, u *loopConn, err error) {
 // readUpstream reads an engine's answer; once whole, it is judged and
 // relayed (answer).
 func (l *requestLoop) readUpstream(u *loopConn) {
-	n, err := unix.Read(u.fd, l.buf)
+	n, err := rawRead(u.fd, l.buf)
 	if err == unix.EAGAIN || err == unix.EINTR {
 		return
 	}

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"github.com/gpurouter/gpurouter/balancer"
-	"github.com/valyala/fasthttp"
 )
 
 // Request headers that give a request its own latency objectives, which
@@ -14,15 +13,15 @@ const (
 )
 
 // sloOf reads the request's SLO headers into its pick.
-func sloOf(ctx *fasthttp.RequestCtx, pick *balancer.Request) error {
-	if v := ctx.Request.Header.Peek(headerSLOTTFT); len(v) > 0 {
+func sloOf(hdr *clientHeaders, pick *balancer.Request) error {
+	if v := hdr.sloTTFT; len(v) > 0 {
 		d, err := parseTimeout(string(v))
 		if err != nil {
 			return badParam(headerSLOTTFT, err.Error())
 		}
 		pick.SLOTTFT = d
 	}
-	if v := ctx.Request.Header.Peek(headerSLOTPOT); len(v) > 0 {
+	if v := hdr.sloTPOT; len(v) > 0 {
 		d, err := parseTimeout(string(v))
 		if err != nil {
 			return badParam(headerSLOTPOT, err.Error())
