@@ -10,7 +10,7 @@ import "github.com/valyala/fasthttp"
 // context; the router reads them in steps 1–4 only. Its zero value is a
 // request that sent none of them.
 type clientHeaders struct {
-	requestID, authorization, policy, session []byte
+	requestID, authorization, policy, session   []byte
 	priority, tenant, timeout, sloTTFT, sloTPOT []byte
 }
 

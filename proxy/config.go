@@ -70,12 +70,17 @@ type Config struct {
 	// relays about 100k events a second, so a large router needs several
 	// [0: one per four of GOMAXPROCS, at least one].
 	StreamLoops int
+	// GoroutineRequests serves every request on fasthttp's goroutine per
+	// connection, without request loops [false].
+	GoroutineRequests bool
 	// RequestLoops is how many request loops serve whole (non-streamed)
 	// API requests, each on a thread of its own, instead of fasthttp's
-	// goroutine per connection (reqloop_linux.go; Linux only): about half
-	// the CPU a request. Connections go to each loop in turn; requests a
-	// loop does not serve go to fasthttp's path with their connection
-	// [0: off].
+	// goroutine per connection (reqloop_linux.go; Linux only): about a
+	// quarter less CPU a request (`gpurouter bench proxy-cost`).
+	// Connections go to each loop in turn; a request a loop does not serve
+	// goes to fasthttp's path with its connection. One loop serves about
+	// 30k requests a second on a core [0: one per two of GOMAXPROCS, at
+	// least one].
 	RequestLoops int
 }
 
@@ -111,6 +116,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.StreamLoops <= 0 {
 		c.StreamLoops = max(1, runtime.GOMAXPROCS(0)/4)
+	}
+	if c.RequestLoops <= 0 {
+		c.RequestLoops = max(1, runtime.GOMAXPROCS(0)/2)
 	}
 	return c
 }

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -52,7 +51,7 @@ func startRouter(t testing.TB, urls []string, opts ...routerOpt) *testRouter {
 // (keys, logger); edit may be nil.
 func startRouterWith(t testing.TB, urls []string, edit func(*Options), opts ...routerOpt) *testRouter {
 	t.Helper()
-	cfg := Config{DisconnectCheck: 20 * time.Millisecond, RequestLoops: testRequestLoops(t)}
+	cfg := Config{DisconnectCheck: 20 * time.Millisecond, GoroutineRequests: testGoroutineRequests(t)}
 	pc := balancer.PoolConfig{Model: "m", Aliases: []string{"m-alias"}, Policy: "round_robin"}
 	bc := balancer.BreakerConfig{}
 	for _, o := range opts {
@@ -99,20 +98,21 @@ func startRouterWith(t testing.TB, urls []string, edit func(*Options), opts ...r
 	return tr
 }
 
-// testRequestLoops is the request loops every test router runs with:
-// GPUROUTER_TEST_REQUEST_LOOPS=N runs the whole suite on them (whole
-// requests served by the loops, the rest handed off), as
-// TestRequestLoop* run their behaviours on them always. Default 0.
-func testRequestLoops(t testing.TB) int {
-	v := os.Getenv("GPUROUTER_TEST_REQUEST_LOOPS")
-	if v == "" {
-		return 0
+// testGoroutineRequests is whether test routers serve whole requests on
+// fasthttp's goroutines instead of the request loops (the default, where
+// Linux has them): GPUROUTER_TEST_GOROUTINE_REQUESTS=1 runs the whole
+// suite so, as TestGoroutineRequestsKeepTheRequestPathsBehaviours runs
+// the real-engine behaviours so always.
+func testGoroutineRequests(t testing.TB) bool {
+	switch v := os.Getenv("GPUROUTER_TEST_GOROUTINE_REQUESTS"); v {
+	case "", "0":
+		return false
+	case "1":
+		return true
+	default:
+		t.Fatalf("GPUROUTER_TEST_GOROUTINE_REQUESTS=%q: want 0 or 1", v)
+		return false
 	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 0 {
-		t.Fatalf("GPUROUTER_TEST_REQUEST_LOOPS=%q: want a number >= 0", v)
-	}
-	return n
 }
 
 // post sends a JSON body and returns the response (caller closes it).

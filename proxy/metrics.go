@@ -100,7 +100,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"reason"}),
 		loopHandOffs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "gpurouter_request_loop_handoffs_total",
-			Help: "Client connections a request loop (server.request_loops) gave to the goroutine path with a request it does not serve: a stream, the router's own endpoints, HTTP/1.0, a chunked body, Expect, a request over the limits or malformed, a pool behind TLS. The connection stays there.",
+			Help: "Client connections a request loop (upstream.request_loops) gave to the goroutine path with a request it does not serve: a stream, the router's own endpoints, HTTP/1.0, a chunked body, Expect, a request over the limits or malformed, a pool behind TLS. The connection stays there.",
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.retries, m.stale, m.ttft, m.itl, m.tpot, m.e2e, m.queue, m.connect, m.promptToks, m.genToks, m.loopIn, m.loopOut, m.loopHandOffs} {

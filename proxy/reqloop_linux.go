@@ -38,6 +38,9 @@ import (
 // goes to a goroutine that posts its result back (post): an admission
 // wait, a new engine connection.
 
+// haveRequestLoops tells New that request loops run here.
+const haveRequestLoops = true
+
 // requestLoop is one request loop. Its zero value is not usable:
 // newRequestLoop.
 type requestLoop struct {

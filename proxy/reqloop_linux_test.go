@@ -15,14 +15,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
-// The request loops keep every behaviour of the request path that real
-// engines and clients exercise: these tests, which hold the goroutine
-// path to them, run again with two loops (harness_test.go's
-// testRequestLoops; GPUROUTER_TEST_REQUEST_LOOPS=1 runs the whole suite
-// so). Whole requests are served by the loops, the rest (streams) handed
-// off: TestRequestLoopServesWholeRequests shows which is which.
-func TestRequestLoopKeepsTheRequestPathsBehaviours(t *testing.T) {
-	t.Setenv("GPUROUTER_TEST_REQUEST_LOOPS", "2")
+// The suite runs on the request loops, the default on Linux: whole
+// requests are served by the loops, the rest (streams) handed off
+// (TestRequestLoopServesWholeRequests shows which is which). The
+// behaviours that real engines and clients exercise run again on
+// fasthttp's goroutine per connection (upstream.goroutine_requests), so
+// that both paths are held to them; GPUROUTER_TEST_GOROUTINE_REQUESTS=1
+// runs the whole suite so.
+func TestGoroutineRequestsKeepTheRequestPathsBehaviours(t *testing.T) {
+	t.Setenv("GPUROUTER_TEST_GOROUTINE_REQUESTS", "1")
 	for _, tc := range []struct {
 		name string
 		f    func(*testing.T)
@@ -51,8 +52,11 @@ func TestRequestLoopKeepsTheRequestPathsBehaviours(t *testing.T) {
 // connection, which fasthttp's path then serves.
 func TestRequestLoopServesWholeRequests(t *testing.T) {
 	up := newFakeVLLM(t)
-	tr := startRouter(t, []string{up.url}, withConfig(func(c *Config) { c.RequestLoops = 1 }))
+	tr := startRouter(t, []string{up.url}, oneLoop)
 	handOffs := func() float64 { return testutil.ToFloat64(tr.srv.m.loopHandOffs) }
+	if len(tr.srv.reqLoops) != 1 {
+		t.Fatalf("%d request loops; want 1", len(tr.srv.reqLoops))
+	}
 	for i := range 20 {
 		if st, _, b := call(t, tr.url, chatPlain); st != 200 {
 			t.Fatalf("request %d: status %d: %.200s", i, st, b)
@@ -79,7 +83,7 @@ func TestRequestLoopServesWholeRequests(t *testing.T) {
 // are answered in order on the connection.
 func TestRequestLoopPipelinedRequests(t *testing.T) {
 	up := newFakeVLLM(t)
-	tr := startRouter(t, []string{up.url}, withConfig(func(c *Config) { c.RequestLoops = 1 }))
+	tr := startRouter(t, []string{up.url}, oneLoop)
 	c, err := net.Dial("tcp", strings.TrimPrefix(tr.url, "http://"))
 	if err != nil {
 		t.Fatal(err)
@@ -116,7 +120,7 @@ func TestRequestLoopPipelinedRequests(t *testing.T) {
 func TestRequestLoopClientGoneWhileTheEngineWorks(t *testing.T) {
 	up := newFakeVLLM(t)
 	up.hang = true
-	tr := startRouter(t, []string{up.url}, withConfig(func(c *Config) { c.RequestLoops = 1 }))
+	tr := startRouter(t, []string{up.url}, oneLoop)
 	c, err := net.Dial("tcp", strings.TrimPrefix(tr.url, "http://"))
 	if err != nil {
 		t.Fatal(err)
@@ -130,3 +134,19 @@ func TestRequestLoopClientGoneWhileTheEngineWorks(t *testing.T) {
 		t.Errorf("canceled requests counted %v; want 1", n)
 	}
 }
+
+// With goroutine requests, no loop runs: nothing is handed off.
+func TestGoroutineRequestsRunNoLoop(t *testing.T) {
+	up := newFakeVLLM(t)
+	tr := startRouter(t, []string{up.url}, withConfig(func(c *Config) { c.GoroutineRequests = true }))
+	if st, _, b := call(t, tr.url, chatPlain); st != 200 {
+		t.Fatalf("status %d: %.200s", st, b)
+	}
+	if len(tr.srv.reqLoops) != 0 || testutil.ToFloat64(tr.srv.m.loopHandOffs) != 0 {
+		t.Fatalf("%d request loops, %v hand-offs; want none", len(tr.srv.reqLoops), testutil.ToFloat64(tr.srv.m.loopHandOffs))
+	}
+}
+
+// oneLoop is a test router with one request loop, whatever
+// GPUROUTER_TEST_GOROUTINE_REQUESTS says.
+var oneLoop = withConfig(func(c *Config) { c.RequestLoops, c.GoroutineRequests = 1, false })

@@ -9,6 +9,9 @@ import (
 	"sync/atomic"
 )
 
+// haveRequestLoops: Linux only.
+const haveRequestLoops = false
+
 // requestLoop is the request loop, Linux only (reqloop_linux.go):
 // elsewhere every request is served on fasthttp's goroutines.
 type requestLoop struct{ size atomic.Int64 }

@@ -183,7 +183,7 @@ func New(o Options) (*Server, error) {
 	for range s.cfg.StreamLoops {
 		s.pumps = append(s.pumps, newStreamPump(s.cfg, s.m, o.Now))
 	}
-	for range s.cfg.RequestLoops {
+	for i := 0; haveRequestLoops && !s.cfg.GoroutineRequests && i < s.cfg.RequestLoops; i++ {
 		s.reqLoops = append(s.reqLoops, newRequestLoop(s))
 	}
 	if err := registerLoopGauges(reg, s.pumps); err != nil {

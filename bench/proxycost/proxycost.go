@@ -17,7 +17,6 @@ import (
 	"io"
 	"os"
 	"slices"
-	"strconv"
 	"time"
 )
 
@@ -30,9 +29,10 @@ type Config struct {
 	// with GOMAXPROCS set to it ("gpurouter-pN"): HAProxy and nginx are
 	// measured with one thread, the Go runtime with one P per core.
 	GpurouterProcs int
-	// GpurouterLoops, when positive, adds a gpurouter column run with that
-	// many request loops ("gpurouter-loopN"; serve --request-loops).
-	GpurouterLoops int
+	// GpurouterGoroutines adds a gpurouter column that serves whole
+	// requests on fasthttp's goroutines instead of its request loops
+	// ("gpurouter-goroutines"; serve --request-loops 0).
+	GpurouterGoroutines bool
 	// Bare adds a column for a bare fasthttp reverse proxy (ServeBare),
 	// started from the Gpurouter command: the floor of the library.
 	Bare bool
@@ -139,9 +139,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			}
 			targets = append(targets, t)
 		}
-		if cfg.GpurouterLoops > 0 {
-			name := fmt.Sprintf("gpurouter-loop%d", cfg.GpurouterLoops)
-			t, err := startGpurouter(ctx, name, cfg.Gpurouter, nil, []string{"--request-loops", strconv.Itoa(cfg.GpurouterLoops)}, up.addr())
+		if cfg.GpurouterGoroutines {
+			t, err := startGpurouter(ctx, "gpurouter-goroutines", cfg.Gpurouter, nil, []string{"--request-loops", "0"}, up.addr())
 			if err != nil {
 				return nil, err
 			}

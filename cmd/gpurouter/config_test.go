@@ -205,6 +205,8 @@ func TestConfigDefaults(t *testing.T) {
 		{"upstream.max_header_bytes", cfg.Upstream.MaxHeaderBytes, 1024},
 		{"upstream.goroutine_streams", cfg.Upstream.GoroutineStreams, false},
 		{"upstream.stream_loops", cfg.Upstream.StreamLoops, 0},
+		{"upstream.goroutine_requests", cfg.Upstream.GoroutineRequests, false},
+		{"upstream.request_loops", cfg.Upstream.RequestLoops, 0},
 		{"health.path", cfg.Health.Path, "/health"},
 		{"breaker.consecutive_failures", cfg.Breaker.ConsecutiveFailures, 5},
 		{"shutdown.drain_timeout", cfg.Shutdown.DrainTimeout, 30 * time.Second},

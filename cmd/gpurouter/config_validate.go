@@ -54,7 +54,7 @@ func validate(cfg fileConfig) error {
 		v.add("upstream.stream_loops", "must be >= 0 (0: one per four of GOMAXPROCS), got %d", cfg.Upstream.StreamLoops)
 	}
 	if cfg.Upstream.RequestLoops < 0 {
-		v.add("upstream.request_loops", "must be >= 0 (0: off), got %d", cfg.Upstream.RequestLoops)
+		v.add("upstream.request_loops", "must be >= 0 (0: one per two of GOMAXPROCS), got %d", cfg.Upstream.RequestLoops)
 	}
 
 	if !strings.HasPrefix(cfg.Health.Path, "/") {

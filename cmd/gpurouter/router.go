@@ -111,6 +111,7 @@ func newRouterWith(cfg fileConfig, log *zap.Logger, deps routerDeps) (*router, e
 			MaxUpstreamHeader:  cfg.Upstream.MaxHeaderBytes,
 			GoroutineStreams:   cfg.Upstream.GoroutineStreams,
 			StreamLoops:        cfg.Upstream.StreamLoops,
+			GoroutineRequests:  cfg.Upstream.GoroutineRequests,
 			RequestLoops:       cfg.Upstream.RequestLoops,
 		},
 		Routes:      r.fleet.Routes(),

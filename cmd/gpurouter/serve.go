@@ -47,8 +47,8 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		migrationLimit = n
 		return nil
 	})
-	requestLoops := -1 // not given: the file's upstream.request_loops
-	fs.Func("request-loops", "N: request loops serving whole (non-streamed) requests, Linux (0 = off); overrides the file's upstream.request_loops (default 0)", func(v string) error {
+	requestLoops := -1 // not given: the file's upstream.request_loops and goroutine_requests
+	fs.Func("request-loops", "N: request loops serving whole (non-streamed) requests, Linux; 0 serves every request on fasthttp's goroutines (upstream.goroutine_requests); overrides the file (default: one per two of GOMAXPROCS)", func(v string) error {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {
 			return fmt.Errorf("want a whole number >= 0, got %q", v)
@@ -113,7 +113,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 			cfg.Admin.Token = *adminToken
 		}
 		if requestLoops >= 0 {
-			cfg.Upstream.RequestLoops = requestLoops
+			cfg.Upstream.RequestLoops, cfg.Upstream.GoroutineRequests = requestLoops, requestLoops == 0
 		}
 		if migrationLimit >= 0 {
 			for i := range cfg.Pools {
