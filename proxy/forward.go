@@ -45,34 +45,56 @@ func (s *Server) upstreamRequest(ctx *fasthttp.RequestCtx, x *exchange, ep endpo
 		body = s.startMigration(ctx, x, body)
 	}
 	u := fasthttp.AcquireRequest()
+	u.Header.SetMethod(fasthttp.MethodPost)
+	u.SetRequestURI(ep.path())
+	forwardedHeaders(&ctx.Request.Header, x, u.Header.SetBytesKV)
+	var own [128]byte
+	seq, xff := s.routerHeaders(ctx, x, own[:0])
+	u.Header.Set("X-Request-Id", x.id)
+	u.Header.SetBytesV(seqHeader, seq)
+	u.Header.SetBytesV("X-Forwarded-For", xff)
+	u.SetBodyRaw(body)
+	return u
+}
+
+// forwardedHeaders calls add with each of the client's headers the
+// replicas get: all but the hop-by-hop ones (and those its Connection
+// header names), Content-Length and Host (the request's own),
+// Accept-Encoding (the router reads the body), the client's key when the
+// router authenticated it, and those the router sets itself
+// (routerHeaders). One set for the goroutine path's fasthttp.Request and
+// the request loop's bytes (upstreamWire).
+func forwardedHeaders(h *fasthttp.RequestHeader, x *exchange, add func(k, v []byte)) {
 	// Headers named in Connection are hop-by-hop too (RFC 9110 §7.6.1).
-	connHdr := ctx.Request.Header.Peek("Connection")
+	connHdr := h.Peek("Connection")
 	stripAuth := x.principal.key != nil
-	ctx.Request.Header.VisitAll(func(k, v []byte) {
+	h.VisitAll(func(k, v []byte) {
 		if isHopByHop(k) || bytes.EqualFold(k, []byte("Accept-Encoding")) ||
 			bytes.EqualFold(k, []byte("Content-Length")) || bytes.EqualFold(k, []byte("Host")) ||
+			bytes.EqualFold(k, []byte("X-Request-Id")) || bytes.EqualFold(k, []byte(seqHeader)) ||
+			bytes.EqualFold(k, []byte("X-Forwarded-For")) ||
 			listsToken(connHdr, k) || (stripAuth && bytes.EqualFold(k, []byte("Authorization"))) {
 			return
 		}
-		u.Header.SetBytesKV(k, v)
+		add(k, v)
 	})
-	u.Header.SetMethod(fasthttp.MethodPost)
-	u.SetRequestURI(ep.path())
-	u.Header.Set("X-Request-Id", x.id)
-	// The request's own number, which finds its connection should the
-	// client leave before the engine answers (see pendingSet); X-Request-Id
-	// can't, a client may send the same one twice. Set replaces one the
-	// client sent.
+}
+
+// routerHeaders are the values of the headers the router adds, besides
+// X-Request-Id (x.id), written into buf (128 bytes do: a few hops, the
+// longest IPv6 text form last): the request's own number (x.seq, given
+// here), which finds its connection should the client leave before the
+// engine answers (see pendingSet) — X-Request-Id can't, a client may send
+// the same one twice — and the X-Forwarded-For chain.
+func (s *Server) routerHeaders(ctx *fasthttp.RequestCtx, x *exchange, buf []byte) (seq, xff []byte) {
 	x.seq = s.seq.Add(1)
-	var num [20]byte
-	u.Header.SetBytesV(seqHeader, strconv.AppendUint(num[:0], x.seq, 10))
+	buf = strconv.AppendUint(buf[:0], x.seq, 10)
+	n := len(buf)
 	// The client's address joins the chain of the proxies it came
 	// through, as nginx's $proxy_add_x_forwarded_for has it: behind a load
 	// balancer or a sidecar, the engine still learns who asked.
-	var xff [128]byte // a few hops, the longest IPv6 text form (45 bytes) last
-	u.Header.SetBytesV("X-Forwarded-For", appendForwardedFor(xff[:0], &ctx.Request.Header, ctx.RemoteIP()))
-	u.SetBodyRaw(body)
-	return u
+	buf = appendForwardedFor(buf, &ctx.Request.Header, ctx.RemoteIP())
+	return buf[:n], buf[n:]
 }
 
 // appendForwardedFor appends an X-Forwarded-For value: the chain the

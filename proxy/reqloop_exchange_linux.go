@@ -15,14 +15,17 @@ import (
 // loopReq is a request the loop serves, from its head to its answer: the
 // loop's side of proxyAPI's locals.
 type loopReq struct {
-	gen      uint64 // which of its connection's requests it is: what goroutines post for an earlier one is stale
-	ctx      *fasthttp.RequestCtx
-	hdr      clientHeaders // views of ctx's headers
-	x        *exchange
-	rt       *routeTable
-	body     []byte // what goes to the engine (the client's, clamped)
-	ureq     *fasthttp.Request
-	wire     []byte // ureq as sent to the replica tried now
+	gen  uint64 // which of its connection's requests it is: what goroutines post for an earlier one is stale
+	ctx  *fasthttp.RequestCtx
+	hdr  clientHeaders // views of ctx's headers
+	x    *exchange
+	rt   *routeTable
+	body []byte // what goes to the engine (the client's, clamped)
+	// wire is the request sent to the replica tried now; its first head
+	// bytes, all but the Host line (the replica's), are the same for
+	// every replica tried (upstreamWire).
+	wire     []byte
+	head     int
 	pick     balancer.Request
 	tried    []*balancer.Replica
 	triedArr [8]*balancer.Replica
@@ -62,7 +65,7 @@ func (l *requestLoop) newReq(c *loopConn, ctx *fasthttp.RequestCtx) *loopReq {
 // releaseReq ends r: what goroutines post for it from now on is stale.
 func (l *requestLoop) releaseReq(r *loopReq) {
 	r.gen++
-	r.ctx, r.x, r.ureq, r.body, r.lastErr, r.hdr = nil, nil, nil, nil, nil, clientHeaders{}
+	r.ctx, r.x, r.body, r.lastErr, r.hdr = nil, nil, nil, nil, clientHeaders{}
 	clear(r.triedArr[:])
 }
 
@@ -164,13 +167,13 @@ func (l *requestLoop) admitted(c *loopConn, r *loopReq, gen uint64, err error) {
 
 // place is steps 4–5: the pick, the upstream request, the first attempt.
 func (l *requestLoop) place(c *loopConn) {
-	r, s := c.r, l.s
+	r := c.r
 	r.pick = r.x.pickRequest()
 	if err := sloOf(&r.hdr, &r.pick); err != nil {
 		l.reject(c, err)
 		return
 	}
-	r.ureq = s.upstreamRequest(r.ctx, r.x, r.x.ep, r.body)
+	l.upstreamWire(r)
 	l.attempt(c)
 }
 
@@ -250,12 +253,8 @@ func (l *requestLoop) answer(c *loopConn, resp *fasthttp.Response) {
 	l.respond(c)
 }
 
-// placed ends the attempts: the upstream request is done with.
+// placed ends the attempts.
 func (l *requestLoop) placed(r *loopReq) {
-	if r.ureq != nil {
-		fasthttp.ReleaseRequest(r.ureq)
-		r.ureq = nil
-	}
 	r.x.placed()
 }
 

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -150,3 +151,47 @@ func TestGoroutineRequestsRunNoLoop(t *testing.T) {
 // oneLoop is a test router with one request loop, whatever
 // GPUROUTER_TEST_GOROUTINE_REQUESTS says.
 var oneLoop = withConfig(func(c *Config) { c.RequestLoops, c.GoroutineRequests = 1, false })
+
+// The engine gets the same request from a loop as from the goroutine
+// path: the client's headers less the hop-by-hop ones and those the
+// Connection header names, the router's own (id, number, the
+// X-Forwarded-For chain), the same body.
+func TestRequestLoopSendsTheEngineTheSameRequest(t *testing.T) {
+	raw := "POST /v1/chat/completions HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\nUser-Agent: OpenAI/Python 1.54.0\r\n" +
+		"Connection: keep-alive, X-Hop\r\nX-Hop: gone\r\nAccept-Encoding: gzip\r\nX-Forwarded-For: 10.0.0.1\r\nX-Request-Id: same-id\r\n" +
+		"X-Custom: kept\r\nAuthorization: Bearer engine-key\r\nContent-Length: " + strconv.Itoa(len(chatPlain)) + "\r\n\r\n" + chatPlain
+	sent := func(goroutines bool) (http.Header, string) {
+		up := newFakeVLLM(t)
+		tr := startRouter(t, []string{up.url}, withConfig(func(c *Config) { c.RequestLoops, c.GoroutineRequests = 1, goroutines }))
+		c, err := net.Dial("tcp", strings.TrimPrefix(tr.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		io.WriteString(c, raw)                             //nolint:errcheck
+		c.SetReadDeadline(time.Now().Add(5 * time.Second)) //nolint:errcheck
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("goroutines=%v: status %d", goroutines, resp.StatusCode)
+		}
+		return <-up.headers, string(<-up.bodies)
+	}
+	gh, gb := sent(true)
+	lh, lb := sent(false)
+	if gb != lb {
+		t.Errorf("bodies differ:\ngoroutine %s\nloop      %s", gb, lb)
+	}
+	for _, h := range []http.Header{gh, lh} {
+		if h.Get("X-Hop") != "" || h.Get("Accept-Encoding") != "" || h.Get("X-Custom") != "kept" ||
+			h.Get("X-Request-Id") != "same-id" || h.Get("X-Forwarded-For") != "10.0.0.1, 127.0.0.1" {
+			t.Errorf("engine got %v", h)
+		}
+	}
+	if !reflect.DeepEqual(gh, lh) {
+		t.Errorf("headers differ:\ngoroutine %v\nloop      %v", gh, lh)
+	}
+}

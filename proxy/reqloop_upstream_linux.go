@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"time"
 
 	"github.com/valyala/bytebufferpool"
@@ -14,13 +15,32 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// upstreamWire writes the head of the request the replicas are sent, as
+// upstreamRequest builds it for fasthttp's client: the same method, path
+// and headers (forwardedHeaders, routerHeaders), the body's length; the Host line follows
+// per replica (sendRequest). The same headers, not in the same order: an
+// engine reads them by name. A whole request starts no migration
+// (startMigration is for streams), so its body goes as plan left it.
+func (l *requestLoop) upstreamWire(r *loopReq) {
+	b := append(append(append(r.wire[:0], "POST "...), r.x.ep.path()...), " HTTP/1.1\r\n"...)
+	forwardedHeaders(&r.ctx.Request.Header, r.x, func(k, v []byte) {
+		b = append(append(append(append(b, k...), ": "...), v...), "\r\n"...)
+	})
+	var own [128]byte
+	seq, xff := l.s.routerHeaders(r.ctx, r.x, own[:0])
+	b = append(append(append(b, "X-Request-Id: "...), r.x.id...), "\r\n"...)
+	b = append(append(append(append(append(b, seqHeader...), ": "...), seq...), "\r\nX-Forwarded-For: "...), xff...)
+	b = append(b, "\r\n"...)
+	b = strconv.AppendInt(append(b, "Content-Length: "...), int64(len(r.body)), 10)
+	r.wire, r.head = append(b, "\r\n"...), len(b)+2
+}
+
 // sendRequest sends c's request to the replica its attempt leased: on an
 // idle keep-alive connection of the loop's, else on one dialed for it.
 func (l *requestLoop) sendRequest(c *loopConn) {
 	r := c.r
-	r.ureq.Header.SetHost(r.rep.Addr())
-	r.ureq.Header.SetContentLength(len(r.ureq.Body()))
-	r.wire = append(r.ureq.Header.AppendBytes(r.wire[:0]), r.ureq.Body()...)
+	r.wire = append(append(append(r.wire[:r.head], "Host: "...), r.rep.Addr()...), "\r\n\r\n"...)
+	r.wire = append(r.wire, r.body...)
 	r.x.sent = l.s.now()
 	r.phase = phaseAwaiting
 	if u := l.takeIdle(r.up); u != nil {
