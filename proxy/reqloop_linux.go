@@ -274,14 +274,14 @@ func (l *requestLoop) scan() {
 		case c == nil:
 		case c.up != nil:
 			l.scanUpstream(c)
-		case len(c.out) > 0 && l.now.Sub(c.wrote) > l.s.cfg.IdleTimeout:
+		case len(c.out) > 0 && (aborting || l.now.Sub(c.wrote) > l.s.cfg.IdleTimeout):
 			// A client that stops reading holds no answer for good: a
 			// write must progress within the idle timeout, as on
 			// fasthttp's path (Server.WriteTimeout).
 			l.clientGone(c)
 		case c.r != nil:
 			l.scanRequest(c, aborting)
-		case c.in != nil && c.in.Len() > 0:
+		case c.in != nil && c.in.Len() > 0 && !aborting:
 			if l.now.Sub(c.since) > l.s.cfg.ReadTimeout {
 				l.requestTimeout(c)
 			}

@@ -4,6 +4,7 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"net"
 	"net/http"
@@ -193,5 +194,68 @@ func TestRequestLoopSendsTheEngineTheSameRequest(t *testing.T) {
 	}
 	if !reflect.DeepEqual(gh, lh) {
 		t.Errorf("headers differ:\ngoroutine %v\nloop      %v", gh, lh)
+	}
+}
+
+// A drain lets a whole request in a loop finish — its answer says
+// Connection: close — and closes the loop's idle connections; past the
+// drain deadline, a request still waiting for its engine ends with 503 and
+// its engine connection closes.
+func TestRequestLoopDrain(t *testing.T) {
+	for _, late := range []bool{false, true} {
+		up := newFakeVLLM(t)
+		up.prefill = 300 * time.Millisecond
+		if late {
+			up.hang = true
+		}
+		tr := startRouter(t, []string{up.url}, oneLoop)
+		idle, err := net.Dial("tcp", strings.TrimPrefix(tr.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer idle.Close()
+		waitFor(t, "the idle connection in the loop", func() bool { return tr.srv.loopClients() == 1 })
+		got := make(chan *http.Response, 1)
+		go func() {
+			req, _ := http.NewRequest("POST", tr.url+"/v1/chat/completions", strings.NewReader(chatPlain))
+			resp, err := (&http.Client{Transport: &http.Transport{}}).Do(req)
+			if err != nil {
+				t.Error(err)
+				got <- nil
+				return
+			}
+			io.Copy(io.Discard, resp.Body) //nolint:errcheck
+			resp.Body.Close()
+			got <- resp
+		}()
+		waitFor(t, "the engine got the request", func() bool { return up.requests.Load() == 1 })
+		deadline := 5 * time.Second
+		if late {
+			deadline = 150 * time.Millisecond
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), deadline)
+		err = tr.srv.Shutdown(ctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("late=%v: Shutdown: %v", late, err)
+		}
+		resp := <-got
+		switch {
+		case resp == nil:
+		case !late && (resp.StatusCode != 200 || !resp.Close):
+			t.Errorf("drained request: status %d, close %v; want 200 with Connection: close", resp.StatusCode, resp.Close)
+		case late && resp.StatusCode != 503:
+			t.Errorf("request past the drain deadline: status %d; want 503", resp.StatusCode)
+		}
+		idle.SetReadDeadline(time.Now().Add(2 * time.Second)) //nolint:errcheck
+		if n, err := idle.Read(make([]byte, 1)); err == nil {
+			t.Errorf("late=%v: the idle connection is still open (read %d bytes)", late, n)
+		}
+		if late {
+			waitFor(t, "the engine saw the router leave", func() bool { return up.canceled.Load() == 1 })
+		}
+		if n := tr.srv.Active(); n != 0 {
+			t.Errorf("late=%v: %d requests still active", late, n)
+		}
 	}
 }
