@@ -290,8 +290,15 @@ func (l *requestLoop) handOff(c *loopConn) {
 	l.size.Add(-1)
 	pc := newPrefetchConn(newFileConn(c.fd, c.laddr, c.raddr), &l.s.conns)
 	if c.in != nil {
-		b := make([]byte, max(c.in.Len(), prefetchSize))
-		pc.buf, pc.r, pc.w = &b, 0, copy(b, c.in.B)
+		// A buffer of the prefetch pool, which the connection gives back
+		// once it has read it: a stream handed off holds none.
+		b := prefetchBufs.Get().(*[]byte)
+		if c.in.Len() > len(*b) {
+			prefetchBufs.Put(b)
+			nb := make([]byte, c.in.Len())
+			b = &nb
+		}
+		pc.buf, pc.r, pc.w = b, 0, copy(*b, c.in.B)
 		bytebufferpool.Put(c.in)
 		c.in = nil
 	}
