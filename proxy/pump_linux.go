@@ -126,18 +126,8 @@ func (p *streamPump) open() error {
 	if p.running {
 		return nil
 	}
-	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	ep, wake, err := openEpollWake()
 	if err != nil {
-		return err
-	}
-	wake, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
-	if err != nil {
-		unix.Close(ep)
-		return err
-	}
-	if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, wake, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(wake)}); err != nil {
-		unix.Close(ep)
-		unix.Close(wake)
 		return err
 	}
 	p.running, p.ep, p.wake = true, ep, wake

@@ -268,6 +268,14 @@ func (l *requestLoop) closeClient(c *loopConn) {
 	if c.fd < 0 {
 		return
 	}
+	l.forget(c)
+	l.size.Add(-1)
+	l.s.conns.Add(-1)
+}
+
+// forget closes c's socket (its descriptor leaves the set with it) and
+// drops what it holds.
+func (l *requestLoop) forget(c *loopConn) {
 	if l.conns.get(c.fd) == c {
 		l.conns.del(c.fd)
 	}
@@ -278,8 +286,6 @@ func (l *requestLoop) closeClient(c *loopConn) {
 		c.in = nil
 	}
 	c.out = nil
-	l.size.Add(-1)
-	l.s.conns.Add(-1)
 }
 
 // handOff gives c, with the bytes read from it, to fasthttp's server:

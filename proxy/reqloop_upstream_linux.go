@@ -298,15 +298,7 @@ func (l *requestLoop) closeUpstream(u *loopConn) {
 			}
 		}
 	}
-	if l.conns.get(u.fd) == u {
-		l.conns.del(u.fd)
-	}
-	unix.Close(u.fd)
-	u.fd = -1
-	if u.in != nil {
-		bytebufferpool.Put(u.in)
-		u.in = nil
-	}
+	l.forget(u)
 	u.up.loopConns.Add(-1)
 }
 

@@ -2,6 +2,26 @@
 
 package proxy
 
+import "golang.org/x/sys/unix"
+
+// openEpollWake opens a loop's epoll set with an eventfd in it, which
+// wakes the loop from other goroutines.
+func openEpollWake() (ep, wake int, err error) {
+	if ep, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
+		return -1, -1, err
+	}
+	if wake, err = unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC); err != nil {
+		unix.Close(ep)
+		return -1, -1, err
+	}
+	if err = unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, wake, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(wake)}); err != nil {
+		unix.Close(ep)
+		unix.Close(wake)
+		return -1, -1, err
+	}
+	return ep, wake, nil
+}
+
 // fdTable is a loop's sockets by descriptor: a slice indexed by
 // descriptor, which the kernel hands out small and dense, so the lookup
 // at every event hashes nothing. Its zero value is empty.
