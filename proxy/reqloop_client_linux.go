@@ -17,13 +17,13 @@ import (
 // loopConn is a socket of a request loop: a client's (up nil) or an
 // engine's.
 type loopConn struct {
-	fd           int
-	laddr, raddr net.Addr
-	in           *bytebufferpool.ByteBuffer // bytes read and not yet used; nil when none
-	out          []byte                     // bytes the socket has not taken yet
-	since        time.Time                  // a client's: its request's first byte, else its last response; an engine's: idle since
-	closing      bool                       // a client's: close once out is written
-	wrote        time.Time                  // out last took bytes (or began to wait)
+	fd      int
+	addrs   loopAddrs                  // its addresses, as its requests' contexts give them
+	in      *bytebufferpool.ByteBuffer // bytes read and not yet used; nil when none
+	out     []byte                     // bytes the socket has not taken yet
+	since   time.Time                  // a client's: its request's first byte, else its last response; an engine's: idle since
+	closing bool                       // a client's: close once out is written
+	wrote   time.Time                  // out last took bytes (or began to wait)
 
 	// A client's request in progress (req); nil between requests.
 	r   *loopReq
@@ -120,7 +120,7 @@ func (l *requestLoop) acquireCtx(c *loopConn) *fasthttp.RequestCtx {
 	} else {
 		ctx = new(fasthttp.RequestCtx)
 	}
-	ctx.Init2(loopAddrs{c.laddr, c.raddr}, fasthttpLogger{l.s.log}, true)
+	ctx.Init2(&c.addrs, fasthttpLogger{l.s.log}, true)
 	return ctx
 }
 
@@ -155,8 +155,8 @@ func (l *requestLoop) respond(c *loopConn) {
 	if ctx.Request.Header.ConnectionClose() || l.s.draining.Load() {
 		ctx.Response.SetConnectionClose()
 	}
-	w := loopWriter{l: l, c: c}
-	l.bw.Reset(&w)
+	l.w.c = c
+	l.bw.Reset(&l.w)
 	err := ctx.Response.Write(l.bw)
 	if err == nil {
 		err = l.bw.Flush()
@@ -294,7 +294,7 @@ func (l *requestLoop) handOff(c *loopConn) {
 	l.conns.del(c.fd)
 	unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, c.fd, nil) //nolint:errcheck
 	l.size.Add(-1)
-	pc := newPrefetchConn(newFileConn(c.fd, c.laddr, c.raddr), &l.s.conns)
+	pc := newPrefetchConn(newFileConn(c.fd, c.addrs.laddr, c.addrs.raddr), &l.s.conns)
 	if c.in != nil {
 		// A buffer of the prefetch pool, which the connection gives back
 		// once it has read it: a stream handed off holds none.
@@ -319,7 +319,8 @@ func (l *requestLoop) requestTimeout(c *loopConn) {
 	ctx := l.acquireCtx(c)
 	writeError(ctx, fmt.Errorf("%w: the request must arrive within %s", ErrRequestTimeout, l.s.cfg.ReadTimeout))
 	ctx.Response.SetConnectionClose()
-	l.bw.Reset(&loopWriter{l: l, c: c})
+	l.w.c = c
+	l.bw.Reset(&l.w)
 	if ctx.Response.Write(l.bw) == nil {
 		l.bw.Flush() //nolint:errcheck // best effort: the client is slow or gone
 	}
@@ -331,13 +332,13 @@ func (l *requestLoop) requestTimeout(c *loopConn) {
 // its addresses (the client's IP for X-Forwarded-For).
 type loopAddrs struct{ laddr, raddr net.Addr }
 
-func (a loopAddrs) LocalAddr() net.Addr              { return a.laddr }
-func (a loopAddrs) RemoteAddr() net.Addr             { return a.raddr }
-func (a loopAddrs) Read([]byte) (int, error)         { return 0, errLoopConn }
-func (a loopAddrs) Write([]byte) (int, error)        { return 0, errLoopConn }
-func (a loopAddrs) Close() error                     { return nil }
-func (a loopAddrs) SetDeadline(time.Time) error      { return nil }
-func (a loopAddrs) SetReadDeadline(time.Time) error  { return nil }
-func (a loopAddrs) SetWriteDeadline(time.Time) error { return nil }
+func (a *loopAddrs) LocalAddr() net.Addr              { return a.laddr }
+func (a *loopAddrs) RemoteAddr() net.Addr             { return a.raddr }
+func (a *loopAddrs) Read([]byte) (int, error)         { return 0, errLoopConn }
+func (a *loopAddrs) Write([]byte) (int, error)        { return 0, errLoopConn }
+func (a *loopAddrs) Close() error                     { return nil }
+func (a *loopAddrs) SetDeadline(time.Time) error      { return nil }
+func (a *loopAddrs) SetReadDeadline(time.Time) error  { return nil }
+func (a *loopAddrs) SetWriteDeadline(time.Time) error { return nil }
 
 var errLoopConn = fmt.Errorf("proxy: the request loop's connection is not read or written through its context")

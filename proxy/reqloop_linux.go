@@ -61,8 +61,9 @@ type requestLoop struct {
 	events   []unix.EpollEvent
 	buf      []byte // every read lands here first
 	rd       bytes.Reader
-	br       *bufio.Reader             // reads request and response heads from memory for fasthttp's parsers
-	bw       *bufio.Writer             // writes responses to their client's socket (loopWriter)
+	br       *bufio.Reader // reads request and response heads from memory for fasthttp's parsers
+	bw       *bufio.Writer // writes responses to their client's socket (w)
+	w        loopWriter
 	idle     map[*upstream][]*loopConn // keep-alive engine connections by replica, most recent last
 	ctxs     []*fasthttp.RequestCtx    // spare contexts
 	now      time.Time                 // this wake-up's clock (time.Now)
@@ -99,7 +100,7 @@ func (l *requestLoop) take(c net.Conn) bool {
 	if !ok {
 		return false
 	}
-	lc := &loopConn{fd: fd, laddr: c.LocalAddr(), raddr: c.RemoteAddr()}
+	lc := &loopConn{fd: fd, addrs: loopAddrs{c.LocalAddr(), c.RemoteAddr()}}
 	l.mu.Lock()
 	if !l.running {
 		l.mu.Unlock()
@@ -173,6 +174,7 @@ func (l *requestLoop) Run(ctx context.Context) error {
 	l.buf = make([]byte, 64<<10)
 	l.br = bufio.NewReaderSize(&l.rd, max(l.s.cfg.MaxHeaderBytes, l.s.cfg.MaxUpstreamHeader, 4096))
 	l.bw = bufio.NewWriterSize(nil, 4096)
+	l.w.l = l
 	l.idle = map[*upstream][]*loopConn{}
 	defer l.stop()
 	stopWatch := context.AfterFunc(ctx, l.poke)

@@ -111,7 +111,7 @@ func (l *requestLoop) dial(c *loopConn) {
 		}
 		var u *loopConn
 		if err == nil {
-			u = &loopConn{fd: fd, up: up, laddr: nc.LocalAddr(), raddr: nc.RemoteAddr()}
+			u = &loopConn{fd: fd, up: up, addrs: loopAddrs{nc.LocalAddr(), nc.RemoteAddr()}}
 			u.end.MaxHead = l.s.cfg.MaxUpstreamHeader
 		}
 		posted := l.post(func() { l.dialed(c, r, gen, u, err) })
