@@ -23,11 +23,12 @@ type loopConn struct {
 	out     []byte                     // bytes the socket has not taken yet
 	since   time.Time                  // a client's: its request's first byte, else its last response; an engine's: idle since
 	closing bool                       // a client's: close once out is written
+	serving bool                       // a client's: serve is reading its requests
 	wrote   time.Time                  // out last took bytes (or began to wait)
 
 	// A client's request in progress (req); nil between requests.
 	r   *loopReq
-	req loopReq
+	req *loopReq
 
 	// An engine's.
 	up      *upstream
@@ -51,9 +52,15 @@ func (l *requestLoop) readClient(c *loopConn) {
 		l.clientGone(c)
 		return
 	}
+	if c.in == nil && c.r == nil {
+		// A request that comes whole in one read, the usual case, is
+		// served from the read buffer: no copy, no buffer held.
+		c.since = l.now
+		l.serve(c, l.buf[:n])
+		return
+	}
 	if c.in == nil {
 		c.in = bytebufferpool.Get()
-		c.since = l.now
 	}
 	c.in.Write(l.buf[:n]) //nolint:errcheck
 	if c.r != nil {
@@ -64,42 +71,64 @@ func (l *requestLoop) readClient(c *loopConn) {
 		}
 		return
 	}
-	l.serveNext(c)
+	l.serve(c, c.in.B)
 }
 
-// serveNext serves the request at the head of c.in, once it is whole.
-func (l *requestLoop) serveNext(c *loopConn) {
-	if c.r != nil || c.closing || c.in == nil {
-		return
+// serve serves the requests at the start of b — c.in's bytes, or a read's
+// still in the read buffer — while they are whole and c is free for them,
+// and keeps what is left in c.in.
+func (l *requestLoop) serve(c *loopConn, b []byte) {
+	c.serving = true // a request answered at once must not serve b again (respond)
+	defer func() { c.serving = false }()
+	for len(b) > 0 && c.r == nil && !c.closing && c.fd >= 0 {
+		n, served := l.serveOne(c, b)
+		if !served {
+			return // handed off with b
+		}
+		if n == 0 {
+			break // not whole yet
+		}
+		b = b[n:]
 	}
-	b := c.in.B
-	n := h1.RequestLen(b, l.s.cfg.MaxHeaderBytes)
+	if c.fd >= 0 {
+		c.keep(b)
+	}
+}
+
+// serveOne serves the request at the start of b once it is whole: n is
+// its length (0 while it is not whole); served is false when c was handed
+// off with b (or closed) instead.
+func (l *requestLoop) serveOne(c *loopConn, b []byte) (n int, served bool) {
+	n = h1.RequestLen(b, l.s.cfg.MaxHeaderBytes)
 	switch {
 	case n < 0: // a chunked body, or a head over the limit: fasthttp's to answer
-		l.handOff(c)
-		return
+		l.handOff(c, b)
+		return 0, false
 	case n == 0: // the head is not all in
-		return
+		return 0, true
 	}
 	head := bytes.Index(b, []byte("\r\n\r\n")) + 4
 	if n-head > l.s.cfg.MaxBodyBytes {
-		l.handOff(c) // 413, from fasthttp
-		return
+		l.handOff(c, b) // 413, from fasthttp
+		return 0, false
 	}
 	ctx := l.acquireCtx(c)
 	l.rd.Reset(b[:head])
 	l.br.Reset(&l.rd)
 	if err := ctx.Request.Header.Read(l.br); err != nil || !l.fits(ctx) {
 		l.releaseCtx(ctx)
-		l.handOff(c)
-		return
+		l.handOff(c, b)
+		return 0, false
 	}
 	if n > len(b) {
 		l.releaseCtx(ctx) // the body is still coming: parsed again once it is in
-		return
+		return 0, true
 	}
 	ctx.Request.SetBody(b[head:n])
-	l.start(c, ctx, b[:n])
+	if !l.start(c, ctx, b) {
+		return 0, false
+	}
+	return n, true
 }
 
 // fits reports a request the loop serves, by its head: an API call by
@@ -135,13 +164,23 @@ func (l *requestLoop) releaseCtx(ctx *fasthttp.RequestCtx) {
 // maxLoopCtxs bounds the spare request contexts a loop keeps (each ~2 KiB).
 const maxLoopCtxs = 256
 
-// consume drops c's first n bytes: the request taken.
-func (c *loopConn) consume(n int) {
-	rest := copy(c.in.B, c.in.B[n:])
-	c.in.B = c.in.B[:rest]
-	if rest == 0 {
-		bytebufferpool.Put(c.in)
-		c.in = nil
+// keep makes b — the tail of c.in's bytes, or of a read's — what c holds
+// for its next request.
+func (c *loopConn) keep(b []byte) {
+	switch {
+	case len(b) == 0:
+		if c.in != nil {
+			bytebufferpool.Put(c.in)
+			c.in = nil
+		}
+	case c.in != nil && sameBacking(b, c.in.B):
+		c.in.B = c.in.B[:copy(c.in.B, b)]
+	default:
+		if c.in == nil {
+			c.in = bytebufferpool.Get()
+		}
+		c.in.Reset()
+		c.in.Write(b) //nolint:errcheck
 	}
 }
 
@@ -170,8 +209,8 @@ func (l *requestLoop) respond(c *loopConn) {
 		l.closeClient(c)
 	case c.closing && len(c.out) == 0:
 		l.closeClient(c)
-	case c.in != nil:
-		l.serveNext(c)
+	case c.in != nil && !c.serving:
+		l.serve(c, c.in.B)
 	}
 }
 
@@ -288,23 +327,26 @@ func (l *requestLoop) forget(c *loopConn) {
 	c.out = nil
 }
 
-// handOff gives c, with the bytes read from it, to fasthttp's server:
+// handOff gives c, with b, the bytes read from it and not yet served, to
+// fasthttp's server:
 // what the loop does not serve. Nothing of the request was acted on.
-func (l *requestLoop) handOff(c *loopConn) {
+func (l *requestLoop) handOff(c *loopConn, b []byte) {
 	l.conns.del(c.fd)
 	unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, c.fd, nil) //nolint:errcheck
 	l.size.Add(-1)
 	pc := newPrefetchConn(newFileConn(c.fd, c.addrs.laddr, c.addrs.raddr), &l.s.conns)
-	if c.in != nil {
+	if len(b) > 0 {
 		// A buffer of the prefetch pool, which the connection gives back
 		// once it has read it: a stream handed off holds none.
-		b := prefetchBufs.Get().(*[]byte)
-		if c.in.Len() > len(*b) {
-			prefetchBufs.Put(b)
-			nb := make([]byte, c.in.Len())
-			b = &nb
+		pb := prefetchBufs.Get().(*[]byte)
+		if len(b) > len(*pb) {
+			prefetchBufs.Put(pb)
+			nb := make([]byte, len(b))
+			pb = &nb
 		}
-		pc.buf, pc.r, pc.w = b, 0, copy(*b, c.in.B)
+		pc.buf, pc.r, pc.w = pb, 0, copy(*pb, b)
+	}
+	if c.in != nil {
 		bytebufferpool.Put(c.in)
 		c.in = nil
 	}

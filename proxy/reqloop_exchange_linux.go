@@ -54,9 +54,13 @@ const (
 )
 
 // newReq readies c's request struct for its next request: one struct a
-// connection, as a connection carries one request at a time.
+// connection, as a connection carries one request at a time, made for
+// its first whole request (a stream's connection, handed off, has none).
 func (l *requestLoop) newReq(c *loopConn, ctx *fasthttp.RequestCtx) *loopReq {
-	r := &c.req
+	if c.req == nil {
+		c.req = new(loopReq)
+	}
+	r := c.req
 	*r = loopReq{gen: r.gen + 1, ctx: ctx, wire: r.wire[:0]}
 	r.tried = r.triedArr[:0]
 	return r
@@ -69,16 +73,18 @@ func (l *requestLoop) releaseReq(r *loopReq) {
 	clear(r.triedArr[:])
 }
 
-// start serves a whole request read from c (raw, its bytes in c.in): the
-// steps of proxyAPI (handler.go), each through the same function.
-func (l *requestLoop) start(c *loopConn, ctx *fasthttp.RequestCtx, raw []byte) {
+// start serves a whole request read from c, its head parsed into ctx, at
+// the start of b, what c sent and the loop has not served: the steps of
+// proxyAPI (handler.go), each through the same function. False when c
+// was handed off with b instead.
+func (l *requestLoop) start(c *loopConn, ctx *fasthttp.RequestCtx, b []byte) bool {
 	s := l.s
 	rt := s.routes.Load()
 	ep, prefix := rt.apiRoute(bytesView(ctx.Path()))
 	if ep == 0 || s.draining.Load() {
 		l.releaseCtx(ctx)
-		l.handOff(c)
-		return
+		l.handOff(c, b)
+		return false
 	}
 	// The body is read before the key is checked, only to choose the
 	// path: a stream, or a body fasthttp's path must refuse, goes there
@@ -86,10 +92,9 @@ func (l *requestLoop) start(c *loopConn, ctx *fasthttp.RequestCtx, raw []byte) {
 	req, err := s.readBody(ctx.PostBody(), ep)
 	if err != nil || req.stream || !l.routable(rt, prefix, req.model) {
 		l.releaseCtx(ctx)
-		l.handOff(c)
-		return
+		l.handOff(c, b)
+		return false
 	}
-	c.consume(len(raw))
 	r := l.newReq(c, ctx)
 	c.r = r
 	r.rt = rt
@@ -98,12 +103,12 @@ func (l *requestLoop) start(c *loopConn, ctx *fasthttp.RequestCtx, raw []byte) {
 	r.x = x
 	if err := s.authenticate(r.hdr.authorization, x); err != nil {
 		l.reject(c, err)
-		return
+		return true
 	}
 	x.req = req
 	if r.body, _, err = s.plan(ctx, &r.hdr, x, rt, prefix, ctx.PostBody()); err != nil {
 		l.reject(c, err)
-		return
+		return true
 	}
 	wait, err := s.admitNow(x)
 	switch {
@@ -114,6 +119,7 @@ func (l *requestLoop) start(c *loopConn, ctx *fasthttp.RequestCtx, raw []byte) {
 	default:
 		l.place(c)
 	}
+	return true
 }
 
 // routable reports a request whose every replica the loop can reach:

@@ -82,7 +82,8 @@ func TestRequestLoopServesWholeRequests(t *testing.T) {
 }
 
 // Requests a client sends without waiting for the answers (pipelining)
-// are answered in order on the connection.
+// are answered in order on the connection, each once — one the loop
+// refuses at once among them, one split across reads.
 func TestRequestLoopPipelinedRequests(t *testing.T) {
 	up := newFakeVLLM(t)
 	tr := startRouter(t, []string{up.url}, oneLoop)
@@ -91,25 +92,41 @@ func TestRequestLoopPipelinedRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	req := func(id string) string {
+	req := func(id, body string) string {
 		return "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\nX-Request-Id: " + id +
-			"\r\nContent-Length: " + strconv.Itoa(len(chatPlain)) + "\r\n\r\n" + chatPlain
+			"\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
 	}
-	if _, err := io.WriteString(c, req("first")+req("second")+req("third")); err != nil {
-		t.Fatal(err)
+	unknown := `{"model":"nope","messages":[{"role":"user","content":"hi"}]}`
+	split := req("fourth", chatPlain)
+	sends := []string{req("first", chatPlain) + req("refused", unknown) + req("third", chatPlain) + split[:40], split[40:]}
+	for _, s := range sends {
+		if _, err := io.WriteString(c, s); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	c.SetReadDeadline(time.Now().Add(5 * time.Second)) //nolint:errcheck
 	br := bufio.NewReader(c)
-	for _, id := range []string{"first", "second", "third"} {
+	for _, want := range []struct {
+		id     string
+		status int
+	}{{"first", 200}, {"refused", 404}, {"third", 200}, {"fourth", 200}} {
 		resp, err := http.ReadResponse(br, nil)
 		if err != nil {
-			t.Fatalf("answer to %s: %v", id, err)
+			t.Fatalf("answer to %s: %v", want.id, err)
 		}
 		io.Copy(io.Discard, resp.Body) //nolint:errcheck
 		resp.Body.Close()
-		if resp.StatusCode != 200 || resp.Header.Get("X-Request-Id") != id {
-			t.Fatalf("answer %d %q, want 200 for %q", resp.StatusCode, resp.Header.Get("X-Request-Id"), id)
+		if resp.StatusCode != want.status || resp.Header.Get("X-Request-Id") != want.id {
+			t.Fatalf("answer %d %q, want %d for %q", resp.StatusCode, resp.Header.Get("X-Request-Id"), want.status, want.id)
 		}
+	}
+	c.SetReadDeadline(time.Now().Add(100 * time.Millisecond)) //nolint:errcheck
+	if n, err := br.Read(make([]byte, 1)); err == nil {
+		t.Fatalf("%d bytes more than the four answers", n)
+	}
+	if n := up.requests.Load(); n != 3 {
+		t.Errorf("the engine got %d requests; want 3", n)
 	}
 	if n := testutil.ToFloat64(tr.srv.m.loopHandOffs); n != 0 {
 		t.Errorf("%v hand-offs; want 0", n)
