@@ -274,7 +274,7 @@ func copyHeaders(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, x *exchange)
 		}
 		ctx.Response.Header.SetBytesKV(k, v)
 	})
-	ctx.Response.Header.Set("X-Request-Id", x.id)
+	setOwnHeader(&ctx.Response.Header, "X-Request-Id", x.id)
 	ctx.Response.Header.Set("X-Gpurouter-Replica", x.up.replica.Name())
 }
 

@@ -1,10 +1,12 @@
 package proxy
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 
 	"github.com/gpurouter/gpurouter/admission"
 	"github.com/gpurouter/gpurouter/balancer"
@@ -163,10 +165,15 @@ func (s *Server) newExchange(ctx *fasthttp.RequestCtx, ep endpoint, id []byte) *
 	x := &exchange{s: s, ep: ep, received: s.now()}
 	s.active.Add(1)
 	x.id = string(id)
+	if bytes.ContainsAny(id, "\r\n") {
+		// A line break in a header the router writes back would split it
+		// (setOwnHeader writes the id as it is).
+		x.id = strings.NewReplacer("\r", " ", "\n", " ").Replace(x.id)
+	}
 	if x.id == "" {
 		x.id = s.ids()
 	}
-	ctx.Response.Header.Set("X-Request-Id", x.id)
+	setOwnHeader(&ctx.Response.Header, "X-Request-Id", x.id)
 	return x
 }
 
@@ -282,7 +289,7 @@ func availableModels(rt *routeTable) string {
 // exchange.
 func (s *Server) reject(ctx *fasthttp.RequestCtx, x *exchange, err error) {
 	writeError(ctx, err)
-	ctx.Response.Header.Set("X-Request-Id", x.id)
+	setOwnHeader(&ctx.Response.Header, "X-Request-Id", x.id)
 	if x.last != nil {
 		ctx.Response.Header.Set("X-Gpurouter-Replica", x.last.Name())
 	}

@@ -276,3 +276,34 @@ func TestRequestLoopDrain(t *testing.T) {
 		}
 	}
 }
+
+// A client's X-Request-Id comes back as it was sent, on both paths; one
+// with a line break in it (a lone CR) is refused by the parser or comes
+// back with a space, never as a break in the router's answer.
+func TestRequestIDEchoedWithoutLineBreaks(t *testing.T) {
+	for _, goroutines := range []bool{false, true} {
+		up := newFakeVLLM(t)
+		tr := startRouter(t, []string{up.url}, withConfig(func(c *Config) { c.RequestLoops, c.GoroutineRequests = 1, goroutines }))
+		for id, want := range map[string]string{"abc-123": "abc-123", "a\rb": "a b"} {
+			c, err := net.Dial("tcp", strings.TrimPrefix(tr.url, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nConnection: close\r\nX-Request-Id: "+id+"\r\nContent-Length: "+strconv.Itoa(len(chatPlain))+"\r\n\r\n"+chatPlain) //nolint:errcheck
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))                                                                                                                                    //nolint:errcheck
+			b, _ := io.ReadAll(c)
+			c.Close()
+			end := strings.Index(string(b), "\r\n\r\n")
+			if end < 0 {
+				t.Fatalf("goroutines=%v id %q: no answer: %q", goroutines, id, b)
+			}
+			h := string(b[:end])
+			if strings.Count(h, "\r") != strings.Count(h, "\r\n") {
+				t.Errorf("goroutines=%v id %q: a lone CR in the answer's head %q", goroutines, id, h)
+			}
+			if strings.HasPrefix(h, "HTTP/1.1 200") && !strings.Contains(h, "\r\nX-Request-Id: "+want+"\r\n") {
+				t.Errorf("goroutines=%v id %q: head %q", goroutines, id, h)
+			}
+		}
+	}
+}

@@ -24,7 +24,25 @@ var hopByHop = [...][]byte{
 
 func isHopByHop(k []byte) bool {
 	for _, h := range hopByHop {
-		if bytes.EqualFold(k, h) {
+		// By length first: most names match none, and are told so without
+		// a comparison (every request's headers pass here).
+		if len(k) == len(h) && bytes.EqualFold(k, h) {
+			return true
+		}
+	}
+	return false
+}
+
+// routerSets are the request headers the router sets itself (or drops):
+// a client's are not forwarded.
+var routerSets = [...][]byte{
+	[]byte("Accept-Encoding"), []byte("Content-Length"), []byte("Host"),
+	[]byte("X-Request-Id"), []byte(seqHeader), []byte("X-Forwarded-For"),
+}
+
+func isRouterSet(k []byte) bool {
+	for _, h := range routerSets {
+		if len(k) == len(h) && bytes.EqualFold(k, h) {
 			return true
 		}
 	}
@@ -66,11 +84,8 @@ func forwardedHeaders(h *fasthttp.RequestHeader, x *exchange, add func(k, v []by
 	connHdr := h.Peek("Connection")
 	stripAuth := x.principal.key != nil
 	h.VisitAll(func(k, v []byte) {
-		if isHopByHop(k) || bytes.EqualFold(k, []byte("Accept-Encoding")) ||
-			bytes.EqualFold(k, []byte("Content-Length")) || bytes.EqualFold(k, []byte("Host")) ||
-			bytes.EqualFold(k, []byte("X-Request-Id")) || bytes.EqualFold(k, []byte(seqHeader)) ||
-			bytes.EqualFold(k, []byte("X-Forwarded-For")) ||
-			listsToken(connHdr, k) || (stripAuth && bytes.EqualFold(k, []byte("Authorization"))) {
+		if isHopByHop(k) || isRouterSet(k) || (len(connHdr) > 0 && listsToken(connHdr, k)) ||
+			(stripAuth && bytes.EqualFold(k, []byte("Authorization"))) {
 			return
 		}
 		add(k, v)
