@@ -38,6 +38,7 @@ type loopConn struct {
 	head    bool           // the response's head is in
 	headLen int            // its length, once in
 	extra   bool           // bytes came past the response's end: the connection can't carry another
+	toClose bool           // the response runs to the connection's close (HTTP/1.0, no length)
 	last    time.Time      // the last read of the response in progress
 }
 

@@ -307,3 +307,22 @@ func TestRequestIDEchoedWithoutLineBreaks(t *testing.T) {
 		}
 	}
 }
+
+// An engine that answers the HTTP/1.0 way — no length, the body to the
+// connection's close — is read to the close by a loop, as by fasthttp's
+// client; its connection is not kept.
+func TestRequestLoopResponseToTheClose(t *testing.T) {
+	body := `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`
+	for _, status := range []string{"HTTP/1.0 200 OK", "HTTP/1.1 200 OK"} {
+		up := rawUpstream(t, status+"\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"+body)
+		for _, goroutines := range []bool{false, true} {
+			tr := startRouter(t, []string{up}, withConfig(func(c *Config) { c.RequestLoops, c.GoroutineRequests = 1, goroutines }))
+			for i := range 3 {
+				st, _, b := call(t, tr.url, chatPlain)
+				if st != 200 || !strings.Contains(b, `"content":"hi"`) {
+					t.Fatalf("%s, goroutines=%v, request %d: status %d: %.200s", status, goroutines, i, st, b)
+				}
+			}
+		}
+	}
+}

@@ -4,12 +4,14 @@ package proxy
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"strconv"
 	"time"
 
+	"github.com/gpurouter/gpurouter/internal/h1"
 	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
 	"golang.org/x/sys/unix"
@@ -55,7 +57,7 @@ func (l *requestLoop) sendOn(c *loopConn, u *loopConn) {
 	r := c.r
 	r.u, u.peer = u, c
 	u.end.Reset()
-	u.head, u.last = false, l.now
+	u.head, u.toClose, u.last = false, false, l.now
 	if !l.send(u, r.wire) {
 		return // upstreamGone has judged it
 	}
@@ -162,6 +164,10 @@ func (l *requestLoop) readUpstream(u *loopConn) {
 		return
 	}
 	if n <= 0 {
+		if err == nil && u.toClose && u.in != nil {
+			l.whole(c, u) // the response ran to the close: whole now
+			return
+		}
 		if err == nil {
 			err = io.EOF
 		}
@@ -173,8 +179,17 @@ func (l *requestLoop) readUpstream(u *loopConn) {
 	}
 	u.in.Write(l.buf[:n]) //nolint:errcheck
 	u.last = l.now
-	used, done, ferr := u.end.Feed(l.buf[:n])
-	if ferr != nil {
+	used, done, ferr := 0, false, error(nil)
+	if !u.toClose {
+		used, done, ferr = u.end.Feed(l.buf[:n])
+	}
+	switch {
+	case errors.Is(ferr, h1.ErrToClose):
+		// A response framed otherwise than a keep-alive connection can
+		// carry — HTTP/1.0, a body to the close — is read to the close,
+		// as fasthttp's client reads it, and its parse judges it (whole).
+		u.toClose = true
+	case ferr != nil:
 		l.upstreamFailed(c, u, ferr)
 		return
 	}
@@ -183,7 +198,7 @@ func (l *requestLoop) readUpstream(u *loopConn) {
 			u.head, u.headLen = true, i+4
 		}
 	}
-	u.extra = done && used < n
+	u.extra = u.toClose || done && used < n
 	switch {
 	case u.head && u.in.Len()-u.headLen > l.s.cfg.MaxResponseBytes:
 		l.tooLarge(c, u)

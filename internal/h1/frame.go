@@ -29,6 +29,12 @@ const DefaultMaxHead = 64 << 10
 // another exchange. Every error from this package wraps it.
 var ErrFraming = errors.New("h1: unsupported or broken HTTP/1.1 framing")
 
+// ErrToClose says a response is well formed but ends only where its
+// connection closes — an HTTP/1.0 status line, or no length at all — so
+// that a relay may read it to the close instead of refusing it. It wraps
+// ErrFraming.
+var ErrToClose = fmt.Errorf("%w: a response that ends where its connection closes", ErrFraming)
+
 // Why a message was refused, each wrapping ErrFraming: for logs, and for
 // the tests, which hold the refusals that go beyond what fasthttp refuses
 // to a known list.
@@ -41,7 +47,8 @@ var (
 	errLength           = wrap("a repeated or malformed Content-Length")
 	errTransferEncoding = wrap("a repeated Transfer-Encoding, or one other than chunked")
 	errBothLengths      = wrap("both Content-Length and Transfer-Encoding")
-	errNoLength         = wrap("neither Content-Length nor chunked: a body to the close")
+	errNoLength         = fmt.Errorf("%w: neither Content-Length nor chunked: a body to the close", ErrToClose)
+	errHTTP10           = fmt.Errorf("%w: an HTTP/1.0 response", ErrToClose)
 	errUpgrade          = wrap("101 Switching Protocols")
 	errChunk            = wrap("a malformed chunk")
 )
@@ -308,6 +315,9 @@ func (r *ResponseEnd) takeLine(l []byte) error {
 // Transfer-Encoding is not to be trusted, and upstreams speak 1.1.
 func (r *ResponseEnd) statusLine(l []byte) error {
 	if len(l) < 12 || string(l[:9]) != "HTTP/1.1 " || len(l) > 12 && l[12] != ' ' {
+		if len(l) >= 12 && string(l[:9]) == "HTTP/1.0 " && isDigits(l[9:12]) && (len(l) == 12 || l[12] == ' ') {
+			return errHTTP10
+		}
 		return errStatusLine
 	}
 	r.status = 0
@@ -482,4 +492,13 @@ func hexVal(c byte) int {
 		return int(c-'a') + 10
 	}
 	return int(c-'A') + 10
+}
+
+func isDigits(b []byte) bool {
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
 }

@@ -102,7 +102,8 @@ func endCases() []endCase {
 		{"gzip", ok200 + "Transfer-Encoding: gzip\r\n\r\n", 0, errTransferEncoding},
 		{"gzip, chunked", ok200 + "Transfer-Encoding: gzip, chunked\r\n\r\n", 0, errTransferEncoding},
 		{"chunked twice", ok200 + "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n", 0, errTransferEncoding},
-		{"HTTP/1.0", "HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n", 0, errStatusLine},
+		{"HTTP/1.0", "HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n", 0, errHTTP10},
+		{"HTTP/1.0 bad status", "HTTP/1.0 2x0 OK\r\nContent-Length: 0\r\n\r\n", 0, errStatusLine},
 		{"two-digit status", "HTTP/1.1 20 OK\r\nContent-Length: 0\r\n\r\n", 0, errStatusLine},
 		{"blank line first", "\r\n" + cl, 0, errStatusLine},
 		{"lone LF", ok200 + "Content-Length: 0\n\r\n", 0, errLineEnd},
@@ -261,7 +262,7 @@ func truncated(err error) bool {
 // stricter is what ResponseEnd refuses by design where fasthttp reads on
 // (a lone LF as a line end, leading blank lines, folding, whitespace
 // before a colon, both lengths, HTTP/1.0, a body to the close, 101).
-var stricter = []error{errHeadTooLong, errStatusLine, errLineEnd, errObsFold, errFieldName, errBothLengths, errNoLength, errUpgrade}
+var stricter = []error{errHeadTooLong, errStatusLine, errLineEnd, errObsFold, errFieldName, errBothLengths, errNoLength, errHTTP10, errUpgrade}
 
 // laxer is what fasthttp refuses and ResponseEnd lets through by design:
 // field values it does not read, trailer names no framing depends on.
@@ -409,5 +410,22 @@ func BenchmarkResponseEnd(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// The responses a relay may read to the close instead of refusing are
+// told apart (ErrToClose); the broken ones are not among them.
+func TestResponseEndToClose(t *testing.T) {
+	for in, want := range map[string]bool{
+		"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n{}": true,
+		"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n{}":              true,
+		"hello there\r\n\r\n": false,
+		"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n": false,
+	} {
+		var r ResponseEnd
+		_, _, err := r.Feed([]byte(in))
+		if !errors.Is(err, ErrFraming) || errors.Is(err, ErrToClose) != want {
+			t.Errorf("%q: %v; want ErrToClose %v", in, err, want)
+		}
 	}
 }
