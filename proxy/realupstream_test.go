@@ -235,7 +235,7 @@ func rawUpstream(t *testing.T, reply string) string {
 
 // loopbackServer serves every connection on a loopback port with serve,
 // on a goroutine of its own, closing it after; it stops with the test.
-func loopbackServer(t *testing.T, serve func(net.Conn)) string {
+func loopbackServer(t testing.TB, serve func(net.Conn)) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -55,41 +55,26 @@ func BenchmarkRequestLoop(b *testing.B) {
 // request. It stops with the benchmark.
 func rawEngine(tb testing.TB, reply string) string {
 	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { ln.Close() })
 	out := []byte(reply)
-	go func() {
+	return loopbackServer(tb, func(c net.Conn) {
+		buf := make([]byte, 64<<10)
+		have := 0
 		for {
-			c, err := ln.Accept()
+			n, err := c.Read(buf[have:])
 			if err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				buf := make([]byte, 64<<10)
-				have := 0
-				for {
-					n, err := c.Read(buf[have:])
-					if err != nil {
-						return
-					}
-					have += n
-					for {
-						m := h1.RequestLen(buf[:have], 0)
-						if m <= 0 || m > have {
-							break
-						}
-						if _, err := c.Write(out); err != nil {
-							return
-						}
-						have = copy(buf, buf[m:have])
-					}
+			have += n
+			for {
+				m := h1.RequestLen(buf[:have], 0)
+				if m <= 0 || m > have {
+					break
 				}
-			}()
+				if _, err := c.Write(out); err != nil {
+					return
+				}
+				have = copy(buf, buf[m:have])
+			}
 		}
-	}()
-	return "http://" + ln.Addr().String()
+	})
 }
