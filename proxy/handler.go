@@ -67,6 +67,11 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 // exactly once: here for requests that end before a response starts,
 // else when fasthttp has written it (relay.CloseWithError for a stream,
 // wholeBody.CloseWithError for a whole answer).
+//
+// On Linux a whole (non-streamed) request usually takes these steps in a
+// request loop instead (reqloop_exchange_linux.go: start, place, answer),
+// through the same functions, without a goroutine; everything else —
+// streams, the router's own endpoints — comes here.
 func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint, prefixRoute *poolRoute) {
 	hdr := readClientHeaders(&ctx.Request.Header)
 	x := s.newExchange(ctx, ep, hdr.requestID)
