@@ -125,6 +125,9 @@ func (l *requestLoop) start(c *loopConn, ctx *fasthttp.RequestCtx, b []byte) boo
 // routable reports a request whose every replica the loop can reach:
 // none behind TLS, which the loop does not speak.
 func (l *requestLoop) routable(rt *routeTable, prefix *poolRoute, model string) bool {
+	if !rt.tls {
+		return true // no pool has one: no lookup, and no error words built twice for an unknown model
+	}
 	route, err := l.s.routeFor(rt, model, prefix)
 	return err != nil || !route.tls
 }

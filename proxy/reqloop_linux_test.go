@@ -326,3 +326,17 @@ func TestRequestLoopResponseToTheClose(t *testing.T) {
 		}
 	}
 }
+
+// A pool with a replica behind TLS, which the loop does not speak, has
+// its requests handed to fasthttp's path, which answers for the replica
+// (here one that speaks no TLS: an error).
+func TestRequestLoopHandsOffTLSPools(t *testing.T) {
+	up := newFakeVLLM(t)
+	tr := startRouter(t, []string{"https://" + strings.TrimPrefix(up.url, "http://")}, oneLoop)
+	if st, _, b := call(t, tr.url, chatPlain); st < 500 {
+		t.Fatalf("status %d from a replica that speaks no TLS: %.200s", st, b)
+	}
+	if n := testutil.ToFloat64(tr.srv.m.loopHandOffs); n != 1 {
+		t.Errorf("%v hand-offs; want 1", n)
+	}
+}

@@ -71,6 +71,7 @@ type routeTable struct {
 	prefixes  []prefixRoute         // longest first
 	upstreams map[*balancer.Replica]*upstream
 	models    []byte // the /v1/models document
+	tls       bool   // a pool has a replica reached over TLS (poolRoute.tls)
 }
 
 // upstream looks up a replica's upstream; a nil table has none.
@@ -116,6 +117,7 @@ func buildRoutes(routes []Route, plain *admission.Estimator, cfg Config, m *metr
 		}
 		for _, rep := range p.Replicas() {
 			pr.tls = pr.tls || rep.TLS()
+			rt.tls = rt.tls || pr.tls
 			if u, ok := prev.upstream(rep); ok && u.pool == p {
 				rt.upstreams[rep] = u
 				continue
