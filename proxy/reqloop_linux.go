@@ -290,12 +290,18 @@ const clientIdleTimeout = 2 * time.Minute
 // stop ends the loop: requests in progress end, connections close.
 func (l *requestLoop) stop() {
 	l.mu.Lock()
-	l.running = false
-	queued := l.queued
+	l.running = false // from now on a goroutine's post fails, and it ends its own work
+	queued, posted := l.queued, l.posted
 	l.queued, l.posted = nil, nil
 	l.mu.Unlock()
 	for _, c := range queued {
 		l.closeClient(c)
+	}
+	// What was posted before: an admission's end (the exchange is the
+	// loop's again) or a dial's connection, each taken as usual, and
+	// closed or aborted below with the rest.
+	for _, f := range posted {
+		f()
 	}
 	for _, c := range l.conns.by {
 		switch {
