@@ -340,3 +340,40 @@ func TestRequestLoopHandsOffTLSPools(t *testing.T) {
 		t.Errorf("%v hand-offs; want 1", n)
 	}
 }
+
+// A loop with nothing in progress sleeps until its first idle connection
+// expires, or until woken when it holds none, rather than waking every
+// scan period: each wake-up of its thread costs the runtime a P hand-off
+// and sets its monitor polling. A request in progress brings the scans back.
+func TestRequestLoopSleepsWhileQuiet(t *testing.T) {
+	tr := startRouter(t, []string{newFakeVLLM(t).url}, oneLoop)
+	if st, _, b := call(t, tr.url, chatPlain); st != 200 { // serving: its Shutdown then stops it
+		t.Fatalf("status %d: %.200s", st, b)
+	}
+	l := newRequestLoop(tr.srv) // not running: its state is the test's
+	l.now = time.Unix(1000, 0)
+	l.scan()
+	if w := l.waitMillis(); w != -1 {
+		t.Errorf("empty loop waits %d ms; want -1 (until woken)", w)
+	}
+	client := &loopConn{fd: 5, since: l.now}
+	engine := &loopConn{fd: 6, up: &upstream{}, since: l.now.Add(-time.Second)}
+	l.conns.set(client.fd, client)
+	l.conns.set(engine.fd, engine)
+	l.scan()
+	want := tr.srv.cfg.MaxIdleConnTime - time.Second + time.Millisecond
+	if w := l.waitMillis(); w != int(want/time.Millisecond) {
+		t.Errorf("idle connections: waits %d ms; want %d (the engine connection's expiry)", w, want/time.Millisecond)
+	}
+	client.r = &loopReq{phase: phaseAdmitting}
+	l.scan()
+	if w := l.waitMillis(); w != int(reqLoopScan/time.Millisecond) {
+		t.Errorf("a request in progress: waits %d ms; want %d", w, reqLoopScan/time.Millisecond)
+	}
+	client.r = nil
+	l.scan()
+	l.armTimer(l.now.Add(20 * time.Millisecond))
+	if w := l.waitMillis(); w != 21 {
+		t.Errorf("quiet with a retry pause due: waits %d ms; want 21", w)
+	}
+}

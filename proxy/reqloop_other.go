@@ -23,3 +23,5 @@ func (l *requestLoop) open() error { return errors.New("proxy: request loops nee
 func (l *requestLoop) Run(context.Context) error { return l.open() }
 
 func (l *requestLoop) take(net.Conn) bool { return false }
+
+func (l *requestLoop) poke() {}

@@ -317,10 +317,12 @@ func (l *requestLoop) closeUpstream(u *loopConn) {
 	u.up.loopConns.Add(-1)
 }
 
-// scanUpstream closes a connection idle past upstream.max_idle_conn_time,
-// as fasthttp's client does.
-func (l *requestLoop) scanUpstream(u *loopConn) {
-	if u.peer == nil && l.now.Sub(u.since) > l.s.cfg.MaxIdleConnTime {
+// scanUpstream closes an idle connection past upstream.max_idle_conn_time,
+// as fasthttp's client does; kept: it stays, for now.
+func (l *requestLoop) scanUpstream(u *loopConn) (kept bool) {
+	if l.now.Sub(u.since) > l.s.cfg.MaxIdleConnTime {
 		l.closeUpstream(u)
+		return false
 	}
+	return true
 }

@@ -295,6 +295,15 @@ func (s *Server) takeConn(c net.Conn) bool {
 	return s.reqLoops[s.nextLoop.Add(1)%uint64(len(s.reqLoops))].take(c)
 }
 
+// wakeRequestLoops has the request loops scan now: a quiet loop sleeps
+// until its first idle connection expires, and a drain must not wait for
+// that.
+func (s *Server) wakeRequestLoops() {
+	for _, l := range s.reqLoops {
+		l.poke()
+	}
+}
+
 // loopClients is the client connections in the request loops.
 func (s *Server) loopClients() int64 {
 	var n int64
@@ -351,6 +360,7 @@ func (s *Server) pump() *streamPump {
 // event and [DONE]) and waits briefly for them to close.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.draining.Store(true)
+	s.wakeRequestLoops()
 	s.kept.closeIdle()
 	err := s.srv.ShutdownWithContext(ctx)
 	if err == nil {
@@ -360,6 +370,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	s.abortStreams.Store(true)
+	s.wakeRequestLoops()
 	s.stopBase(fmt.Errorf("%w: drain deadline passed", ErrShuttingDown))
 	grace, cancel := context.WithTimeout(context.Background(), 2*time.Second+2*s.cfg.DisconnectCheck)
 	defer cancel()
