@@ -17,12 +17,19 @@ import (
 // One stream's bytes through the loop (pump_linux.go): read off the
 // engine's socket, unframed, processed by the relay, written to the client.
 
-// rawRead and rawWrite are read(2) and write(2) on non-blocking sockets,
-// as raw system calls: they never wait, so the runtime need not be told
+// rawRead and rawWrite read and write a non-blocking socket as raw
+// system calls: they never wait, so the runtime need not be told
 // (entersyscall), which would let it take the loop's P away while a write
-// runs the loopback's receive path, and make the loop win it back.
+// runs the loopback's receive path, and make the loop win it back. They
+// are recvfrom(2) and sendto(2) rather than read(2) and write(2), which
+// reach the socket through the file layer: perf put vfs_read, vfs_write
+// and their checks at about 0.4 µs an SSE event that nginx, using recv(2)
+// and writev(2), does not spend; a loopback write and read pair measured
+// 0.2–0.5 µs less this way (30 interleaved runs, quartile and median).
+// MSG_NOSIGNAL: a write to a client gone fails with EPIPE and raises no
+// SIGPIPE.
 func rawRead(fd int, b []byte) (int, error) {
-	r, _, e := unix.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)))
+	r, _, e := unix.RawSyscall6(unix.SYS_RECVFROM, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)), 0, 0, 0)
 	if e != 0 {
 		return 0, e
 	}
@@ -30,7 +37,7 @@ func rawRead(fd int, b []byte) (int, error) {
 }
 
 func rawWrite(fd int, b []byte) (int, error) {
-	r, _, e := unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)))
+	r, _, e := unix.RawSyscall6(unix.SYS_SENDTO, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)), unix.MSG_NOSIGNAL, 0, 0)
 	if e != 0 {
 		return 0, e
 	}
