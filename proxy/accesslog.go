@@ -4,6 +4,7 @@ import (
 	"io"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -34,8 +35,9 @@ func LogEncoderConfig() zapcore.EncoderConfig {
 // moment later. Its zero value is unset: every line goes through the
 // logger.
 type accessLog struct {
-	w    io.Writer // Options.AccessLog; nil: unset
-	bufs sync.Pool // *[]byte
+	w     io.Writer // Options.AccessLog; nil: unset
+	bufs  sync.Pool // *[]byte
+	stamp stampCache
 }
 
 // write writes x's line, finished at end; false when x's line is not the
@@ -49,7 +51,7 @@ func (a *accessLog) write(x *exchange, err error, end time.Time, model, replica 
 		bp = new([]byte)
 	}
 	b := append((*bp)[:0], `{"level":"info","ts":"`...)
-	b = end.AppendFormat(b, "2006-01-02T15:04:05.000Z0700")
+	b = a.stamp.append(b, end)
 	b = append(b, `","msg":"request","request_id":"`...)
 	b = appendJSONText(b, x.id)
 	b = append(b, `","endpoint":"`...)
@@ -88,6 +90,34 @@ func (a *accessLog) write(x *exchange, err error, end time.Time, model, replica 
 		a.bufs.Put(bp)
 	}
 	return true
+}
+
+// stampCache writes a line's time as zap's ISO8601TimeEncoder does
+// (layout 2006-01-02T15:04:05.000Z0700), formatting the date, the time to
+// the second and the zone once a second: time.Format took ~200 ns of every
+// line, a hundredth of a request's CPU at c=64. Its zero value is empty.
+type stampCache struct {
+	last atomic.Pointer[stamp]
+}
+
+// stamp is one second's formatted parts, immutable once stored.
+type stamp struct {
+	sec        int64
+	loc        *time.Location
+	secs, zone []byte // "2006-01-02T15:04:05", "Z0700"
+}
+
+func (c *stampCache) append(b []byte, t time.Time) []byte {
+	st := c.last.Load()
+	if st == nil || st.sec != t.Unix() || st.loc != t.Location() {
+		st = &stamp{sec: t.Unix(), loc: t.Location(),
+			secs: t.AppendFormat(nil, "2006-01-02T15:04:05"), zone: t.AppendFormat(nil, "Z0700")}
+		c.last.Store(st)
+	}
+	ms := t.Nanosecond() / int(time.Millisecond)
+	b = append(b, st.secs...)
+	b = append(b, '.', byte('0'+ms/100), byte('0'+ms/10%10), byte('0'+ms%10))
+	return append(b, st.zone...)
 }
 
 // maxPooledLine is the largest line buffer kept for the next line: a
