@@ -268,6 +268,10 @@ func (c *Controller) placed() {
 	c.mu.Unlock()
 }
 
+// Waiting reports whether requests wait in the queue now: a lock-free
+// read, for callers that would do work only to let one out.
+func (c *Controller) Waiting() bool { return c.nQueued.Load() > 0 }
+
 // Poke re-checks the queue against capacity: call it when capacity may
 // have grown (a telemetry update, a replica added). Cheap when nothing
 // waits.

@@ -284,3 +284,40 @@ func TestConcurrentAdmitRelease(t *testing.T) {
 	}
 	t.Logf("admitted %d, shed %d, canceled %d, peak in pool %d", admitted.Load(), shed.Load(), canceled.Load(), peak.Load())
 }
+
+// Waiting tells a request queued behind a full pool, and none once it is
+// let out.
+func TestWaitingFollowsTheQueue(t *testing.T) {
+	c, err := New("m", Config{MaxInFlight: 1}, Deps{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	held, err := c.Admit(ctx, Cost{PromptTokens: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Waiting() {
+		t.Fatal("waiting with an empty queue")
+	}
+	got := make(chan error, 1)
+	go func() {
+		tk, err := c.Admit(ctx, Cost{PromptTokens: 100})
+		tk.Release()
+		got <- err
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for !c.Waiting() {
+		if time.Now().After(deadline) {
+			t.Fatal("the second request never showed as waiting")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	held.Release()
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	if c.Waiting() {
+		t.Error("still waiting after the queued request was let out")
+	}
+}

@@ -157,6 +157,12 @@ func (x *exchange) tokenChunk(now time.Time) {
 	x.lastTok = now
 }
 
+// admissionWaiting reports whether requests wait in the admission queue of
+// x's route: only then can x's first token let one out (tokenChunk).
+func (x *exchange) admissionWaiting() bool {
+	return x.route != nil && x.route.Admission != nil && x.route.Admission.Waiting()
+}
+
 // finish ends the exchange once: releases the replica, records metrics, the
 // access log line and the debug record. err is the terminal error (nil for
 // a clean end); status is what the client got.

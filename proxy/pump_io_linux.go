@@ -99,7 +99,7 @@ func (p *streamPump) grow(b *detachedBody) bool {
 // passes the events on; readErr is how the read ended (nil: it delivered).
 func (p *streamPump) deliver(b *detachedBody, raw []byte, readErr error, now time.Time) {
 	r := b.r
-	if r.x.firstTok.IsZero() { // the first token may let queued requests out
+	if r.x.firstTok.IsZero() && r.x.admissionWaiting() { // the first token may let queued requests out
 		defer func() { p.yield = p.yield || !r.x.firstTok.IsZero() }()
 	}
 	for len(raw) > 0 && readErr == nil && !b.dec.done() {
