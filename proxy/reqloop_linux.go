@@ -227,9 +227,10 @@ func (l *requestLoop) Run(ctx context.Context) error {
 // none) sleeps until the first of them expires, or until woken (-1):
 // every wake-up of a loop's thread costs more than its own work, since
 // the runtime takes the thread's P when it blocks again, and that sets
-// its monitor polling every 20 µs for a while (a tenth of the CPU of 64
-// streams in the stream loops, when the request loop woke ten times a
-// second for nothing).
+// its monitor (sysmon) polling every 20 µs for a millisecond and more.
+// With 64 streams in the stream loop and this loop waking ten times a
+// second for nothing, sysmon woke 680 times a second, ~3% of the router's
+// CPU; 175 once this loop slept.
 func (l *requestLoop) waitMillis() int {
 	d := reqLoopScan
 	if l.quiet {
