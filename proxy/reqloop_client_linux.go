@@ -39,6 +39,7 @@ type loopConn struct {
 	headLen int            // its length, once in
 	extra   bool           // bytes came past the response's end: the connection can't carry another
 	toClose bool           // the response runs to the connection's close (HTTP/1.0, no length)
+	toLen   int            // a toClose response's Content-Length once its head is in (an HTTP/1.0 one may give it); -1: none, read to the close
 	last    time.Time      // the last read of the response in progress
 }
 

@@ -377,3 +377,29 @@ func TestRequestLoopSleepsWhileQuiet(t *testing.T) {
 		t.Errorf("quiet with a retry pause due: waits %d ms; want 21", w)
 	}
 }
+
+// An HTTP/1.0 engine that gives its answer's length and keeps the
+// connection open is answered as soon as the body is in, on both paths,
+// as fasthttp's client reads it: not when the engine closes, nor at a
+// timeout.
+func TestRequestLoopHTTP10WithLengthAnsweredAtItsEnd(t *testing.T) {
+	body := `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`
+	up := loopbackServer(t, func(c net.Conn) {
+		c.SetDeadline(time.Now().Add(5 * time.Second)) //nolint:errcheck
+		buf := make([]byte, 4096)
+		c.Read(buf)                                                                                                                                                  //nolint:errcheck
+		io.WriteString(c, "HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Type: application/json\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body) //nolint:errcheck
+		time.Sleep(3 * time.Second)                                                                                                                                  // the connection stays open
+	})
+	for _, goroutines := range []bool{false, true} {
+		tr := startRouter(t, []string{up}, withConfig(func(c *Config) { c.RequestLoops, c.GoroutineRequests = 1, goroutines }))
+		start := time.Now()
+		st, _, b := call(t, tr.url, chatPlain)
+		if st != 200 || !strings.Contains(b, `"content":"hi"`) {
+			t.Fatalf("goroutines=%v: status %d: %.200s", goroutines, st, b)
+		}
+		if d := time.Since(start); d > 2*time.Second {
+			t.Errorf("goroutines=%v: answered after %v, when the engine's connection stayed open", goroutines, d)
+		}
+	}
+}

@@ -57,7 +57,7 @@ func (l *requestLoop) sendOn(c *loopConn, u *loopConn) {
 	r := c.r
 	r.u, u.peer = u, c
 	u.end.Reset()
-	u.head, u.toClose, u.last = false, false, l.now
+	u.head, u.toClose, u.toLen, u.last = false, false, -1, l.now
 	if !l.send(u, r.wire) {
 		return // upstreamGone has judged it
 	}
@@ -196,7 +196,16 @@ func (l *requestLoop) readUpstream(u *loopConn) {
 	if !u.head {
 		if i := bytes.Index(u.in.B, []byte("\r\n\r\n")); i >= 0 {
 			u.head, u.headLen = true, i+4
+			if u.toClose {
+				u.toLen = l.headLength(u.in.B[:u.headLen])
+			}
 		}
+	}
+	if u.toClose && u.head && u.toLen >= 0 {
+		// An HTTP/1.0 answer that gives its length ends there, as
+		// fasthttp's client reads it, though the engine keeps the
+		// connection open (the loop does not keep it: extra).
+		done = u.in.Len() >= u.headLen+u.toLen
 	}
 	u.extra = u.toClose || done && used < n
 	switch {
@@ -205,6 +214,18 @@ func (l *requestLoop) readUpstream(u *loopConn) {
 	case done:
 		l.whole(c, u)
 	}
+}
+
+// headLength is the Content-Length of a response head, -1 when it has
+// none (or fasthttp can't read it: the parse at the close judges it).
+func (l *requestLoop) headLength(head []byte) int {
+	var h fasthttp.ResponseHeader
+	l.rd.Reset(head)
+	l.br.Reset(&l.rd)
+	if h.Read(l.br) != nil {
+		return -1
+	}
+	return max(h.ContentLength(), -1)
 }
 
 // tooLarge ends c's request whose answer on u runs past
