@@ -384,12 +384,15 @@ func TestRequestLoopSleepsWhileQuiet(t *testing.T) {
 // timeout.
 func TestRequestLoopHTTP10WithLengthAnsweredAtItsEnd(t *testing.T) {
 	body := `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`
+	reply := "HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Type: application/json\r\nContent-Length: " +
+		strconv.Itoa(len(body)) + "\r\n\r\n" + body
 	up := loopbackServer(t, func(c net.Conn) {
 		c.SetDeadline(time.Now().Add(5 * time.Second)) //nolint:errcheck
 		buf := make([]byte, 4096)
-		c.Read(buf)                                                                                                                                                  //nolint:errcheck
-		io.WriteString(c, "HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Type: application/json\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body) //nolint:errcheck
-		time.Sleep(3 * time.Second)                                                                                                                                  // the connection stays open
+		c.Read(buf)              //nolint:errcheck // the request
+		io.WriteString(c, reply) //nolint:errcheck
+		// The connection stays open.
+		time.Sleep(3 * time.Second)
 	})
 	for _, goroutines := range []bool{false, true} {
 		tr := startRouter(t, []string{up}, withConfig(func(c *Config) { c.RequestLoops, c.GoroutineRequests = 1, goroutines }))

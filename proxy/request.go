@@ -4,11 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"github.com/valyala/fasthttp"
 	"strconv"
 	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
 )
 
