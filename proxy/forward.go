@@ -7,6 +7,7 @@ import (
 	"io"
 	"strconv"
 	"time"
+	"unsafe"
 
 	"github.com/gpurouter/gpurouter/balancer"
 	"github.com/valyala/bytebufferpool"
@@ -276,6 +277,14 @@ func copyHeaders(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, x *exchange)
 	})
 	setOwnHeader(&ctx.Response.Header, "X-Request-Id", x.id)
 	ctx.Response.Header.Set("X-Gpurouter-Replica", x.up.replica.Name())
+}
+
+// setOwnHeader sets one of the router's own response headers, its name
+// given as fasthttp normalizes it: Set would normalize a copy of the name
+// on every request. Both are copied in; value must hold no line break
+// (Set would have replaced them).
+func setOwnHeader(h *fasthttp.ResponseHeader, canonical, value string) {
+	h.SetCanonical(unsafe.Slice(unsafe.StringData(canonical), len(canonical)), unsafe.Slice(unsafe.StringData(value), len(value)))
 }
 
 // startStream commits the 200 and hands the upstream stream to a relay,

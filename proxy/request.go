@@ -8,7 +8,6 @@ import (
 	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
-	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
 )
 
@@ -109,14 +108,6 @@ func (r *request) promptTokens() int { return (r.promptBytes + 3) / 4 }
 // body without copying it. The result must not outlive b or be retained:
 // every string kept from it is cloned.
 func bytesView(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
-
-// setOwnHeader sets one of the router's own response headers, its name
-// given as fasthttp normalizes it: Set would normalize a copy of the name
-// on every request. Both are copied in; value must hold no line break
-// (Set would have replaced them).
-func setOwnHeader(h *fasthttp.ResponseHeader, canonical, value string) {
-	h.SetCanonical(unsafe.Slice(unsafe.StringData(canonical), len(canonical)), unsafe.Slice(unsafe.StringData(value), len(value)))
-}
 
 // readRequest reads the fields the router needs from a JSON body and checks
 // their types, naming the first offending field. The body is validated
