@@ -11,6 +11,9 @@
 // on that connection. Such messages are refused (ErrFraming), never
 // guessed at; so are those a keep-alive relay cannot carry at all: a body
 // that runs to the connection's close, and 101 Switching Protocols.
+//
+// Head reads the fields of a response head it has accepted, for a relay
+// that passes on a head with a few fields changed.
 package h1
 
 import (
