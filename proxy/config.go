@@ -82,6 +82,11 @@ type Config struct {
 	// 30k requests a second on a core [0: one per two of GOMAXPROCS, at
 	// least one].
 	RequestLoops int
+
+	// parseWholeAnswers: every whole answer on a request loop takes
+	// fasthttp's parse, none is relayed from its bytes (rawAnswer): for
+	// tests that hold the two to the same bytes.
+	parseWholeAnswers bool
 }
 
 func (c Config) withDefaults() Config {

@@ -208,6 +208,9 @@ func (s *Server) attemptFailed(x *exchange, rep *balancer.Replica, lease balance
 // the caller closes the response).
 func (s *Server) judge(x *exchange, rep *balancer.Replica, lease balancer.Lease, resp *fasthttp.Response) error {
 	status := resp.StatusCode()
+	if passesOnStatus(status) {
+		return nil
+	}
 	if status == fasthttp.StatusTooManyRequests || status == fasthttp.StatusServiceUnavailable {
 		// The engine has no room (its queue is full): it rests for its
 		// Retry-After and the request goes to a replica that has room, or
@@ -226,6 +229,13 @@ func (s *Server) judge(x *exchange, rep *balancer.Replica, lease balancer.Lease,
 		return fmt.Errorf("%w: replica %s answered %d", ErrUpstream, rep.Name(), status)
 	}
 	return nil
+}
+
+// passesOnStatus reports whether judge passes an answer of this status
+// whatever else it holds: a request loop relays those without the
+// Response judge reads (reqloop_answer_linux.go).
+func passesOnStatus(status int) bool {
+	return status != fasthttp.StatusTooManyRequests && status != fasthttp.StatusServiceUnavailable && !retryable(status)
 }
 
 // answered makes the exchange the holder of the attempt that answered:
@@ -269,14 +279,21 @@ func isEventStream(resp *fasthttp.Response) bool {
 // copyHeaders copies the upstream response headers the client should see.
 func copyHeaders(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, x *exchange) {
 	resp.Header.VisitAll(func(k, v []byte) {
-		if isHopByHop(k) || bytes.EqualFold(k, []byte("Content-Length")) || bytes.EqualFold(k, []byte("Server")) ||
-			bytes.EqualFold(k, []byte("Date")) {
+		if droppedAnswerHeader(k) {
 			return
 		}
 		ctx.Response.Header.SetBytesKV(k, v)
 	})
 	setOwnHeader(&ctx.Response.Header, "X-Request-Id", x.id)
 	ctx.Response.Header.Set("X-Gpurouter-Replica", x.up.replica.Name())
+}
+
+// droppedAnswerHeader reports whether an engine's response header is one
+// the client does not get from it: hop-by-hop, or one the router's server
+// writes itself.
+func droppedAnswerHeader(k []byte) bool {
+	return isHopByHop(k) || bytes.EqualFold(k, []byte("Content-Length")) || bytes.EqualFold(k, []byte("Server")) ||
+		bytes.EqualFold(k, []byte("Date"))
 }
 
 // setOwnHeader sets one of the router's own response headers, its name
@@ -382,8 +399,8 @@ func (s *Server) respondWhole(ctx *fasthttp.RequestCtx, x *exchange, resp *fasth
 	}
 	status := resp.StatusCode()
 	var members objectMembers // a 200's, where its usage is
-	if err == nil && status == fasthttp.StatusOK && checkJSONMembers(buf.B, &members) != nil {
-		err = fmt.Errorf("%w: %s returned a malformed JSON body", ErrUpstream, x.up.replica.Name())
+	if err == nil {
+		err = checkWhole(x, status, buf.B, &members)
 	}
 	if err != nil {
 		bytebufferpool.Put(buf)
@@ -408,4 +425,14 @@ func (s *Server) respondWhole(ctx *fasthttp.RequestCtx, x *exchange, resp *fasth
 		wb.setUsage(members.member(buf.B, "usage"))
 	}
 	ctx.SetBodyStream(wb, buf.Len())
+}
+
+// checkWhole is a whole answer's check before it goes to the client: a
+// 200 must be JSON (members notes its top level, where its usage is).
+// The error is ErrUpstream's, for reject.
+func checkWhole(x *exchange, status int, body []byte, members *objectMembers) error {
+	if status == fasthttp.StatusOK && checkJSONMembers(body, members) != nil {
+		return fmt.Errorf("%w: %s returned a malformed JSON body", ErrUpstream, x.up.replica.Name())
+	}
+	return nil
 }

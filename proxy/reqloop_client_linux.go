@@ -196,14 +196,24 @@ func (l *requestLoop) respond(c *loopConn) {
 	if ctx.Request.Header.ConnectionClose() || l.s.draining.Load() {
 		ctx.Response.SetConnectionClose()
 	}
+	if name := l.s.serverName(); name != "" && len(ctx.Response.Header.Server()) == 0 {
+		ctx.Response.Header.SetServer(name) // as fasthttp's server does
+	}
 	l.w.c = c
 	l.bw.Reset(&l.w)
 	err := ctx.Response.Write(l.bw)
 	if err == nil {
 		err = l.bw.Flush()
 	}
-	c.closing = ctx.Response.ConnectionClose()
-	l.releaseCtx(ctx)
+	l.done(c, r, err, ctx.Response.ConnectionClose())
+}
+
+// done ends c's request r once its answer is written (err: why that
+// failed; closing: the answer said Connection: close), and goes on to c's
+// next request.
+func (l *requestLoop) done(c *loopConn, r *loopReq, err error, closing bool) {
+	c.closing = closing
+	l.releaseCtx(r.ctx)
 	l.releaseReq(r)
 	c.since = l.now
 	switch {

@@ -74,6 +74,12 @@ type requestLoop struct {
 	// the first idle connection's expiry, not a scan's period.
 	quiet      bool
 	quietUntil time.Time
+	// An answer relayed from its bytes (rawAnswer): the client's head and
+	// body, and the Date field's value for the second dateSec.
+	ans        []byte
+	dateText   []byte
+	dateSec    int64
+	rawAnswers atomic.Int64 // answers relayed from their bytes, for tests
 }
 
 func newRequestLoop(s *Server) *requestLoop {

@@ -240,9 +240,13 @@ func (l *requestLoop) tooLarge(c *loopConn, u *loopConn) {
 	l.reject(c, fmt.Errorf("%w: response over %d bytes", ErrUpstream, l.s.cfg.MaxResponseBytes))
 }
 
-// whole parses u's complete response with fasthttp's parser, frees or
-// closes u, and relays the response.
+// whole relays u's complete response from its bytes where it can
+// (rawAnswer), else parses it with fasthttp's parser, frees or closes u,
+// and relays the response.
 func (l *requestLoop) whole(c *loopConn, u *loopConn) {
+	if l.rawAnswer(c, u) {
+		return
+	}
 	resp := fasthttp.AcquireResponse()
 	l.rd.Reset(u.in.B)
 	l.br.Reset(&l.rd)

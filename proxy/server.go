@@ -401,6 +401,15 @@ func (s *Server) waitStreams(ctx context.Context) error {
 // Active is the number of requests in progress.
 func (s *Server) Active() int64 { return s.active.Load() }
 
+// serverName is the Server field fasthttp's server gives its answers
+// (a request loop writes its own answers).
+func (s *Server) serverName() string {
+	if s.srv.Name == "" && !s.srv.NoDefaultServerHeader {
+		return "fasthttp"
+	}
+	return s.srv.Name
+}
+
 // totalExceeded reports that x has run past the total request deadline
 // (timeouts.total).
 func (s *Server) totalExceeded(x *exchange) bool { return s.exceededAt(x, s.now()) }
