@@ -5,6 +5,7 @@ package proxy
 import (
 	"bytes"
 	"strconv"
+	"strings"
 
 	"github.com/gpurouter/gpurouter/internal/h1"
 	"github.com/valyala/bytebufferpool"
@@ -93,7 +94,8 @@ func (l *requestLoop) rawAnswer(c *loopConn, u *loopConn) bool {
 			n++
 		}
 	}
-	if !head.Ended() || ctype == nil || length < 0 || u.headLen+length > len(u.in.B) || !l.plainRouterHeaders(ctx) {
+	if !head.Ended() || ctype == nil || length < 0 || u.headLen+length > len(u.in.B) || !l.plainRouterHeaders(ctx) ||
+		strings.ContainsAny(r.up.replica.Name(), "\r\n") { // fasthttp's Set would blank them
 		return false
 	}
 

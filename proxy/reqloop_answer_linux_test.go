@@ -7,11 +7,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -150,4 +152,57 @@ func comparableLine(t *testing.T, log string) string {
 	}
 	b, _ := json.Marshal(m)
 	return string(b)
+}
+
+// Engine heads drawn at random from fields an engine or a proxy in front
+// of it may send, in any case and order, some repeated: the raw path and
+// the loop's parse give the client the same bytes, and the raw path takes
+// those whose fields are plain.
+func TestRequestLoopRawAnswersOfRandomHeads(t *testing.T) {
+	const body = `{"id":"c","object":"chat.completion","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}`
+	names := []string{"x-a", "X-A", "cache-control", "Vary", "x-b-c", "ETAG", "keep-alive", "Connection", "server", "Date",
+		"x-empty", "Access-Control-Allow-Origin", "x-request-id", "Set-Cookie", "content-encoding", "X-Gpurouter-Max-Tokens"}
+	values := []string{"1", "a, b", "", "no-store", "close", "keep-alive", "timeout=5", "W/\"x\"", "*", "a=b; Path=/"}
+	var reply atomic.Value
+	up := loopbackServer(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			c.SetDeadline(time.Now().Add(5 * time.Second)) //nolint:errcheck
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			io.Copy(io.Discard, req.Body) //nolint:errcheck
+			if _, err := io.WriteString(c, reply.Load().(string)); err != nil {
+				return
+			}
+		}
+	})
+	raw := startRouter(t, []string{up}, withConfig(func(c *Config) { c.RequestLoops = 1 }))
+	parsed := startRouter(t, []string{up}, withConfig(func(c *Config) { c.RequestLoops, c.parseWholeAnswers = 1, true }))
+	rng := rand.New(rand.NewPCG(15, 2026))
+	rawTaken := 0
+	for i := range 60 {
+		var fields strings.Builder
+		for range rng.IntN(6) {
+			fields.WriteString(names[rng.IntN(len(names))] + ": " + values[rng.IntN(len(values))] + "\r\n")
+		}
+		if rng.IntN(4) > 0 {
+			fields.WriteString("Content-Type: application/json\r\n")
+		}
+		reply.Store("HTTP/1.1 200 OK\r\n" + fields.String() + "Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)
+		before := raw.srv.reqLoops[0].rawAnswers.Load()
+		a, b := askRaw(t, raw.url, ""), askRaw(t, parsed.url, "")
+		if a != b {
+			t.Errorf("head %d %q:\nraw    %q\nparsed %q", i, fields.String(), a, b)
+		}
+		rawTaken += int(raw.srv.reqLoops[0].rawAnswers.Load() - before)
+	}
+	t.Logf("%d of 60 relayed from their bytes", rawTaken)
+	if rawTaken < 10 || rawTaken > 50 {
+		t.Errorf("%d of 60 answers relayed from their bytes: the draw should give both paths many", rawTaken)
+	}
+	if n := parsed.srv.reqLoops[0].rawAnswers.Load(); n != 0 {
+		t.Errorf("%d answers relayed from their bytes with parseWholeAnswers", n)
+	}
 }
