@@ -18,7 +18,7 @@ import (
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	// A view of fasthttp's buffer, valid for the handler's life: what
 	// outlives it (an error's text) is copied by fmt.
-	path := bytesView(ctx.Path())
+	path := bytesView(requestPath(ctx))
 	switch path {
 	case "/health":
 		ctx.SetStatusCode(fasthttp.StatusOK)

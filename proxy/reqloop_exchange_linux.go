@@ -80,7 +80,7 @@ func (l *requestLoop) releaseReq(r *loopReq) {
 func (l *requestLoop) start(c *loopConn, ctx *fasthttp.RequestCtx, b []byte) bool {
 	s := l.s
 	rt := s.routes.Load()
-	ep, prefix := rt.apiRoute(bytesView(ctx.Path()))
+	ep, prefix := rt.apiRoute(bytesView(requestPath(ctx)))
 	if ep == 0 || s.draining.Load() {
 		l.releaseCtx(ctx)
 		l.handOff(c, b)

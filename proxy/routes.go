@@ -178,3 +178,25 @@ func (s *Server) serveDebugPools(ctx *fasthttp.RequestCtx) {
 	ctx.SetContentType("application/json")
 	ctx.SetBody(b)
 }
+
+// requestPath is ctx's path as fasthttp's Path gives it, read from the
+// request line without the URI's parse when the two cannot differ: a path
+// of letters, digits, '-', '_' and single slashes has nothing to decode or
+// normalize, and no query. The parse (the host's and the path's) took
+// 0.4 µs of the 11 µs a request loop spent on a request before sending it
+// at c=1 (`perf record`, `bench proxy-cost`'s workload).
+func requestPath(ctx *fasthttp.RequestCtx) []byte {
+	uri := ctx.Request.Header.RequestURI()
+	if len(uri) == 0 || uri[0] != '/' {
+		return ctx.Path()
+	}
+	for i, c := range uri {
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '-', c == '_':
+		case c == '/' && (i == 0 || uri[i-1] != '/'):
+		default:
+			return ctx.Path()
+		}
+	}
+	return uri
+}
