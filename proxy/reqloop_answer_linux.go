@@ -61,6 +61,9 @@ func (l *requestLoop) rawAnswer(c *loopConn, u *loopConn) bool {
 		if !ok {
 			break
 		}
+		if !h1.ValidValue(value) {
+			return false // fasthttp's parse refuses the answer: an attempt that failed
+		}
 		switch {
 		case h1.EqualFold(name, "content-type"):
 			if ctype != nil || len(value) == 0 {

@@ -162,7 +162,7 @@ func TestRequestLoopRawAnswersOfRandomHeads(t *testing.T) {
 	const body = `{"id":"c","object":"chat.completion","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}`
 	names := []string{"x-a", "X-A", "cache-control", "Vary", "x-b-c", "ETAG", "keep-alive", "Connection", "server", "Date",
 		"x-empty", "Access-Control-Allow-Origin", "x-request-id", "Set-Cookie", "content-encoding", "X-Gpurouter-Max-Tokens"}
-	values := []string{"1", "a, b", "", "no-store", "close", "keep-alive", "timeout=5", "W/\"x\"", "*", "a=b; Path=/"}
+	values := []string{"1", "a, b", "", "no-store", "close", "keep-alive", "timeout=5", "W/\"x\"", "*", "a=b; Path=/", "a\x7fb", "é"}
 	var reply atomic.Value
 	up := loopbackServer(t, func(c net.Conn) {
 		br := bufio.NewReader(c)

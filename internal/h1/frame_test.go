@@ -337,6 +337,9 @@ func holdToFasthttp(t *testing.T, in []byte, split int) {
 		t.Fatalf("%q: whole: %d, %v, %v; split at %d: %d, %v, %v", in, n, done, err, at, n2, done2, err2)
 	}
 	k, ferr := fasthttpEnd(in)
+	if done {
+		holdHeadToFasthttp(t, in, ferr)
+	}
 	switch {
 	case ferr == nil && done:
 		if n != k {

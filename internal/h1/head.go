@@ -56,6 +56,19 @@ func (h *Head) Next() (name, value []byte, ok bool) {
 // rather than stopping at a line that is not a field.
 func (h *Head) Ended() bool { return h.ended }
 
+// ValidValue reports whether v holds only the bytes a field value may
+// (RFC 9110 §5.5: visible characters, space, tab, obs-text). ResponseEnd
+// does not read values; fasthttp refuses a response whose head holds any
+// other, as net/textproto does.
+func ValidValue(v []byte) bool {
+	for _, c := range v {
+		if c < ' ' && c != '\t' || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
 // EqualFold reports whether b is lower, ignoring the case of ASCII
 // letters; lower is lower case.
 func EqualFold(b []byte, lower string) bool { return equalFold(b, lower) }
