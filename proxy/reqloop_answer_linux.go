@@ -20,7 +20,8 @@ import (
 // 2026-11-27). An answer that needs none of that machinery — a 200 with a
 // Content-Length and a Content-Type, to an HTTP/1.1 client, whose head has
 // no field that fasthttp's header keeps apart (Set-Cookie,
-// Content-Encoding), that repeats, or that the router sets itself — is
+// Content-Encoding), that repeats, that the router sets itself, or whose
+// value fasthttp's parse refuses — is
 // written from the engine's head instead, field by field, in the order
 // and spelling fasthttp's serialization gives them. Every other answer
 // takes fasthttp's path (whole). The decisions are the same functions'
