@@ -135,3 +135,26 @@ func holdHeadToFasthttp(t *testing.T, in []byte, ferr error) {
 		}
 	}
 }
+
+func BenchmarkReadHead(b *testing.B) {
+	resp, _ := benchResponses()
+	head := resp[:bytes.Index(resp, []byte("\r\n\r\n"))+4]
+	b.ReportAllocs()
+	b.SetBytes(int64(len(head)))
+	for b.Loop() {
+		h, _, ok := ReadHead(head)
+		n := 0
+		for {
+			_, v, ok := h.Next()
+			if !ok {
+				break
+			}
+			if ValidValue(v) {
+				n++
+			}
+		}
+		if !ok || n != 4 || !h.Ended() {
+			b.Fatalf("%d fields", n)
+		}
+	}
+}
