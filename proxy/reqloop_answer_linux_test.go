@@ -55,7 +55,7 @@ func TestRequestLoopRawAnswersAreFasthttps(t *testing.T) {
 			strconv.FormatInt(int64(len(body)), 16) + "\r\n" + body + "\r\n0\r\n\r\n", "", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			up := answerEngine(t, tc.reply)
+			up := answerEngine(t, func() string { return tc.reply })
 			var answers, lines []string
 			for _, path := range []string{"raw", "parsed", "goroutines"} {
 				logs := &lockedBuffer{}
@@ -85,9 +85,9 @@ func TestRequestLoopRawAnswersAreFasthttps(t *testing.T) {
 	}
 }
 
-// answerEngine answers every request on its connections with reply,
-// keeping them open (but for a reply that says it closes).
-func answerEngine(t *testing.T, reply string) string {
+// answerEngine answers every request on its connections with reply(),
+// keeping them open (but after a reply that says it closes).
+func answerEngine(t *testing.T, reply func() string) string {
 	return loopbackServer(t, func(c net.Conn) {
 		br := bufio.NewReader(c)
 		for {
@@ -97,7 +97,8 @@ func answerEngine(t *testing.T, reply string) string {
 				return
 			}
 			io.Copy(io.Discard, req.Body) //nolint:errcheck
-			if _, err := io.WriteString(c, reply); err != nil || strings.Contains(reply, "Connection: close") {
+			r := reply()
+			if _, err := io.WriteString(c, r); err != nil || strings.Contains(r, "Connection: close") {
 				return
 			}
 		}
@@ -164,20 +165,7 @@ func TestRequestLoopRawAnswersOfRandomHeads(t *testing.T) {
 		"x-empty", "Access-Control-Allow-Origin", "x-request-id", "Set-Cookie", "content-encoding", "X-Gpurouter-Max-Tokens"}
 	values := []string{"1", "a, b", "", "no-store", "close", "keep-alive", "timeout=5", "W/\"x\"", "*", "a=b; Path=/", "a\x7fb", "é"}
 	var reply atomic.Value
-	up := loopbackServer(t, func(c net.Conn) {
-		br := bufio.NewReader(c)
-		for {
-			c.SetDeadline(time.Now().Add(5 * time.Second)) //nolint:errcheck
-			req, err := http.ReadRequest(br)
-			if err != nil {
-				return
-			}
-			io.Copy(io.Discard, req.Body) //nolint:errcheck
-			if _, err := io.WriteString(c, reply.Load().(string)); err != nil {
-				return
-			}
-		}
-	})
+	up := answerEngine(t, func() string { return reply.Load().(string) })
 	raw := startRouter(t, []string{up}, withConfig(func(c *Config) { c.RequestLoops = 1 }))
 	parsed := startRouter(t, []string{up}, withConfig(func(c *Config) { c.RequestLoops, c.parseWholeAnswers = 1, true }))
 	rng := rand.New(rand.NewPCG(15, 2026))
