@@ -317,21 +317,24 @@ func (r *ResponseEnd) takeLine(l []byte) error {
 // an HTTP/1.0 response is not kept alive by default and its
 // Transfer-Encoding is not to be trusted, and upstreams speak 1.1.
 func (r *ResponseEnd) statusLine(l []byte) error {
-	if len(l) < 12 || string(l[:9]) != "HTTP/1.1 " || len(l) > 12 && l[12] != ' ' {
+	status, ok := status11(l)
+	if !ok {
 		if len(l) >= 12 && string(l[:9]) == "HTTP/1.0 " && isDigits(l[9:12]) && (len(l) == 12 || l[12] == ' ') {
 			return errHTTP10
 		}
 		return errStatusLine
 	}
-	r.status = 0
-	for _, c := range l[9:12] {
-		if c < '0' || c > '9' {
-			return errStatusLine
-		}
-		r.status = r.status*10 + int(c-'0')
-	}
-	r.state = stField
+	r.status, r.state = status, stField
 	return nil
+}
+
+// status11 is the status code of an "HTTP/1.1 NNN[ reason]" line (CRLF
+// removed); ok is false for any other line.
+func status11(l []byte) (status int, ok bool) {
+	if len(l) < 12 || string(l[:9]) != "HTTP/1.1 " || len(l) > 12 && l[12] != ' ' || !isDigits(l[9:12]) {
+		return 0, false
+	}
+	return int(l[9]-'0')*100 + int(l[10]-'0')*10 + int(l[11]-'0'), true
 }
 
 // headEnd decides, at a head's empty line, what follows it.

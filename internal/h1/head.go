@@ -21,10 +21,12 @@ func ReadHead(head []byte) (h Head, status int, ok bool) {
 	}
 	i := bytes.IndexByte(head, '\n')
 	l, err := lineBody(head[:i+1])
-	if err != nil || len(l) < 12 || string(l[:9]) != "HTTP/1.1 " || len(l) > 12 && l[12] != ' ' || !isDigits(l[9:12]) {
+	if err != nil {
 		return Head{}, 0, false
 	}
-	status = int(l[9]-'0')*100 + int(l[10]-'0')*10 + int(l[11]-'0')
+	if status, ok = status11(l); !ok {
+		return Head{}, 0, false
+	}
 	return Head{rest: head[i+1:]}, status, true
 }
 
