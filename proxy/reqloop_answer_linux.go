@@ -21,9 +21,9 @@ import (
 // Content-Length and a Content-Type, to an HTTP/1.1 client, whose head has
 // no field that fasthttp's header keeps apart (Set-Cookie,
 // Content-Encoding), that repeats, that the router sets itself, or whose
-// value fasthttp's parse refuses — is
-// written from the engine's head instead, field by field, in the order
-// and spelling fasthttp's serialization gives them. Every other answer
+// value fasthttp's parse refuses — is written from the engine's head
+// instead, field by field, in the order and spelling fasthttp's
+// serialization gives them. Every other answer
 // takes fasthttp's path (whole). The decisions are the same functions'
 // either way: judge passes every answer of its status (passesOnStatus),
 // checkWhole checks its body, wholeBody does its accounting.
@@ -98,7 +98,7 @@ func (l *requestLoop) rawAnswer(c *loopConn, u *loopConn) bool {
 			n++
 		}
 	}
-	if !head.Ended() || ctype == nil || length < 0 || u.headLen+length > len(u.in.B) || !l.plainRouterHeaders(ctx) ||
+	if !head.Ended() || ctype == nil || length < 0 || u.headLen+length > len(u.in.B) || !plainRouterHeaders(ctx) ||
 		strings.ContainsAny(r.up.replica.Name(), "\r\n") { // fasthttp's Set would blank them
 		return false
 	}
@@ -153,7 +153,7 @@ func (l *requestLoop) rawAnswer(c *loopConn, u *loopConn) bool {
 // for the answer so far (its X-Request-Id, a clamp's note) holds only
 // plain fields: none that fasthttp writes apart from the rest, or that
 // the answer's head sets.
-func (l *requestLoop) plainRouterHeaders(ctx *fasthttp.RequestCtx) bool {
+func plainRouterHeaders(ctx *fasthttp.RequestCtx) bool {
 	for k := range ctx.Response.Header.All() {
 		switch string(k) {
 		case fasthttp.HeaderServer, fasthttp.HeaderContentEncoding, fasthttp.HeaderSetCookie, fasthttp.HeaderTrailer,
