@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"slices"
 	"time"
 )
@@ -33,6 +34,10 @@ type Config struct {
 	// requests on fasthttp's goroutines instead of its request loops
 	// ("gpurouter-goroutines"; serve --request-loops 0).
 	GpurouterGoroutines bool
+	// GpurouterCPUProfile, when set, is where the gpurouter column writes
+	// a CPU profile of its whole run (serve --cpu-profile): the workload
+	// cmd/gpurouter/default.pgo is renewed from.
+	GpurouterCPUProfile string
 	// Bare adds a column for a bare fasthttp reverse proxy (ServeBare),
 	// started from the Gpurouter command: the floor of the library.
 	Bare bool
@@ -126,7 +131,17 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 	}()
 	if cfg.Gpurouter != nil {
-		t, err := StartGpurouter(ctx, cfg.Gpurouter, up.addr())
+		var flags []string
+		if cfg.GpurouterCPUProfile != "" {
+			// Absolute: the target runs in a directory of its own, removed
+			// when it stops.
+			path, err := filepath.Abs(cfg.GpurouterCPUProfile)
+			if err != nil {
+				return nil, err
+			}
+			flags = []string{"--cpu-profile", path}
+		}
+		t, err := startGpurouter(ctx, "gpurouter", cfg.Gpurouter, nil, flags, up.addr())
 		if err != nil {
 			return nil, err
 		}

@@ -123,12 +123,6 @@ func tail(b []byte, n int) []byte {
 	return b
 }
 
-// StartGpurouter starts `argv0 serve` with its defaults (admission,
-// telemetry, the JSON access log written to a file) in front of upstream.
-func StartGpurouter(ctx context.Context, argv0 []string, upstream string) (Target, error) {
-	return startGpurouter(ctx, "gpurouter", argv0, nil, nil, upstream)
-}
-
 // StartBare starts argv0's bare fasthttp proxy (ServeBare, run by
 // `gpurouter bench proxy-cost --serve-bare`) in front of upstream.
 func StartBare(ctx context.Context, argv0 []string, upstream string) (Target, error) {
@@ -160,8 +154,9 @@ func startFloor(ctx context.Context, name, flag string, argv0 []string, upstream
 	return t, err
 }
 
-// startGpurouter is StartGpurouter under another column name, with env
-// added to the harness's environment.
+// startGpurouter starts `argv0 serve` with its defaults (admission,
+// telemetry, the JSON access log written to a file) and flags in front of
+// upstream, as column name, with env added to the harness's environment.
 func startGpurouter(ctx context.Context, name string, argv0, env, flags []string, upstream string) (Target, error) {
 	dir, err := os.MkdirTemp("", "proxycost-gpurouter-")
 	if err != nil {

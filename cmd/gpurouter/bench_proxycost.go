@@ -33,6 +33,7 @@ func runBenchProxyCost(args []string, stdout, stderr io.Writer) int {
 	noGpurouter := fs.Bool("no-gpurouter", false, "leave gpurouter out (measure only the other targets)")
 	gpurouterBin := fs.String("gpurouter-bin", "", "the gpurouter binary to measure (default: this one)")
 	fs.IntVar(&cfg.GpurouterProcs, "gpurouter-gomaxprocs", 0, "also measure gpurouter with GOMAXPROCS=N, as column gpurouter-pN (HAProxy and nginx run one thread)")
+	fs.StringVar(&cfg.GpurouterCPUProfile, "gpurouter-cpu-profile", "", "FILE: the gpurouter column writes a CPU profile (pprof) of its whole run to FILE (serve --cpu-profile); how cmd/gpurouter/default.pgo is renewed")
 	fs.BoolVar(&cfg.GpurouterGoroutines, "gpurouter-goroutines", false, "also measure gpurouter serving whole requests on fasthttp's goroutines instead of its request loops (serve --request-loops 0), as column gpurouter-goroutines")
 	fs.BoolVar(&cfg.Bare, "bare", true, "measure a bare fasthttp reverse proxy too (column fasthttp-bare): the floor of the library gpurouter is built on")
 	serveBare := fs.String("serve-bare", "", "LISTEN: run the bare fasthttp proxy on LISTEN in front of --upstream until SIGTERM (what --bare starts)")

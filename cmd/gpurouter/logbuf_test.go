@@ -116,7 +116,9 @@ func TestServeLosesNoAccessLogLineOnSIGTERM(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer logFile.Close()
-	cmd := exec.Command(os.Args[0], "serve", "--listen", addr, "--pool", "m=http://"+upLn.Addr().String())
+	// With a CPU profile too: written whole by the same shutdown.
+	profile := filepath.Join(t.TempDir(), "cpu.pprof")
+	cmd := exec.Command(os.Args[0], "serve", "--listen", addr, "--pool", "m=http://"+upLn.Addr().String(), "--cpu-profile", profile)
 	cmd.Env = append(os.Environ(), childEnv+"=1")
 	cmd.Stderr, cmd.Stdout = logFile, logFile
 	if err := cmd.Start(); err != nil {
@@ -166,6 +168,7 @@ func TestServeLosesNoAccessLogLineOnSIGTERM(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("serve did not stop on SIGTERM")
 	}
+	readProfile(t, profile)
 	log, err := os.ReadFile(logPath)
 	if err != nil {
 		t.Fatal(err)

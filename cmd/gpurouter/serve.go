@@ -56,6 +56,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		requestLoops = n
 		return nil
 	})
+	cpuProfile := fs.String("cpu-profile", "", "FILE: write a CPU profile (pprof) of the router from its start to its shutdown to FILE, e.g. to renew cmd/gpurouter/default.pgo")
 	printConfig := fs.Bool("print-config", false, "print the effective configuration (YAML, defaults filled) and exit")
 	check := fs.Bool("check", false, "validate the configuration and exit (non-zero listing every error)")
 	if err := fs.Parse(args); err != nil {
@@ -154,6 +155,18 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	}
 	defer log.Sync() //nolint:errcheck
 
+	if *cpuProfile != "" {
+		stopProfile, err := startCPUProfile(*cpuProfile)
+		if err != nil {
+			log.Error("serve", zap.Error(err))
+			return 1
+		}
+		defer func() {
+			if err := stopProfile(); err != nil {
+				log.Error("cpu profile", zap.Error(err))
+			}
+		}()
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	ln, err := net.Listen("tcp", cfg.Listen)
