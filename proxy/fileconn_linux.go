@@ -50,6 +50,20 @@ func (c *fileConn) Close() error {
 	return c.netError("close", c.f.Close())
 }
 
+// CloseWrite shuts down the socket's write side (closeWriter), as a
+// *net.TCPConn's does.
+func (c *fileConn) CloseWrite() error {
+	rc, err := c.f.SyscallConn()
+	if err != nil {
+		return c.netError("close", err)
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) { serr = syscall.Shutdown(int(fd), syscall.SHUT_WR) }); err != nil {
+		return c.netError("close", err)
+	}
+	return c.netError("close", serr)
+}
+
 func (c *fileConn) LocalAddr() net.Addr                { return c.laddr }
 func (c *fileConn) RemoteAddr() net.Addr               { return c.raddr }
 func (c *fileConn) SetDeadline(t time.Time) error      { return c.f.SetDeadline(t) }

@@ -310,12 +310,19 @@ const headerMaxTokens = "X-Gpurouter-Max-Tokens"
 func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 	var small *fasthttp.ErrSmallBuffer
 	var ne net.Error
+	timeout := errors.As(err, &ne) && ne.Timeout()
+	if pc, ok := ctx.Conn().(*prefetchConn); ok && !timeout {
+		// The client may still be sending what was refused: without a
+		// lingering close its kernel may drop the answer (linger.go). A
+		// client too slow to send is not waited on any longer.
+		pc.lingerOnClose()
+	}
 	switch {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		writeError(ctx, fmt.Errorf("%w: limit is %d bytes", ErrBodyTooLarge, s.cfg.MaxBodyBytes))
 	case errors.As(err, &small):
 		writeError(ctx, fmt.Errorf("%w: request line and headers are limited to %d bytes", ErrHeaderTooLarge, s.cfg.MaxHeaderBytes))
-	case errors.As(err, &ne) && ne.Timeout():
+	case timeout:
 		writeError(ctx, fmt.Errorf("%w: the request must arrive within %s", ErrRequestTimeout, s.cfg.ReadTimeout))
 	default:
 		writeError(ctx, fmt.Errorf("%w: %v", ErrBadRequest, err))

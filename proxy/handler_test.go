@@ -120,6 +120,33 @@ func TestErrorStatusesHaveOpenAIShape(t *testing.T) {
 	waitFor(t, "the hung upstream to see the router give up", func() bool { return hang.canceled.Load() == 1 })
 }
 
+// A client that sends a body over the limit is still writing it when the
+// router answers 413 and closes. Closed with those bytes unread, the socket
+// would send a reset, which can reach the client before it reads the
+// answer and take the answer with it: it sees "connection reset by peer",
+// not a 413. The router closes such a connection as nginx does (lingering
+// close), so the answer arrives on either request path.
+func TestOversizedBodyIsAnswered413NotReset(t *testing.T) {
+	up := newFakeVLLM(t)
+	big := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 1<<20) + `"}]}`
+	for _, goroutines := range []bool{false, true} {
+		t.Run(fmt.Sprintf("goroutine_requests=%v", goroutines), func(t *testing.T) {
+			tr := startRouter(t, []string{up.url}, withConfig(func(c *Config) {
+				c.MaxBodyBytes = 4096
+				c.GoroutineRequests = goroutines
+			}))
+			for i := 0; i < 3; i++ {
+				resp := post(t, tr.url+"/v1/chat/completions", big)
+				e := decodeError(t, resp)
+				resp.Body.Close()
+				if resp.StatusCode != 413 || e.Error.Code != "request_too_large" {
+					t.Fatalf("try %d: status %d, code %q; want 413 request_too_large", i, resp.StatusCode, e.Error.Code)
+				}
+			}
+		})
+	}
+}
+
 func TestShedErrorShape(t *testing.T) {
 	b := appendErrorJSON(nil, fmt.Errorf("%w: queue full", ErrShed))
 	var e openAIError

@@ -85,7 +85,10 @@ type prefetchConn struct {
 	state  keptState     // once handed back after a stream (hijack.go)
 	open   *atomic.Int64 // the listener's count, left at the first Close; nil: not counted
 	closed atomic.Bool
-	sock   rawSock // Linux: the socket's raw reads and writes (rawsock_linux.go)
+	// lingers: Close drains the client's unread bytes first (linger.go),
+	// set where a request is refused before it was read whole.
+	lingers atomic.Bool
+	sock    rawSock // Linux: the socket's raw reads and writes (rawsock_linux.go)
 }
 
 func newPrefetchConn(c net.Conn, open *atomic.Int64) *prefetchConn {
@@ -95,13 +98,21 @@ func newPrefetchConn(c net.Conn, open *atomic.Int64) *prefetchConn {
 }
 
 // Close closes the connection and, the first time, leaves the listener's
-// count.
+// count. A connection marked by lingerOnClose lingers first.
 func (c *prefetchConn) Close() error {
+	if c.lingers.Swap(false) {
+		linger(c.Conn, c.readConn)
+	}
 	if c.open != nil && c.closed.CompareAndSwap(false, true) {
 		c.open.Add(-1)
 	}
 	return c.Conn.Close()
 }
+
+// lingerOnClose has Close drain what the client still sends before it
+// closes (linger.go): for a connection whose request is answered before it
+// was read whole.
+func (c *prefetchConn) lingerOnClose() { c.lingers.Store(true) }
 
 func (c *prefetchConn) Read(p []byte) (int, error) {
 	if c.buf != nil {
