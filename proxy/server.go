@@ -121,6 +121,12 @@ type Server struct {
 	conns        atomic.Int64  // client connections open, held to MaxConnections (prefetch.go)
 	draining     atomic.Bool   // shutdown began: /ready fails, new requests get 503
 	abortStreams atomic.Bool   // drain deadline passed: streams in progress are ended
+	// The listeners Serve was given, which Shutdown closes itself:
+	// fasthttp's closes only those its Serve has registered, and a
+	// Shutdown just before that (a SIGTERM as the router starts) would
+	// leave Serve accepting for good.
+	lnMu sync.Mutex
+	lns  []*onceListener
 }
 
 // New builds a Server. It starts nothing.
@@ -248,9 +254,17 @@ func (s *Server) Handler() fasthttp.RequestHandler { return s.handle }
 // loops meanwhile (pump_linux.go). Streams still running when it returns
 // go on on their own goroutines.
 func (s *Server) Serve(ln net.Listener) error {
+	ol := &onceListener{Listener: ln}
+	s.lnMu.Lock()
+	if s.draining.Load() { // Shutdown came first
+		s.lnMu.Unlock()
+		return ol.Close()
+	}
+	s.lns = append(s.lns, ol)
+	s.lnMu.Unlock()
 	ctx, stop := context.WithCancel(context.Background())
 	looped := s.runStreamLoops(ctx)
-	pl := prefetchListener{Listener: ln, max: s.cfg.MaxConnections, open: &s.conns}
+	pl := prefetchListener{Listener: ol, max: s.cfg.MaxConnections, open: &s.conns}
 	var served <-chan struct{}
 	if served = s.runRequestLoops(ctx); len(s.reqLoops) > 0 {
 		pl.take = s.takeConn
@@ -264,6 +278,21 @@ func (s *Server) Serve(ln net.Listener) error {
 		<-served
 	}()
 	return s.srv.Serve(pl)
+}
+
+// onceListener closes its listener once: Shutdown closes the listeners
+// Serve was given, and fasthttp's Shutdown closes them again, which must
+// not fail it.
+type onceListener struct {
+	net.Listener
+	once sync.Once
+}
+
+// Close closes the listener the first time and does nothing after.
+func (l *onceListener) Close() error {
+	var err error
+	l.once.Do(func() { err = l.Listener.Close() })
+	return err
 }
 
 // runRequestLoops opens the request loops and runs them until ctx ends;
@@ -360,6 +389,11 @@ func (s *Server) pump() *streamPump {
 // event and [DONE]) and waits briefly for them to close.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.draining.Store(true)
+	s.lnMu.Lock()
+	for _, ln := range s.lns {
+		ln.Close() //nolint:errcheck // Serve returns either way
+	}
+	s.lnMu.Unlock()
 	s.wakeRequestLoops()
 	s.kept.closeIdle()
 	err := s.srv.ShutdownWithContext(ctx)
