@@ -20,8 +20,14 @@ type detachedBody struct {
 	pump   *streamPump
 	r      *relay
 	dec    chunkDecoder
-	stash  []byte             // body bytes read with the head, not yet decoded
-	client syscall.RawConn    // the client's socket, written by the loop
+	stash  []byte          // body bytes read with the head, not yet decoded
+	client syscall.RawConn // the client's socket, written by the loop; nil for a request loop's stream (clientFD)
+	// clientFD is a request loop's stream's client socket, out of Go's
+	// netpoller (client nil); -1 otherwise.
+	clientFD int
+	// onBack takes the stream back from the loop, on the loop's goroutine,
+	// in place of back's receiver (give); nil: take's caller waits on back.
+	onBack func(pumpResult)
 	write  func(uintptr) bool // writeFrame, for client.Write
 	frame  []byte             // what write writes (send's chunk), while it does
 	wn     int                // and how it went
@@ -102,7 +108,7 @@ func (p *streamPump) detach(x *exchange, resp *fasthttp.Response, client net.Con
 		return nil
 	}
 	b := &detachedBody{
-		pump: p, stash: c.stash, client: craw, back: make(chan pumpResult, 1),
+		pump: p, stash: c.stash, client: craw, clientFD: -1, back: make(chan pumpResult, 1),
 		firstByte: c.firstByte, idle: c.idle, fd: fd, cfd: -1,
 		laddr: c.Conn.LocalAddr(), raddr: c.Conn.RemoteAddr(),
 	}
@@ -227,6 +233,12 @@ func (r *relay) pumpStream(w io.Writer) error {
 	if r.watch != nil {
 		r.watch.resume() // the loop watched the client meanwhile
 	}
+	return r.afterPump(w, res)
+}
+
+// afterPump takes the stream on from where the loop handed it back (res),
+// before the goroutine relay goes on. An error means the client is gone.
+func (r *relay) afterPump(w io.Writer, res pumpResult) error {
 	if len(res.unsent) > 0 {
 		if err := r.armWrite(); err != nil {
 			return err

@@ -199,13 +199,13 @@ func TestRetryBeforeFirstByteLandsOnAnotherReplica(t *testing.T) {
 				// Nothing listens there: nothing was sent, so the next
 				// replica is tried at once, and the dead one is out of
 				// rotation until its health check passes.
-				if len(tr.sleep) != 0 || tr.reps[0].Healthy() {
-					t.Errorf("backoff sleeps %v, refused replica healthy=%v; want no sleep, marked down", tr.sleep, tr.reps[0].Healthy())
+				if len(tr.sleep()) != 0 || tr.reps[0].Healthy() {
+					t.Errorf("backoff sleeps %v, refused replica healthy=%v; want no sleep, marked down", tr.sleep(), tr.reps[0].Healthy())
 				}
 				return
 			}
-			if len(tr.sleep) != 1 || tr.sleep[0] <= 0 || tr.sleep[0] > 200*time.Millisecond {
-				t.Errorf("backoff sleeps %v, want one jittered sleep", tr.sleep)
+			if sl := tr.sleep(); len(sl) != 1 || sl[0] <= 0 || sl[0] > 200*time.Millisecond {
+				t.Errorf("backoff sleeps %v, want one jittered sleep", sl)
 			}
 			if !tr.reps[0].Resting(time.Now()) || tr.reps[0].BreakerState() != "closed" {
 				t.Errorf("refusing replica resting=%v breaker=%s; want resting, breaker untouched", tr.reps[0].Resting(time.Now()), tr.reps[0].BreakerState())

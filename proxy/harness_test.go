@@ -7,7 +7,9 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,12 +19,21 @@ import (
 
 // testRouter is a Server on a loopback port over the given upstreams.
 type testRouter struct {
-	url   string
-	srv   *Server
-	pool  *balancer.Pool
-	reps  []*balancer.Replica
-	reg   *prometheus.Registry
-	sleep []time.Duration
+	url  string
+	srv  *Server
+	pool *balancer.Pool
+	reps []*balancer.Replica
+	reg  *prometheus.Registry
+
+	mu     sync.Mutex      // the router's retry pauses run on its goroutines (a request loop's too)
+	sleeps []time.Duration // each retry pause asked for (Options.Sleep), not slept
+}
+
+// sleep is the retry pauses the router asked for so far.
+func (tr *testRouter) sleep() []time.Duration {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return slices.Clone(tr.sleeps)
 }
 
 type routerOpt func(*Config, *balancer.PoolConfig, *balancer.BreakerConfig)
@@ -72,7 +83,7 @@ func startRouterWith(t testing.TB, urls []string, edit func(*Options), opts ...r
 	tr.pool = p
 	o := Options{
 		Config: cfg, Routes: []Route{{Pool: p}}, Registerer: tr.reg, Gatherer: tr.reg,
-		Sleep: func(d time.Duration) { tr.sleep = append(tr.sleep, d) },
+		Sleep: func(d time.Duration) { tr.mu.Lock(); tr.sleeps = append(tr.sleeps, d); tr.mu.Unlock() },
 	}
 	if edit != nil {
 		edit(&o)

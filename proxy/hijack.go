@@ -73,16 +73,26 @@ func (s *Server) hijackStream(ctx *fasthttp.RequestCtx, r *relay) {
 			c.Close() //nolint:errcheck // the stream is over either way
 			return
 		}
-		// fasthttp closes the connection when the client does, or keeps
-		// it (a later stream hijacks it again).
-		s.kept.add(served)
-		if s.draining.Load() { // Shutdown began since: its closeIdle may have run before add
-			s.kept.remove(served)
-			served.Close() //nolint:errcheck
-			return
-		}
-		s.srv.ServeConn(served) //nolint:errcheck // fasthttp's own log
+		s.serveKept(served)
 	})
+}
+
+// serveKept serves the client's next requests on c, a connection whose
+// stream is over, on fasthttp's path; fasthttp closes it when the client
+// does, or keeps it (a later stream hijacks it again). Unless the router
+// drains: c is closed.
+func (s *Server) serveKept(c *prefetchConn) {
+	if s.draining.Load() {
+		c.Close() //nolint:errcheck
+		return
+	}
+	s.kept.add(c)
+	if s.draining.Load() { // Shutdown began since: its closeIdle may have run before add
+		s.kept.remove(c)
+		c.Close() //nolint:errcheck
+		return
+	}
+	s.srv.ServeConn(c) //nolint:errcheck // fasthttp's own log
 }
 
 // keptConns are the connections handed back to fasthttp after a stream.
@@ -161,6 +171,12 @@ func (r *relay) writeChunked(w io.Writer, head []byte) error {
 	if err := r.pumpStream(w); err != nil {
 		return err
 	}
+	return r.writeChunks(w)
+}
+
+// writeChunks is writeChunked's relay after the head: the events as they
+// come, then the last chunk.
+func (r *relay) writeChunks(w io.Writer) error {
 	cw := chunkWriter{w: w, r: r}
 	if _, err := r.WriteTo(&cw); err != nil || cw.ended {
 		return err

@@ -89,23 +89,34 @@ func TestStreamConnectionServesTheNextRequests(t *testing.T) {
 }
 
 // A client that pipelines its next request behind a stream's gets the
-// stream whole, then the connection closed: its hijacked reader held the
-// next request, which fasthttp cannot be handed back.
+// stream whole, then: on fasthttp's path the connection closed (its
+// hijacked reader held the next request, which fasthttp cannot be handed
+// back); on a request loop's, which holds the bytes itself, the next
+// answer.
 func TestStreamWithAPipelinedRequestClosesAfterIt(t *testing.T) {
 	up := newFakeVLLM(t)
 	up.prefill = 50 * time.Millisecond
-	tr := startRouter(t, []string{up.url})
-	c := dialRouter(t, tr, 10*time.Second)
-	if _, err := io.WriteString(c, requestText(chatStream)+requestText(chatWhole)); err != nil { // one write: both in the router's first read
-		t.Fatal(err)
-	}
-	br := bufio.NewReader(c)
-	status, got, _ := readAnswer(t, br)
-	if status != 200 || strings.Count(got, `"content":"tok`) != up.tokens || !strings.HasSuffix(strings.TrimSpace(got), "data: [DONE]") {
-		t.Fatalf("stream: status %d, body %q", status, got)
-	}
-	if _, err := br.ReadByte(); err != io.EOF {
-		t.Fatalf("after the stream: %v; want the connection closed (EOF)", err)
+	for _, goroutines := range []bool{false, true} {
+		tr := startRouter(t, []string{up.url}, withConfig(func(c *Config) { c.GoroutineRequests = goroutines }))
+		c := dialRouter(t, tr, 10*time.Second)
+		if _, err := io.WriteString(c, requestText(chatStream)+requestText(chatWhole)); err != nil { // one write: both in the router's first read
+			t.Fatal(err)
+		}
+		br := bufio.NewReader(c)
+		status, got, _ := readAnswer(t, br)
+		if status != 200 || strings.Count(got, `"content":"tok`) != up.tokens || !strings.HasSuffix(strings.TrimSpace(got), "data: [DONE]") {
+			t.Fatalf("goroutines=%v: stream: status %d, body %q", goroutines, status, got)
+		}
+		if goroutines || !haveRequestLoops {
+			if _, err := br.ReadByte(); err != io.EOF {
+				t.Fatalf("after the stream: %v; want the connection closed (EOF)", err)
+			}
+			continue
+		}
+		status, got, closing := readAnswer(t, br)
+		if status != 200 || closing || !strings.Contains(got, `"usage"`) {
+			t.Fatalf("the pipelined request after the stream: status %d, close %v, body %q", status, closing, got)
+		}
 	}
 }
 

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"errors"
+	"net"
 	"strings"
 	"sync"
 	"time"
@@ -71,10 +72,14 @@ var (
 // when the request may not be continued. Written by the relay's goroutine
 // only, apart from mu.
 type migration struct {
-	pol     Migration
-	left    int                  // continuations still allowed
-	body    []byte               // the request body as first sent upstream
-	ctx     *fasthttp.RequestCtx // the client's request: headers and connection for a continuation
+	pol  Migration
+	left int                  // continuations still allowed
+	body []byte               // the request body as first sent upstream
+	ctx  *fasthttp.RequestCtx // the client's request: headers and connection for a continuation
+	// client is the client's connection a continuation's wait watches
+	// when ctx's is not it (a request loop's stream: reqloop_stream_linux.go);
+	// nil: ctx's.
+	client  net.Conn
 	chat    bool
 	prefill bool  // the client's last message is a partial assistant one (continue_final_message): it grows
 	strip   bool  // the router asked for token ids: they are removed from what the client sees

@@ -160,7 +160,11 @@ func (r *relay) switchTo(body []byte) error {
 			return x.noReplica(lastErr)
 		}
 		ureq := s.upstreamRequest(m.ctx, x, x.ep, body)
-		w := s.startWatch(x, m.ctx.Conn(), nil) // the relay's own watch goes on meanwhile
+		client := m.ctx.Conn()
+		if m.client != nil {
+			client = m.client
+		}
+		w := s.startWatch(x, client, nil) // the relay's own watch goes on meanwhile
 		resp, again, err := s.forward(s.routes.Load(), x, rep, ureq, w)
 		w.stop()
 		fasthttp.ReleaseRequest(ureq)

@@ -283,6 +283,26 @@ func (p *streamPump) take(b *detachedBody) (pumpResult, bool) {
 	return <-b.back, true
 }
 
+// give hands b's stream to the loop without waiting for it: b.onBack
+// takes it back, on the loop's goroutine (a request loop's stream,
+// reqloop_stream_linux.go). false when the loop is not running.
+func (p *streamPump) give(b *detachedBody) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.running {
+		return false
+	}
+	b.mu.Lock()
+	b.inPump = true
+	b.mu.Unlock()
+	p.in.Inc()
+	p.size.Add(1)
+	p.incoming = append(p.incoming, b)
+	var one = [8]byte{1}
+	unix.Write(p.wake, one[:]) //nolint:errcheck // as poke, under the lock it takes
+	return true
+}
+
 // abort asks the loop to let b go: it was closed while in the loop.
 func (p *streamPump) abort(b *detachedBody) {
 	p.mu.Lock()
@@ -309,7 +329,13 @@ func (p *streamPump) admit(now time.Time) {
 		}
 		b.in = true
 		p.streams.set(b.pfd, b)
-		p.watchClient(b)
+		if !p.watchClient(b) && b.client == nil {
+			// A request loop's stream is written through its client's
+			// descriptor, which the loop could not watch: its goroutine
+			// relays it instead.
+			p.release(b, pumpResult{}, exitStopped)
+			continue
+		}
 		if b.deadline.IsZero() {
 			b.deadline = now.Add(b.limit())
 		}
@@ -337,19 +363,25 @@ const clientTag = 1
 // client watch's periodic checks (watch.go), which are paused meanwhile:
 // per stream, a check a DisconnectCheck was a timer firing and a system
 // call, for every waiting stream.
-func (p *streamPump) watchClient(b *detachedBody) {
-	cfd := -1
-	if err := b.client.Control(func(fd uintptr) { cfd = int(fd) }); err != nil || cfd < 0 {
-		return
+func (p *streamPump) watchClient(b *detachedBody) bool {
+	cfd := b.clientFD
+	if b.client != nil {
+		if err := b.client.Control(func(fd uintptr) { cfd = int(fd) }); err != nil {
+			cfd = -1
+		}
+	}
+	if cfd < 0 {
+		return false
 	}
 	ev := unix.EpollEvent{Events: unix.EPOLLRDHUP, Fd: int32(b.pfd), Pad: clientTag}
 	if unix.EpollCtl(p.ep, unix.EPOLL_CTL_ADD, cfd, &ev) != nil {
-		return // the watch goes on checking
+		return false // the watch goes on checking
 	}
 	b.cfd = cfd
 	if w := b.r.watch; w != nil {
 		w.pause()
 	}
+	return true
 }
 
 // hungUp ends b's stream as the client watch would have: its client has
@@ -405,6 +437,10 @@ func (p *streamPump) handBack(b *detachedBody, res pumpResult, why loopExit) {
 	}
 	b.mu.Unlock()
 	p.size.Add(-1)
+	if b.onBack != nil {
+		b.onBack(res) // it must not wait, nor take p.mu (stop holds it)
+		return
+	}
 	b.back <- res
 	p.yield = true
 }

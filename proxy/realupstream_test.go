@@ -87,8 +87,8 @@ func TestConnectionClosedAfterEveryResponseIsResent(t *testing.T) {
 	if st := tr.reps[0].BreakerState(); st != "closed" {
 		t.Errorf("breaker %s, want closed", st)
 	}
-	if len(tr.sleep) != 0 {
-		t.Errorf("backoff sleeps %v: a stale connection is no retry", tr.sleep)
+	if len(tr.sleep()) != 0 {
+		t.Errorf("backoff sleeps %v: a stale connection is no retry", tr.sleep())
 	}
 	var m dto.Metric
 	if err := tr.srv.m.stale.WithLabelValues("r0").Write(&m); err != nil {
@@ -215,8 +215,8 @@ func TestKilledReplicasGive503NotBadGateway(t *testing.T) {
 		}
 	}
 	// Why it is fast: nothing waited — no backoff before the next replica.
-	if len(tr.sleep) != 0 {
-		t.Errorf("backoff sleeps %v", tr.sleep)
+	if len(tr.sleep()) != 0 {
+		t.Errorf("backoff sleeps %v", tr.sleep())
 	}
 }
 

@@ -46,7 +46,7 @@ func (l *requestLoop) rawAnswer(c *loopConn, u *loopConn) bool {
 	if u.toClose || l.s.cfg.parseWholeAnswers || !ctx.Request.Header.IsHTTP11() {
 		return false
 	}
-	head, status, ok := h1.ReadHead(u.in.B[:u.headLen])
+	head, status, ok := h1.ReadHead(u.in.B[u.headAt:u.headLen])
 	if !ok || status != fasthttp.StatusOK || !passesOnStatus(status) {
 		return false
 	}

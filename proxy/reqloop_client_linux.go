@@ -36,7 +36,8 @@ type loopConn struct {
 	end     h1.ResponseEnd // where the response in progress ends
 	reused  bool           // it has carried a response before: an engine may have closed it meanwhile
 	head    bool           // the response's head is in
-	headLen int            // its length, once in
+	headAt  int            // where it starts: past interim (1xx) heads
+	headLen int            // where it ends (the body's start), once in
 	extra   bool           // bytes came past the response's end: the connection can't carry another
 	toClose bool           // the response runs to the connection's close (HTTP/1.0, no length)
 	toLen   int            // a toClose response's Content-Length once its head is in (an HTTP/1.0 one may give it); -1: none, read to the close

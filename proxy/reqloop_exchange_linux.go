@@ -38,7 +38,10 @@ type loopReq struct {
 	lease balancer.Lease
 	u     *loopConn // its engine connection; nil while it is dialed
 
-	until  time.Time               // a retry pause's end
+	strip   bool      // a stream's: drop the usage chunk the router asked for (plan)
+	closing bool      // a stream's: its head said Connection: close
+	sentAt  time.Time // the loop's clock when the request went (the stream's first-byte deadline)
+
 	actx   context.Context         // an admission wait's; its cause says why it ended early
 	cancel context.CancelCauseFunc // ends an admission wait
 	orphan bool                    // the client left during the admission wait: its goroutine finishes the exchange
@@ -48,9 +51,10 @@ type loopPhase uint8
 
 const (
 	phaseAdmitting  loopPhase = iota + 1 // waiting in the admission queue, on a goroutine
-	phaseRetrying                        // pausing before the next attempt (l.timer)
+	phaseRetrying                        // pausing before the next attempt, on a goroutine (pause)
 	phaseConnecting                      // a new engine connection is being dialed
 	phaseAwaiting                        // sent: the engine's answer is coming
+	phaseStreaming                       // its stream is relayed, out of the loop (reqloop_stream_linux.go)
 )
 
 // newReq readies c's request struct for its next request: one struct a
@@ -90,7 +94,7 @@ func (l *requestLoop) start(c *loopConn, ctx *fasthttp.RequestCtx, b []byte) boo
 	// path: a stream, or a body fasthttp's path must refuse, goes there
 	// with nothing done, and is read again there in proxyAPI's order.
 	req, err := s.readBody(ctx.PostBody(), ep)
-	if err != nil || req.stream || !l.routable(rt, prefix, req.model) {
+	if err != nil || req.stream && !l.streamsOnLoop() || !l.routable(rt, prefix, req.model) {
 		l.releaseCtx(ctx)
 		l.handOff(c, b)
 		return false
@@ -106,7 +110,7 @@ func (l *requestLoop) start(c *loopConn, ctx *fasthttp.RequestCtx, b []byte) boo
 		return true
 	}
 	x.req = req
-	if r.body, _, err = s.plan(ctx, &r.hdr, x, rt, prefix, ctx.PostBody()); err != nil {
+	if r.body, r.strip, err = s.plan(ctx, &r.hdr, x, rt, prefix, ctx.PostBody()); err != nil {
 		l.reject(c, err)
 		return true
 	}
@@ -182,6 +186,11 @@ func (l *requestLoop) place(c *loopConn) {
 		l.reject(c, err)
 		return
 	}
+	if r.x.req.stream && r.x.mig == nil {
+		// A stream that may outlive its replica asks for what continuing
+		// it needs (migrate.go), as upstreamRequest has it.
+		r.body = l.s.startMigration(r.ctx, r.x, r.body)
+	}
 	l.upstreamWire(r)
 	l.attempt(c)
 }
@@ -219,7 +228,9 @@ func (l *requestLoop) attempt(c *loopConn) {
 }
 
 // pause is retryWait's decision on the loop: true to try again now; else
-// the request ended, or waits for the loop's timer (scanRequest).
+// the request ended, or pauses — on a goroutine, with the server's sleep
+// (Options.Sleep), as retryWait does — and goes on when it posts back
+// (resumeAttempts).
 func (l *requestLoop) pause(c *loopConn) bool {
 	r := c.r
 	d, err := l.s.retryDelay(r.x, r.lastErr)
@@ -231,9 +242,26 @@ func (l *requestLoop) pause(c *loopConn) bool {
 		return true
 	}
 	r.phase = phaseRetrying
-	r.until = l.now.Add(d)
-	l.armTimer(r.until)
+	gen, sleep := r.gen, l.s.sleep
+	go func() {
+		sleep(d)
+		l.post(func() { l.resumeAttempts(c, r, gen) })
+	}()
 	return false
+}
+
+// resumeAttempts goes on with c's request r after its retry pause, unless
+// it has ended meanwhile (its client left, a deadline passed).
+func (l *requestLoop) resumeAttempts(c *loopConn, r *loopReq, gen uint64) {
+	if c.r != r || r.gen != gen || r.phase != phaseRetrying {
+		return
+	}
+	r.phase = 0
+	if err := l.s.retryAfterWait(r.x, &r.pick, r.lastErr); err != nil {
+		l.endAttempts(c, err)
+		return
+	}
+	l.attempt(c)
 }
 
 // retry follows an attempt that failed with err: another replica, or the
@@ -319,7 +347,7 @@ func (l *requestLoop) drop(r *loopReq, cause error) {
 
 // scanRequest ends a request past a deadline: the total one (as the
 // client watch does), the first byte's or an idle gap's (as the engine
-// connection's deadlines do), or a retry pause's end.
+// connection's deadlines do).
 func (l *requestLoop) scanRequest(c *loopConn, aborting bool) {
 	r, s := c.r, l.s
 	switch {
@@ -327,23 +355,12 @@ func (l *requestLoop) scanRequest(c *loopConn, aborting bool) {
 		return // its goroutine's (the admission queue has its own deadline)
 	case aborting:
 		l.end(c, fmt.Errorf("%w: drain deadline passed", ErrShuttingDown))
-	case s.exceededAt(r.x, l.now):
+	case s.exceededAt(r.x, s.now()): // the exchange's clock (Options.Now), not the loop's
 		l.end(c, fmt.Errorf("%w: total request deadline %s", ErrTimeout, s.cfg.TotalTimeout))
-	case r.phase == phaseRetrying:
-		if l.now.Before(r.until) {
-			l.armTimer(r.until)
-			return
-		}
-		r.phase = 0
-		if err := s.retryAfterWait(r.x, &r.pick, r.lastErr); err != nil {
-			l.endAttempts(c, err)
-			return
-		}
-		l.attempt(c)
 	case r.phase == phaseAwaiting && r.u != nil:
 		u := r.u
 		switch {
-		case !u.head && l.now.Sub(r.x.sent) > s.cfg.FirstByteTimeout:
+		case !u.head && l.now.Sub(r.sentAt) > s.cfg.FirstByteTimeout:
 			l.upstreamFailed(c, u, fasthttp.ErrTimeout)
 		case u.head && l.now.Sub(u.last) > s.cfg.IdleTimeout:
 			l.upstreamFailed(c, u, fasthttp.ErrTimeout)

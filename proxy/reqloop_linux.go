@@ -68,7 +68,6 @@ type requestLoop struct {
 	ctxs     []*fasthttp.RequestCtx    // spare contexts
 	now      time.Time                 // this wake-up's clock (time.Now)
 	lastScan time.Time
-	timer    time.Time // the earliest retry pause's end, zero when none
 	// quiet: the last scan found nothing in progress, and nothing came
 	// since; the loop then sleeps until quietUntil (zero: until woken),
 	// the first idle connection's expiry, not a scan's period.
@@ -220,7 +219,7 @@ func (l *requestLoop) Run(ctx context.Context) error {
 				}
 			}
 		}
-		if !l.timer.IsZero() && !l.now.Before(l.timer) || l.now.Sub(l.lastScan) >= reqLoopScan {
+		if l.now.Sub(l.lastScan) >= reqLoopScan {
 			l.lastScan = l.now
 			l.scan()
 		}
@@ -228,39 +227,22 @@ func (l *requestLoop) Run(ctx context.Context) error {
 	return nil
 }
 
-// waitMillis is how long the next wait may block: until the next scan, or
-// a retry pause's end if sooner. A quiet loop (only idle connections, or
-// none) sleeps until the first of them expires, or until woken (-1):
-// every wake-up of a loop's thread costs more than its own work, since
-// the runtime takes the thread's P when it blocks again, and that sets
-// its monitor (sysmon) polling every 20 µs for a millisecond and more.
-// With 64 streams in the stream loop and this loop waking ten times a
-// second for nothing, sysmon woke 680 times a second, ~3% of the router's
-// CPU; 175 once this loop slept.
+// waitMillis is how long the next wait may block: until the next scan.
+// A quiet loop (only idle connections, or none) sleeps until the first of
+// them expires, or until woken (-1): every wake-up of a loop's thread
+// costs more than its own work, since the runtime takes the thread's P
+// when it blocks again, and that sets its monitor (sysmon) polling every
+// 20 µs for a millisecond and more. With 64 streams in the stream loop
+// and this loop waking ten times a second for nothing, sysmon woke 680
+// times a second, ~3% of the router's CPU; 175 once this loop slept.
 func (l *requestLoop) waitMillis() int {
-	d := reqLoopScan
-	if l.quiet {
-		d = -1
-		if !l.quietUntil.IsZero() {
-			d = max(reqLoopScan, l.quietUntil.Sub(l.now)+time.Millisecond)
-		}
+	if !l.quiet {
+		return int(reqLoopScan / time.Millisecond)
 	}
-	if !l.timer.IsZero() {
-		if t := l.timer.Sub(l.now) + time.Millisecond; d < 0 || t < d {
-			d = t
-		}
-	}
-	if d < 0 {
+	if l.quietUntil.IsZero() {
 		return -1
 	}
-	return max(int(d/time.Millisecond), 1)
-}
-
-// armTimer makes the loop wake by t.
-func (l *requestLoop) armTimer(t time.Time) {
-	if l.timer.IsZero() || t.Before(l.timer) {
-		l.timer = t
-	}
+	return max(int(max(reqLoopScan, l.quietUntil.Sub(l.now)+time.Millisecond)/time.Millisecond), 1)
 }
 
 // admit takes the connections queued and the results posted since the
@@ -291,7 +273,6 @@ func (l *requestLoop) admit() {
 // scan ends what ran past a deadline, and closes connections idle too
 // long or, once the router drains, idle at all.
 func (l *requestLoop) scan() {
-	l.timer = time.Time{}
 	draining, aborting := l.s.draining.Load(), l.s.abortStreams.Load()
 	quiet, until := true, time.Time{}
 	expires := func(t time.Time) {

@@ -17,9 +17,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
-// The suite runs on the request loops, the default on Linux: whole
-// requests are served by the loops, the rest (streams) handed off
-// (TestRequestLoopServesWholeRequests shows which is which). The
+// The suite runs on the request loops, the default on Linux: API requests,
+// whole and streamed, are served by the loops, the rest handed off
+// (TestRequestLoopServesWholeRequests). The
 // behaviours that real engines and clients exercise run again on
 // fasthttp's goroutine per connection (upstream.goroutine_requests), so
 // that both paths are held to them; GPUROUTER_TEST_GOROUTINE_REQUESTS=1
@@ -44,14 +44,16 @@ func TestGoroutineRequestsKeepTheRequestPathsBehaviours(t *testing.T) {
 		{"WholeResponseToAClientThatStopsReadingEnds", TestWholeResponseToAClientThatStopsReadingEnds},
 		{"StreamConnectionServesTheNextRequests", TestStreamConnectionServesTheNextRequests},
 		{"ClientDisconnectAbortsUpstream", TestClientDisconnectAbortsUpstream},
+		{"StreamLoopAfterAnInformationalHead", TestStreamLoopAfterAnInformationalHead},
 	} {
 		t.Run(tc.name, tc.f)
 	}
 }
 
 // Whole requests are the loop's: none is handed off, and they share the
-// loop's keep-alive engine connection. A stream is handed off with its
-// connection, which fasthttp's path then serves.
+// loop's keep-alive engine connection. So are streams' requests: each
+// stream goes to the stream loop with the loop's engine connection, and
+// comes back with it once ended, for the requests that follow.
 func TestRequestLoopServesWholeRequests(t *testing.T) {
 	up := newFakeVLLM(t)
 	tr := startRouter(t, []string{up.url}, oneLoop)
@@ -72,13 +74,26 @@ func TestRequestLoopServesWholeRequests(t *testing.T) {
 	if conns != 1 {
 		t.Errorf("20 sequential requests came on %d engine connections; want 1 (kept alive)", conns)
 	}
-	if st, done, b := call(t, tr.url, chatStream); st != 200 || !done {
-		t.Fatalf("stream: status %d complete=%v: %.200s", st, done, b)
+	for i := range 3 {
+		if st, done, b := call(t, tr.url, chatStream); st != 200 || !done {
+			t.Fatalf("stream %d: status %d complete=%v: %.200s", i, st, done, b)
+		}
+		if st, _, b := call(t, tr.url, chatPlain); st != 200 {
+			t.Fatalf("request after stream %d: status %d: %.200s", i, st, b)
+		}
 	}
-	if n := handOffs(); n != 1 {
-		t.Errorf("%v hand-offs after a stream; want 1", n)
+	if n := handOffs(); n != 0 {
+		t.Errorf("%v hand-offs after streams; want 0", n)
 	}
-	waitFor(t, "every request finished", func() bool { return tr.srv.Active() == 0 })
+	if in, end := testutil.ToFloat64(tr.srv.m.loopIn), exitsOf(tr, "end"); in != 3 || end != 3 {
+		t.Errorf("%v streams into the stream loop, %v ended there; want 3 and 3", in, end)
+	}
+	conns = 0
+	up.apiConns.Range(func(any, any) bool { conns++; return true })
+	if conns != 1 {
+		t.Errorf("requests and streams came on %d engine connections; want 1 (kept alive)", conns)
+	}
+	waitFor(t, "every request finished", func() bool { return tr.srv.Active() == 0 && tr.srv.streams.Load() == 0 })
 }
 
 // Requests a client sends without waiting for the answers (pipelining)
@@ -369,12 +384,6 @@ func TestRequestLoopSleepsWhileQuiet(t *testing.T) {
 	l.scan()
 	if w := l.waitMillis(); w != int(reqLoopScan/time.Millisecond) {
 		t.Errorf("a request in progress: waits %d ms; want %d", w, reqLoopScan/time.Millisecond)
-	}
-	client.r = nil
-	l.scan()
-	l.armTimer(l.now.Add(20 * time.Millisecond))
-	if w := l.waitMillis(); w != 21 {
-		t.Errorf("quiet with a retry pause due: waits %d ms; want 21", w)
 	}
 }
 

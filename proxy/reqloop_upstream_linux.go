@@ -43,7 +43,7 @@ func (l *requestLoop) sendRequest(c *loopConn) {
 	r := c.r
 	r.wire = append(append(append(r.wire[:r.head], "Host: "...), r.rep.Addr()...), "\r\n\r\n"...)
 	r.wire = append(r.wire, r.body...)
-	r.x.sent = l.s.now()
+	r.x.sent, r.sentAt = l.s.now(), l.now
 	r.phase = phaseAwaiting
 	if u := l.takeIdle(r.up); u != nil {
 		l.sendOn(c, u)
@@ -194,10 +194,13 @@ func (l *requestLoop) readUpstream(u *loopConn) {
 		return
 	}
 	if !u.head {
-		if i := bytes.Index(u.in.B, []byte("\r\n\r\n")); i >= 0 {
-			u.head, u.headLen = true, i+4
+		if at, end := finalHead(u.in.B); end >= 0 {
+			u.head, u.headAt, u.headLen = true, at, end
+			if c.r.x.req.stream && l.streamHead(c, u) {
+				return // the stream's now (reqloop_stream_linux.go)
+			}
 			if u.toClose {
-				u.toLen = l.headLength(u.in.B[:u.headLen])
+				u.toLen = l.headLength(u.in.B[at:end])
 			}
 		}
 	}
@@ -213,6 +216,22 @@ func (l *requestLoop) readUpstream(u *loopConn) {
 		l.tooLarge(c, u)
 	case done:
 		l.whole(c, u)
+	}
+}
+
+// finalHead finds the response's own head in b, past any interim (1xx)
+// ones: where it starts and ends; end is -1 while it is not all in.
+func finalHead(b []byte) (at, end int) {
+	for {
+		i := bytes.Index(b[at:], []byte("\r\n\r\n"))
+		if i < 0 {
+			return at, -1
+		}
+		end = at + i + 4
+		if h := b[at:end]; len(h) < 12 || h[9] != '1' || h[10] == '0' && h[11] == '1' { // 101 ends the exchange's HTTP
+			return at, end
+		}
+		at = end
 	}
 }
 

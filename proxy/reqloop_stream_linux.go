@@ -1,0 +1,326 @@
+//go:build linux
+
+package proxy
+
+import (
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/valyala/bytebufferpool"
+	"github.com/valyala/fasthttp"
+	"golang.org/x/sys/unix"
+)
+
+// A stream's request on the request loop (docs/dataplane-loop.md, "Next
+// for bound 2"). On fasthttp's path a stream cost the router about three
+// times nginx's CPU to set up and end — a goroutine that parses the
+// request again, fasthttp's client, the engine's socket taken out of Go's
+// netpoller at every stream and put back after it, a hijack goroutine —
+// a microsecond of every event of a 100-event stream. The loop takes a
+// stream's request as a whole request's, through the same steps (start,
+// place, attempt), and once the engine's head is in it writes the
+// client's head and gives both sockets, as they are, to a stream loop
+// (streamPump.give). A stream that ends cleanly comes back to the loop —
+// its last events and the last chunk written, its engine connection kept
+// for the next request, its client's next request read — without a
+// goroutine, a system call for Go's netpoller or a descriptor duplicated.
+//
+// Anything else that ends a stream's stay in the stream loop — a client
+// whose socket is full, an engine that fails (a migration may follow), a
+// timeout, a hang-up, the loop stopping — goes to a goroutine that relays
+// the rest as fasthttp's path does (streamOnGoroutine): the client's
+// connection then stays on that path, as a hijacked stream's does.
+
+// streamsOnLoop reports whether the loop takes streams' requests: when
+// streams go to stream loops at all (upstream.goroutine_streams off).
+func (l *requestLoop) streamsOnLoop() bool {
+	return !l.s.cfg.GoroutineStreams && len(l.s.pumps) > 0
+}
+
+// streamHead takes the stream whose head has come whole on u, for c's
+// request: true when the engine answered with an event stream, which the
+// stream loop (or a goroutine) relays from now on; false leaves it to the
+// loop's whole answer (an error, or JSON for a stream asked).
+func (l *requestLoop) streamHead(c *loopConn, u *loopConn) bool {
+	r, s := c.r, l.s
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	l.rd.Reset(u.in.B[u.headAt:u.headLen])
+	l.br.Reset(&l.rd)
+	if resp.Header.Read(l.br) != nil || resp.StatusCode() != fasthttp.StatusOK || !isEventStream(resp) {
+		return false
+	}
+	x := r.x
+	x.answered(r.up, r.lease)
+	l.placed(r)
+	r.phase = phaseStreaming
+	ctx := r.ctx
+	copyHeaders(ctx, resp, x)
+	ctx.SetStatusCode(fasthttp.StatusOK)
+	ctx.Response.Header.Set("Cache-Control", "no-cache")
+	ctx.Response.Header.SetContentLength(-1) // chunked
+	r.closing = ctx.Request.Header.ConnectionClose() || s.draining.Load()
+	if r.closing {
+		ctx.Response.SetConnectionClose()
+	}
+	if name := s.serverName(); name != "" && len(ctx.Response.Header.Server()) == 0 {
+		ctx.Response.Header.SetServer(name)
+	}
+	head := ctx.Response.Header.Header()
+	if len(c.out) > 0 {
+		// An answer to a request pipelined before this one still waits
+		// for the socket: it goes first.
+		head = append(c.out, head...)
+		c.out = nil
+	}
+
+	// Both sockets leave the loop's set: the stream's now.
+	for _, fd := range [2]int{c.fd, u.fd} {
+		l.conns.del(fd)
+		unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, fd, nil) //nolint:errcheck // closed or given on either way
+	}
+	l.size.Add(-1) // a stream is counted in s.streams, as a hijacked one
+	s.streams.Add(1)
+	u.peer, r.u = nil, nil
+	stash := append([]byte(nil), u.in.B[u.headLen:]...)
+	bytebufferpool.Put(u.in)
+	u.in = nil
+	releaseClientBody(ctx, x)
+
+	var body fasthttp.ReadCloserWithError
+	var b *detachedBody
+	if resp.Header.ContentLength() == -1 {
+		b = &detachedBody{
+			pump: s.pump(), stash: stash, clientFD: c.fd, cfd: -1, fd: u.fd,
+			firstByte: s.cfg.FirstByteTimeout, idle: s.cfg.IdleTimeout,
+			laddr: u.addrs.laddr, raddr: u.addrs.raddr,
+			deadline: r.sentAt.Add(s.cfg.FirstByteTimeout), // the first byte's, running since the request went
+		}
+		b.write = b.writeFrame
+		if !resp.ConnectionClose() {
+			b.reuse = &r.up.idle // should the goroutine path end it
+		}
+		body = b
+	} else {
+		// Framed by its length or its connection's close (HTTP/1.0): the
+		// goroutine path's reader relays it.
+		body = &plainBody{fd: u.fd, stash: stash, left: resp.Header.ContentLength(), up: u.addrs,
+			firstByte: s.cfg.FirstByteTimeout, idle: s.cfg.IdleTimeout}
+	}
+	rl := newRelay(x, nil, body, r.strip)
+	if b != nil {
+		b.r = rl
+	}
+
+	n, err := rawWrite(c.fd, head)
+	if err != nil && err != unix.EAGAIN && err != unix.EINTR {
+		n = 0 // the goroutine's write fails the same way, and ends the stream as the client's
+	}
+	n = max(n, 0)
+	if n < len(head) || b == nil {
+		l.streamOnGoroutine(c, u, r, rl, pumpResult{}, append([]byte(nil), head[n:]...))
+		return true
+	}
+	b.onBack = func(res pumpResult) {
+		if !l.post(func() { l.streamBack(c, u, r, rl, b, res) }) {
+			l.streamOnGoroutine(c, u, r, rl, res, nil) // the loop stopped
+		}
+	}
+	if !b.pump.give(b) {
+		b.onBack = nil
+		l.streamOnGoroutine(c, u, r, rl, pumpResult{}, nil)
+	}
+	return true
+}
+
+// streamBack takes c's stream back from the stream loop (res: why it
+// left): a clean end is finished here, anything else on a goroutine.
+func (l *requestLoop) streamBack(c *loopConn, u *loopConn, r *loopReq, rl *relay, b *detachedBody, res pumpResult) {
+	clean := res.readErr == io.EOF && res.clientErr == nil && !res.leaving && len(res.unsent) == 0 &&
+		rl.sawDone && !rl.eof && rl.abortErr.Load() == nil
+	if !clean || !l.rejoin(c, unix.EPOLLIN|unix.EPOLLRDHUP) {
+		l.streamOnGoroutine(c, u, r, rl, res, nil)
+		return
+	}
+	rl.afterRead(io.EOF) // the end, after [DONE]: eof
+	// The last events and the last chunk in one write, as writeChunked
+	// writes them (what the socket does not take waits for EPOLLOUT).
+	l.w.c = c
+	err := writeChunk(&l.w, rl.out[rl.outPos:], lastChunk)
+	rl.out, rl.outPos = rl.out[:0], 0
+	// The engine's connection carries the replica's next request, unless
+	// the engine said it closes it or sent past the end.
+	b.mu.Lock()
+	reuse := b.reuse != nil && b.dec.done() && len(b.stash) == 0 && !b.extra && b.fd == u.fd
+	if reuse {
+		b.closed, b.fd = true, -1
+	}
+	b.mu.Unlock()
+	if reuse && l.rejoin(u, unix.EPOLLIN|unix.EPOLLRDHUP) {
+		u.end.Reset()
+		l.putIdle(u)
+	} else {
+		if reuse {
+			unix.Close(u.fd)
+		}
+		u.fd = -1
+		u.up.loopConns.Add(-1)
+	}
+	if err != nil {
+		err = &streamWriteError{err}
+	}
+	rl.CloseWithError(err) // the exchange finishes: step 7
+	l.s.streams.Add(-1)
+	c.r = nil
+	l.done(c, r, err, r.closing)
+}
+
+// streamWriteError is a failed write of a stream's end to its client.
+type streamWriteError struct{ err error }
+
+func (e *streamWriteError) Error() string { return "write: " + e.err.Error() }
+func (e *streamWriteError) Unwrap() error { return e.err }
+
+// rejoin puts a socket of a stream back in the loop's set; false when it
+// could not (then it is still the stream's).
+func (l *requestLoop) rejoin(c *loopConn, ev uint32) bool {
+	if c.fd < 0 || unix.EpollCtl(l.ep, unix.EPOLL_CTL_ADD, c.fd, &unix.EpollEvent{Events: ev, Fd: int32(c.fd)}) != nil {
+		return false
+	}
+	l.conns.set(c.fd, c)
+	if c.up == nil {
+		l.size.Add(1)
+		c.since = l.now
+	}
+	return true
+}
+
+// streamOnGoroutine relays the rest of c's stream on a goroutine, as a
+// hijacked stream is (hijack.go): from where the stream loop handed it
+// back (res), after the head's bytes the client's socket did not take
+// (head). The client's connection and the engine's go to Go's netpoller
+// and stay on fasthttp's path; the loop forgets them, and the request's
+// context, which the stream keeps (a migration reads its headers).
+func (l *requestLoop) streamOnGoroutine(c *loopConn, u *loopConn, r *loopReq, rl *relay, res pumpResult, head []byte) {
+	s := l.s
+	pc := newPrefetchConn(newFileConn(c.fd, c.addrs.laddr, c.addrs.raddr), &s.conns)
+	c.fd, c.r, c.req = -1, nil, nil
+	closing := r.closing
+	if c.in != nil {
+		// Requests the client sent behind the stream's: fasthttp's path
+		// can't be given them, so the connection closes after the stream,
+		// as a hijacked one with its next request read does.
+		closing = true
+		bytebufferpool.Put(c.in)
+		c.in = nil
+	}
+	if u.fd >= 0 {
+		u.fd = -1 // the stream's body has the socket (or closed it)
+		u.up.loopConns.Add(-1)
+	}
+	if m := rl.x.mig; m != nil {
+		m.client = pc // its context's connection is the loop's, not one to watch
+	}
+	go func() {
+		rl.conn = pc
+		rl.watch = s.startWatch(rl.x, pc, rl)
+		var err error
+		if len(head) > 0 {
+			err = rl.writeHead(pc, head)
+		}
+		if err == nil {
+			err = rl.afterPump(pc, res)
+		}
+		if err == nil {
+			err = rl.writeChunks(pc)
+		}
+		rl.disarmWrite()
+		rl.CloseWithError(err)
+		s.streams.Add(-1)
+		if err != nil || closing {
+			pc.Close() //nolint:errcheck // the stream is over either way
+			return
+		}
+		s.serveKept(pc)
+	}()
+}
+
+// plainBody is an engine's event stream framed by its length or by its
+// connection's close (an HTTP/1.0 engine's), for the goroutine relay: the
+// bytes read with the head, then the socket's, through Go's netpoller
+// with the first-byte and idle deadlines fasthttp's reads have.
+type plainBody struct {
+	stash           []byte
+	left            int // bytes to come, the stash's included; -1: to the close
+	up              loopAddrs
+	firstByte, idle time.Duration
+	gotBody         bool
+
+	mu     sync.Mutex // orders the socket's wrapping against a close from the watch (relay.abort)
+	fd     int        // the socket until conn wraps it; -1 then, or once closed
+	conn   net.Conn
+	closed bool
+}
+
+func (p *plainBody) Read(b []byte) (int, error) {
+	if p.left == 0 {
+		return 0, io.EOF
+	}
+	if p.left > 0 && len(b) > p.left {
+		b = b[:p.left]
+	}
+	var n int
+	var err error
+	if len(p.stash) > 0 {
+		n = copy(b, p.stash)
+		p.stash = p.stash[n:]
+	} else {
+		c, cerr := p.netConn()
+		if cerr != nil {
+			return 0, cerr
+		}
+		n, err = c.Read(b)
+	}
+	if n > 0 {
+		p.gotBody = true
+		if p.left > 0 {
+			p.left -= n
+		}
+	}
+	return n, err
+}
+
+func (p *plainBody) netConn() (net.Conn, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, net.ErrClosed
+	}
+	if p.conn == nil {
+		fc := newFileConn(p.fd, p.up.laddr, p.up.raddr)
+		p.fd = -1
+		p.conn = (&deadlineConn{Conn: fc, firstByte: p.firstByte, idle: p.idle, awaiting: !p.gotBody, headEnd: 4}).withSock()
+	}
+	return p.conn, nil
+}
+
+// CloseWithError closes the engine's connection: it carries no other
+// response.
+func (p *plainBody) CloseWithError(error) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	if p.conn != nil {
+		return p.conn.Close()
+	}
+	if p.fd >= 0 {
+		unix.Close(p.fd)
+		p.fd = -1
+	}
+	return nil
+}
