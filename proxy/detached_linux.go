@@ -25,8 +25,8 @@ type detachedBody struct {
 	// clientFD is a request loop's stream's client socket, out of Go's
 	// netpoller (client nil); -1 otherwise.
 	clientFD int
-	// onBack takes the stream back from the loop, on the loop's goroutine,
-	// in place of back's receiver (give); nil: take's caller waits on back.
+	// onBack takes the stream back from a hosted loop, on its goroutine,
+	// in place of back's receiver (host); nil: take's caller waits on back.
 	onBack func(pumpResult)
 	write  func(uintptr) bool // writeFrame, for client.Write
 	frame  []byte             // what write writes (send's chunk), while it does

@@ -92,15 +92,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, lr),
 		loopIn: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "gpurouter_stream_loop_streams_total",
-			Help: "Streams relayed in the stream loop (Linux; upstream.goroutine_streams false) once their head was out. Minus the exits: the streams in it now.",
+			Help: "Streams relayed in a loop (Linux; upstream.goroutine_streams false) once their head was out: a request loop's, or a stream loop's for those served on fasthttp's path. Minus the exits: the streams in loops now.",
 		}),
 		loopOut: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpurouter_stream_loop_exits_total",
-			Help: "Streams handed back from the stream loop to a goroutine of their own, by reason: end (the engine's response ended), upstream_error (reset, broken framing), timeout (first byte or idle), slow_client (its socket took less than an event), client_gone (a write failed), aborted (the client left, shutdown or the total deadline), leaving (its replica is leaving its pool: the stream moves), stopped (the loop stopped).",
+			Help: "Streams leaving a loop, by reason: end (the engine's response ended; a request loop's stream ends there, any other on a goroutine), upstream_error (reset, broken framing), timeout (first byte or idle), slow_client (its socket took less than an event), client_gone (a write failed), aborted (the client left, shutdown or the total deadline), leaving (its replica is leaving its pool: the stream moves), stopped (the loop stopped).",
 		}, []string{"reason"}),
 		loopHandOffs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "gpurouter_request_loop_handoffs_total",
-			Help: "Client connections a request loop (upstream.request_loops) gave to the goroutine path with a request it does not serve: a stream, the router's own endpoints, HTTP/1.0, a chunked body, Expect, a request over the limits or malformed, a pool behind TLS. The connection stays there.",
+			Help: "Client connections a request loop (upstream.request_loops) gave to the goroutine path with a request it does not serve: a stream with goroutine_streams, the router's own endpoints, HTTP/1.0, a chunked body, Expect, a request over the limits or malformed, a pool behind TLS. The connection stays there.",
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.retries, m.stale, m.ttft, m.itl, m.tpot, m.e2e, m.queue, m.connect, m.promptToks, m.genToks, m.loopIn, m.loopOut, m.loopHandOffs} {

@@ -67,18 +67,32 @@ type streamPump struct {
 	yield    bool      // this round made goroutines runnable
 	loops    int       // the server's stream loops, this one included
 	holdP    bool      // wait as a raw system call (wait)
+
+	// hosted: a request loop's (reqloop_stream_linux.go), which relays
+	// its streams in its own set with these methods (host, pull, expire,
+	// release): Run never runs, and the sockets' registrations are the
+	// request loop's.
+	hosted bool
 }
 
 // registerLoopGauges publishes each loop's streams in flight, so a loop
-// that holds more than its share shows.
-func registerLoopGauges(reg prometheus.Registerer, pumps []*streamPump) error {
-	for i, p := range pumps {
-		g := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+// that holds more than its share shows: the stream loops' (loop "0", "1",
+// …) and the request loops' own (loop "request-0", …).
+func registerLoopGauges(reg prometheus.Registerer, pumps []*streamPump, reqLoops []*requestLoop) error {
+	gauge := func(loop string, p *streamPump) error {
+		return reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name:        "gpurouter_stream_loop_streams",
-			Help:        "Streams in a stream loop now, by loop (Linux; upstream.stream_loops of them).",
-			ConstLabels: prometheus.Labels{"loop": strconv.Itoa(i)},
-		}, func() float64 { return float64(p.size.Load()) })
-		if err := reg.Register(g); err != nil {
+			Help:        "Streams relayed in a loop now, by loop (Linux): a stream loop's (upstream.stream_loops; streams served on fasthttp's path), or a request loop's (request-N; upstream.request_loops, the streams whose requests it served).",
+			ConstLabels: prometheus.Labels{"loop": loop},
+		}, func() float64 { return float64(p.size.Load()) }))
+	}
+	for i, p := range pumps {
+		if err := gauge(strconv.Itoa(i), p); err != nil {
+			return err
+		}
+	}
+	for i, l := range reqLoops {
+		if err := gauge("request-"+strconv.Itoa(i), l.host); err != nil {
 			return err
 		}
 	}
@@ -283,28 +297,11 @@ func (p *streamPump) take(b *detachedBody) (pumpResult, bool) {
 	return <-b.back, true
 }
 
-// give hands b's stream to the loop without waiting for it: b.onBack
-// takes it back, on the loop's goroutine (a request loop's stream,
-// reqloop_stream_linux.go). false when the loop is not running.
-func (p *streamPump) give(b *detachedBody) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !p.running {
-		return false
-	}
-	b.mu.Lock()
-	b.inPump = true
-	b.mu.Unlock()
-	p.in.Inc()
-	p.size.Add(1)
-	p.incoming = append(p.incoming, b)
-	var one = [8]byte{1}
-	unix.Write(p.wake, one[:]) //nolint:errcheck // as poke, under the lock it takes
-	return true
-}
-
 // abort asks the loop to let b go: it was closed while in the loop.
 func (p *streamPump) abort(b *detachedBody) {
+	if p.hosted {
+		return // closed by the loop itself, which releases it next (hungUp, expire)
+	}
 	p.mu.Lock()
 	p.aborts = append(p.aborts, b)
 	p.mu.Unlock()
@@ -413,13 +410,35 @@ func (p *streamPump) expire(now time.Time) {
 	}
 }
 
+// host takes b's stream into a hosted loop (hosted): its sockets are in
+// the request loop's set already, which passes their events on.
+func (p *streamPump) host(b *detachedBody, now time.Time) {
+	p.in.Inc()
+	p.size.Add(1)
+	b.mu.Lock()
+	b.inPump = true
+	b.mu.Unlock()
+	b.pfd, b.cfd, b.in = b.fd, b.clientFD, true
+	p.streams.set(b.pfd, b)
+	if b.deadline.IsZero() {
+		b.deadline = now.Add(b.limit())
+	}
+	if len(b.stash) > 0 { // the body bytes that came with the head
+		raw := b.stash
+		b.stash = nil
+		p.deliver(b, raw, nil, now)
+	}
+}
+
 // release takes b out of the set and hands it back.
 func (p *streamPump) release(b *detachedBody, res pumpResult, why loopExit) {
-	unix.EpollCtl(p.ep, unix.EPOLL_CTL_DEL, b.pfd, nil) //nolint:errcheck // it is closed below or wrapped later either way
-	if b.cfd >= 0 {
-		unix.EpollCtl(p.ep, unix.EPOLL_CTL_DEL, b.cfd, nil) //nolint:errcheck // the goroutine's again
-		b.cfd = -1
+	if !p.hosted {
+		unix.EpollCtl(p.ep, unix.EPOLL_CTL_DEL, b.pfd, nil) //nolint:errcheck // it is closed below or wrapped later either way
+		if b.cfd >= 0 {
+			unix.EpollCtl(p.ep, unix.EPOLL_CTL_DEL, b.cfd, nil) //nolint:errcheck // the goroutine's again
+		}
 	}
+	b.cfd = -1
 	p.streams.del(b.pfd)
 	b.in = false
 	p.handBack(b, res, why)

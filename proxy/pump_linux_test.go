@@ -253,12 +253,12 @@ func TestGoroutineStreamsLeaveTheLoopOut(t *testing.T) {
 	}
 }
 
-// Several loops share the streams, new ones going to each in turn; each
-// relays its own to the end.
+// Several loops share the streams served on fasthttp's path, new ones
+// going to each in turn; each relays its own to the end.
 func TestStreamLoopsShareTheStreams(t *testing.T) {
 	up := newFakeVLLM(t)
 	up.tokens, up.gap = 30, 20*time.Millisecond
-	tr := startRouter(t, []string{up.url}, withConfig(func(c *Config) { c.StreamLoops = 3 }))
+	tr := startRouter(t, []string{up.url}, withConfig(func(c *Config) { c.StreamLoops, c.GoroutineRequests = 3, true }))
 	const streams = 6
 	results := make(chan int, streams)
 	for range streams {

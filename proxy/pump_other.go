@@ -21,7 +21,7 @@ func newStreamPump(Config, *metrics, func() time.Time) *streamPump { return &str
 func (p *streamPump) open() error { return nil }
 
 // registerLoopGauges has no loops to publish.
-func registerLoopGauges(prometheus.Registerer, []*streamPump) error { return nil }
+func registerLoopGauges(prometheus.Registerer, []*streamPump, []*requestLoop) error { return nil }
 
 // Run returns when ctx ends: there is no loop to run.
 func (p *streamPump) Run(ctx context.Context) error {

@@ -32,6 +32,7 @@ type loopConn struct {
 
 	// An engine's.
 	up      *upstream
+	stream  *detachedBody  // the stream it carries, relayed by the loop (reqloop_stream_linux.go); nil if none
 	peer    *loopConn      // the client whose request it carries; nil while idle
 	end     h1.ResponseEnd // where the response in progress ends
 	reused  bool           // it has carried a response before: an engine may have closed it meanwhile

@@ -38,9 +38,10 @@ type loopReq struct {
 	lease balancer.Lease
 	u     *loopConn // its engine connection; nil while it is dialed
 
-	strip   bool      // a stream's: drop the usage chunk the router asked for (plan)
-	closing bool      // a stream's: its head said Connection: close
-	sentAt  time.Time // the loop's clock when the request went (the stream's first-byte deadline)
+	strip   bool          // a stream's: drop the usage chunk the router asked for (plan)
+	closing bool          // a stream's: its head said Connection: close
+	sentAt  time.Time     // the loop's clock when the request went (the stream's first-byte deadline)
+	stream  *detachedBody // its stream, while the loop relays it
 
 	actx   context.Context         // an admission wait's; its cause says why it ended early
 	cancel context.CancelCauseFunc // ends an admission wait
@@ -313,6 +314,10 @@ func (l *requestLoop) reject(c *loopConn, err error) {
 // gone, or the loop stops).
 func (l *requestLoop) abort(c *loopConn, cause error) {
 	r := c.r
+	if r.phase == phaseStreaming {
+		l.abortStream(r, cause) // its relay ends it (reqloop_stream_linux.go)
+		return
+	}
 	c.r = nil
 	if r.phase == phaseAdmitting {
 		// The admission's goroutine owns the exchange: it finishes it
@@ -351,8 +356,8 @@ func (l *requestLoop) drop(r *loopReq, cause error) {
 func (l *requestLoop) scanRequest(c *loopConn, aborting bool) {
 	r, s := c.r, l.s
 	switch {
-	case r.phase == phaseAdmitting:
-		return // its goroutine's (the admission queue has its own deadline)
+	case r.phase == phaseAdmitting, r.phase == phaseStreaming:
+		return // its goroutine's (the admission queue has its own deadline); the stream relay's
 	case aborting:
 		l.end(c, fmt.Errorf("%w: drain deadline passed", ErrShuttingDown))
 	case s.exceededAt(r.x, s.now()): // the exchange's clock (Options.Now), not the loop's

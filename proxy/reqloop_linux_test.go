@@ -365,7 +365,7 @@ func TestRequestLoopSleepsWhileQuiet(t *testing.T) {
 	if st, _, b := call(t, tr.url, chatPlain); st != 200 { // serving: its Shutdown then stops it
 		t.Fatalf("status %d: %.200s", st, b)
 	}
-	l := newRequestLoop(tr.srv) // not running: its state is the test's
+	l := newRequestLoop(tr.srv, nil) // not running: its state is the test's
 	l.now = time.Unix(1000, 0)
 	l.scan()
 	if w := l.waitMillis(); w != -1 {

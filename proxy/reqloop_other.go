@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net"
 	"sync/atomic"
+	"time"
 )
 
 // haveRequestLoops: Linux only.
@@ -16,7 +17,7 @@ const haveRequestLoops = false
 // elsewhere every request is served on fasthttp's goroutines.
 type requestLoop struct{ size atomic.Int64 }
 
-func newRequestLoop(*Server) *requestLoop { return &requestLoop{} }
+func newRequestLoop(*Server, func() time.Time) *requestLoop { return &requestLoop{} }
 
 func (l *requestLoop) open() error { return errors.New("proxy: request loops need Linux") }
 

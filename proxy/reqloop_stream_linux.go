@@ -3,6 +3,7 @@
 package proxy
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -13,35 +14,38 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// A stream's request on the request loop (docs/dataplane-loop.md, "Next
-// for bound 2"). On fasthttp's path a stream cost the router about three
+// A stream on the request loop (docs/dataplane-loop.md, "Streams on the
+// request loop"). On fasthttp's path a stream cost the router about three
 // times nginx's CPU to set up and end — a goroutine that parses the
 // request again, fasthttp's client, the engine's socket taken out of Go's
 // netpoller at every stream and put back after it, a hijack goroutine —
 // a microsecond of every event of a 100-event stream. The loop takes a
 // stream's request as a whole request's, through the same steps (start,
 // place, attempt), and once the engine's head is in it writes the
-// client's head and gives both sockets, as they are, to a stream loop
-// (streamPump.give). A stream that ends cleanly comes back to the loop —
-// its last events and the last chunk written, its engine connection kept
-// for the next request, its client's next request read — without a
-// goroutine, a system call for Go's netpoller or a descriptor duplicated.
+// client's head and relays the events itself: both sockets stay in its
+// set, and the loop's own stream relay (l.host, a streamPump run by the
+// loop: host, pull, expire, release) does per event what a stream loop
+// does. A stream that ends cleanly is finished there — its last events
+// and the last chunk written, its engine connection kept for the next
+// request, its client's next request read (streamBack) — without a
+// goroutine, a system call for Go's netpoller or for an epoll set, or a
+// descriptor duplicated.
 //
-// Anything else that ends a stream's stay in the stream loop — a client
-// whose socket is full, an engine that fails (a migration may follow), a
+// Anything else that ends a stream's relay on the loop — a client whose
+// socket is full, an engine that fails (a migration may follow), a
 // timeout, a hang-up, the loop stopping — goes to a goroutine that relays
 // the rest as fasthttp's path does (streamOnGoroutine): the client's
 // connection then stays on that path, as a hijacked stream's does.
 
-// streamsOnLoop reports whether the loop takes streams' requests: when
-// streams go to stream loops at all (upstream.goroutine_streams off).
+// streamsOnLoop reports whether the loop takes streams' requests: unless
+// every stream is to run on a goroutine (upstream.goroutine_streams).
 func (l *requestLoop) streamsOnLoop() bool {
-	return !l.s.cfg.GoroutineStreams && len(l.s.pumps) > 0
+	return !l.s.cfg.GoroutineStreams
 }
 
 // streamHead takes the stream whose head has come whole on u, for c's
 // request: true when the engine answered with an event stream, which the
-// stream loop (or a goroutine) relays from now on; false leaves it to the
+// loop (or a goroutine) relays from now on; false leaves it to the
 // loop's whole answer (an error, or JSON for a stream asked).
 func (l *requestLoop) streamHead(c *loopConn, u *loopConn) bool {
 	r, s := c.r, l.s
@@ -76,11 +80,6 @@ func (l *requestLoop) streamHead(c *loopConn, u *loopConn) bool {
 		c.out = nil
 	}
 
-	// Both sockets leave the loop's set: the stream's now.
-	for _, fd := range [2]int{c.fd, u.fd} {
-		l.conns.del(fd)
-		unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, fd, nil) //nolint:errcheck // closed or given on either way
-	}
 	l.size.Add(-1) // a stream is counted in s.streams, as a hijacked one
 	s.streams.Add(1)
 	u.peer, r.u = nil, nil
@@ -93,7 +92,7 @@ func (l *requestLoop) streamHead(c *loopConn, u *loopConn) bool {
 	var b *detachedBody
 	if resp.Header.ContentLength() == -1 {
 		b = &detachedBody{
-			pump: s.pump(), stash: stash, clientFD: c.fd, cfd: -1, fd: u.fd,
+			pump: l.host, stash: stash, clientFD: c.fd, cfd: -1, fd: u.fd,
 			firstByte: s.cfg.FirstByteTimeout, idle: s.cfg.IdleTimeout,
 			laddr: u.addrs.laddr, raddr: u.addrs.raddr,
 			deadline: r.sentAt.Add(s.cfg.FirstByteTimeout), // the first byte's, running since the request went
@@ -123,27 +122,27 @@ func (l *requestLoop) streamHead(c *loopConn, u *loopConn) bool {
 		l.streamOnGoroutine(c, u, r, rl, pumpResult{}, append([]byte(nil), head[n:]...))
 		return true
 	}
-	b.onBack = func(res pumpResult) {
-		if !l.post(func() { l.streamBack(c, u, r, rl, b, res) }) {
-			l.streamOnGoroutine(c, u, r, rl, res, nil) // the loop stopped
-		}
-	}
-	if !b.pump.give(b) {
-		b.onBack = nil
-		l.streamOnGoroutine(c, u, r, rl, pumpResult{}, nil)
-	}
+	// Both sockets stay in the set, their events the stream's now
+	// (readUpstream, readClient).
+	u.stream, r.stream = b, b
+	b.onBack = func(res pumpResult) { l.streamBack(c, u, r, rl, b, res) }
+	l.host.host(b, l.now)
 	return true
 }
 
-// streamBack takes c's stream back from the stream loop (res: why it
-// left): a clean end is finished here, anything else on a goroutine.
+// streamBack takes c's stream back from the loop's stream relay (res:
+// why it stopped): a clean end is finished here, anything else on a
+// goroutine.
 func (l *requestLoop) streamBack(c *loopConn, u *loopConn, r *loopReq, rl *relay, b *detachedBody, res pumpResult) {
+	u.stream, r.stream = nil, nil
 	clean := res.readErr == io.EOF && res.clientErr == nil && !res.leaving && len(res.unsent) == 0 &&
-		rl.sawDone && !rl.eof && rl.abortErr.Load() == nil
-	if !clean || !l.rejoin(c, unix.EPOLLIN|unix.EPOLLRDHUP) {
+		rl.sawDone && !rl.eof && rl.abortErr.Load() == nil && c.fd >= 0
+	if !clean {
 		l.streamOnGoroutine(c, u, r, rl, res, nil)
 		return
 	}
+	l.size.Add(1)
+	c.since = l.now
 	rl.afterRead(io.EOF) // the end, after [DONE]: eof
 	// The last events and the last chunk in one write, as writeChunked
 	// writes them (what the socket does not take waits for EPOLLOUT).
@@ -158,15 +157,11 @@ func (l *requestLoop) streamBack(c *loopConn, u *loopConn, r *loopReq, rl *relay
 		b.closed, b.fd = true, -1
 	}
 	b.mu.Unlock()
-	if reuse && l.rejoin(u, unix.EPOLLIN|unix.EPOLLRDHUP) {
+	if reuse {
 		u.end.Reset()
 		l.putIdle(u)
 	} else {
-		if reuse {
-			unix.Close(u.fd)
-		}
-		u.fd = -1
-		u.up.loopConns.Add(-1)
+		l.unhost(u, b)
 	}
 	if err != nil {
 		err = &streamWriteError{err}
@@ -177,25 +172,65 @@ func (l *requestLoop) streamBack(c *loopConn, u *loopConn, r *loopReq, rl *relay
 	l.done(c, r, err, r.closing)
 }
 
+// abortStream ends r's stream for cause, as the client watch would: the
+// client left, or the loop stops.
+func (l *requestLoop) abortStream(r *loopReq, cause error) {
+	if b := r.stream; b != nil && b.in {
+		b.r.abort(cause)
+		l.host.release(b, pumpResult{}, exitAborted)
+	}
+}
+
+// scanStreams ends the loop's streams past a deadline (streamPump.expire:
+// first byte, idle, total), or every one once the drain's deadline has
+// passed, as their client watches would.
+func (l *requestLoop) scanStreams(aborting bool) {
+	if !aborting {
+		l.host.expire(l.now)
+		return
+	}
+	for _, b := range l.host.streams.by {
+		if b != nil {
+			b.r.abort(fmt.Errorf("%w: drain deadline passed", ErrShuttingDown))
+			l.host.release(b, pumpResult{}, exitAborted)
+		}
+	}
+}
+
+// stopStreams gives the loop's streams to goroutines as the loop stops:
+// they go on there (streamOnGoroutine).
+func (l *requestLoop) stopStreams() {
+	for _, b := range l.host.streams.by {
+		if b != nil {
+			l.host.release(b, pumpResult{}, exitStopped)
+		}
+	}
+}
+
+// unhost lets go of a stream's engine connection, which it has closed or
+// is to close, or which a goroutine reads from now on: the loop forgets it.
+func (l *requestLoop) unhost(u *loopConn, b *detachedBody) {
+	if u.fd < 0 {
+		return
+	}
+	b.mu.Lock()
+	open := b.fd == u.fd // not closed by the relay (handBack) meanwhile
+	b.mu.Unlock()
+	if open {
+		unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, u.fd, nil) //nolint:errcheck // a goroutine's, or closed, either way
+	}
+	if l.conns.get(u.fd) == u {
+		l.conns.del(u.fd)
+	}
+	u.fd = -1
+	u.up.loopConns.Add(-1)
+}
+
 // streamWriteError is a failed write of a stream's end to its client.
 type streamWriteError struct{ err error }
 
 func (e *streamWriteError) Error() string { return "write: " + e.err.Error() }
 func (e *streamWriteError) Unwrap() error { return e.err }
-
-// rejoin puts a socket of a stream back in the loop's set; false when it
-// could not (then it is still the stream's).
-func (l *requestLoop) rejoin(c *loopConn, ev uint32) bool {
-	if c.fd < 0 || unix.EpollCtl(l.ep, unix.EPOLL_CTL_ADD, c.fd, &unix.EpollEvent{Events: ev, Fd: int32(c.fd)}) != nil {
-		return false
-	}
-	l.conns.set(c.fd, c)
-	if c.up == nil {
-		l.size.Add(1)
-		c.since = l.now
-	}
-	return true
-}
 
 // streamOnGoroutine relays the rest of c's stream on a goroutine, as a
 // hijacked stream is (hijack.go): from where the stream loop handed it
@@ -205,6 +240,20 @@ func (l *requestLoop) rejoin(c *loopConn, ev uint32) bool {
 // context, which the stream keeps (a migration reads its headers).
 func (l *requestLoop) streamOnGoroutine(c *loopConn, u *loopConn, r *loopReq, rl *relay, res pumpResult, head []byte) {
 	s := l.s
+	if l.conns.get(c.fd) == c {
+		l.conns.del(c.fd)
+	}
+	unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, c.fd, nil) //nolint:errcheck // Go's netpoller's from now on
+	if b, ok := rl.body.(*detachedBody); ok {
+		l.unhost(u, b)
+	} else if u.fd >= 0 { // plainBody's: never in the set again
+		unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, u.fd, nil) //nolint:errcheck
+		if l.conns.get(u.fd) == u {
+			l.conns.del(u.fd)
+		}
+		u.fd = -1
+		u.up.loopConns.Add(-1)
+	}
 	pc := newPrefetchConn(newFileConn(c.fd, c.addrs.laddr, c.addrs.raddr), &s.conns)
 	c.fd, c.r, c.req = -1, nil, nil
 	closing := r.closing
@@ -215,10 +264,6 @@ func (l *requestLoop) streamOnGoroutine(c *loopConn, u *loopConn, r *loopReq, rl
 		closing = true
 		bytebufferpool.Put(c.in)
 		c.in = nil
-	}
-	if u.fd >= 0 {
-		u.fd = -1 // the stream's body has the socket (or closed it)
-		u.up.loopConns.Add(-1)
 	}
 	if m := rl.x.mig; m != nil {
 		m.client = pc // its context's connection is the loop's, not one to watch

@@ -152,6 +152,10 @@ func (l *requestLoop) dialed(c *loopConn, r *loopReq, gen uint64, u *loopConn, e
 // readUpstream reads an engine's answer; once whole, it is judged and
 // relayed (answer).
 func (l *requestLoop) readUpstream(u *loopConn) {
+	if b := u.stream; b != nil {
+		l.host.pull(b, l.now) // a stream's event (reqloop_stream_linux.go)
+		return
+	}
 	n, err := rawRead(u.fd, l.buf)
 	if err == unix.EAGAIN || err == unix.EINTR {
 		return

@@ -190,9 +190,9 @@ func New(o Options) (*Server, error) {
 		s.pumps = append(s.pumps, newStreamPump(s.cfg, s.m, o.Now))
 	}
 	for i := 0; haveRequestLoops && !s.cfg.GoroutineRequests && i < s.cfg.RequestLoops; i++ {
-		s.reqLoops = append(s.reqLoops, newRequestLoop(s))
+		s.reqLoops = append(s.reqLoops, newRequestLoop(s, o.Now))
 	}
-	if err := registerLoopGauges(reg, s.pumps); err != nil {
+	if err := registerLoopGauges(reg, s.pumps, s.reqLoops); err != nil {
 		return nil, fmt.Errorf("proxy: metrics: %w", err)
 	}
 	if err := s.SetRoutes(o.Routes); err != nil {
