@@ -64,8 +64,9 @@ type Config struct {
 	// fasthttp's body, instead of in the stream loop (pump_linux.go; Linux
 	// only), which costs less CPU per event [false].
 	GoroutineStreams bool
-	// StreamLoops is how many stream loops share the streams, each on a
-	// thread of its own (new streams go to each in turn): at
+	// StreamLoops is how many stream loops share the streams served on
+	// fasthttp's path (a request loop relays its own), each on a thread
+	// of its own (new streams go to each in turn): at
 	// ~10 µs of CPU an event (`gpurouter bench proxy-cost`) one loop's core
 	// relays about 100k events a second, so a large router needs several
 	// [0: one per four of GOMAXPROCS, at least one].
@@ -73,10 +74,11 @@ type Config struct {
 	// GoroutineRequests serves every request on fasthttp's goroutine per
 	// connection, without request loops [false].
 	GoroutineRequests bool
-	// RequestLoops is how many request loops serve whole (non-streamed)
-	// API requests, each on a thread of its own, instead of fasthttp's
-	// goroutine per connection (reqloop_linux.go; Linux only): about a
-	// quarter less CPU a request (`gpurouter bench proxy-cost`).
+	// RequestLoops is how many request loops serve API requests, each on
+	// a thread of its own, instead of fasthttp's goroutine per connection
+	// (reqloop_linux.go; Linux only): about a quarter less CPU a request
+	// (`gpurouter bench proxy-cost`); a loop relays its streams' events
+	// too, unless GoroutineStreams (reqloop_stream_linux.go).
 	// Connections go to each loop in turn; a request a loop does not serve
 	// goes to fasthttp's path with its connection. One loop serves about
 	// 30k requests a second on a core [0: one per two of GOMAXPROCS, at

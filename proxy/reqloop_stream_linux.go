@@ -78,6 +78,7 @@ func (l *requestLoop) streamHead(c *loopConn, u *loopConn) bool {
 		// for the socket: it goes first.
 		head = append(c.out, head...)
 		c.out = nil
+		l.rewatch(c, unix.EPOLLIN|unix.EPOLLRDHUP) // no longer waiting to write
 	}
 
 	l.size.Add(-1) // a stream is counted in s.streams, as a hijacked one

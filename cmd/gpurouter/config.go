@@ -117,7 +117,7 @@ type upstreamConfig struct {
 	GoroutineStreams   bool          `yaml:"goroutine_streams"`     // relay each stream on its own goroutine, not in the stream loop; default false
 	StreamLoops        int           `yaml:"stream_loops"`          // stream loops sharing the streams; default 0: one per four of GOMAXPROCS, at least one
 	GoroutineRequests  bool          `yaml:"goroutine_requests"`    // serve every request on fasthttp's goroutines, without request loops; default false
-	RequestLoops       int           `yaml:"request_loops"`         // request loops serving whole requests (Linux); default 0: one per two of GOMAXPROCS, at least one
+	RequestLoops       int           `yaml:"request_loops"`         // request loops serving API requests and relaying their streams (Linux); default 0: one per two of GOMAXPROCS, at least one
 }
 
 type healthConfig struct {

@@ -48,7 +48,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		return nil
 	})
 	requestLoops := -1 // not given: the file's upstream.request_loops and goroutine_requests
-	fs.Func("request-loops", "N: request loops serving whole (non-streamed) requests, Linux; 0 serves every request on fasthttp's goroutines (upstream.goroutine_requests); overrides the file (default: one per two of GOMAXPROCS)", func(v string) error {
+	fs.Func("request-loops", "N: request loops serving API requests, streams' events included, Linux; 0 serves every request on fasthttp's goroutines (upstream.goroutine_requests); overrides the file (default: one per two of GOMAXPROCS)", func(v string) error {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {
 			return fmt.Errorf("want a whole number >= 0, got %q", v)
