@@ -23,7 +23,7 @@ type detachedBody struct {
 	stash  []byte          // body bytes read with the head, not yet decoded
 	client syscall.RawConn // the client's socket, written by the loop; nil for a request loop's stream (clientFD)
 	// clientFD is a request loop's stream's client socket, out of Go's
-	// netpoller (client nil); -1 otherwise.
+	// netpoller, in the request loop's set (client nil; host); -1 otherwise.
 	clientFD int
 	// onBack takes the stream back from a hosted loop, on its goroutine,
 	// in place of back's receiver (host); nil: take's caller waits on back.

@@ -65,7 +65,7 @@ type streamPump struct {
 	lastScan time.Time
 	at       time.Time // the exchanges' clock at this wake-up: every event's timings
 	yield    bool      // this round made goroutines runnable
-	loops    int       // the server's stream loops, this one included
+	loops    int       // the server's loops that keep a P while they relay streams: its stream loops, this one included, and its request loops
 	holdP    bool      // wait as a raw system call (wait)
 
 	// hosted: a request loop's (reqloop_stream_linux.go), which relays
@@ -326,13 +326,7 @@ func (p *streamPump) admit(now time.Time) {
 		}
 		b.in = true
 		p.streams.set(b.pfd, b)
-		if !p.watchClient(b) && b.client == nil {
-			// A request loop's stream is written through its client's
-			// descriptor, which the loop could not watch: its goroutine
-			// relays it instead.
-			p.release(b, pumpResult{}, exitStopped)
-			continue
-		}
+		p.watchClient(b)
 		if b.deadline.IsZero() {
 			b.deadline = now.Add(b.limit())
 		}
@@ -360,25 +354,19 @@ const clientTag = 1
 // client watch's periodic checks (watch.go), which are paused meanwhile:
 // per stream, a check a DisconnectCheck was a timer firing and a system
 // call, for every waiting stream.
-func (p *streamPump) watchClient(b *detachedBody) bool {
-	cfd := b.clientFD
-	if b.client != nil {
-		if err := b.client.Control(func(fd uintptr) { cfd = int(fd) }); err != nil {
-			cfd = -1
-		}
-	}
-	if cfd < 0 {
-		return false
+func (p *streamPump) watchClient(b *detachedBody) {
+	cfd := -1
+	if err := b.client.Control(func(fd uintptr) { cfd = int(fd) }); err != nil || cfd < 0 {
+		return
 	}
 	ev := unix.EpollEvent{Events: unix.EPOLLRDHUP, Fd: int32(b.pfd), Pad: clientTag}
 	if unix.EpollCtl(p.ep, unix.EPOLL_CTL_ADD, cfd, &ev) != nil {
-		return false // the watch goes on checking
+		return // the watch goes on checking
 	}
 	b.cfd = cfd
 	if w := b.r.watch; w != nil {
 		w.pause()
 	}
-	return true
 }
 
 // hungUp ends b's stream as the client watch would have: its client has

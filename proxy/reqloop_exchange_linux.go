@@ -55,7 +55,7 @@ const (
 	phaseRetrying                        // pausing before the next attempt, on a goroutine (pause)
 	phaseConnecting                      // a new engine connection is being dialed
 	phaseAwaiting                        // sent: the engine's answer is coming
-	phaseStreaming                       // its stream is relayed, out of the loop (reqloop_stream_linux.go)
+	phaseStreaming                       // its stream is relayed by the loop (reqloop_stream_linux.go)
 )
 
 // newReq readies c's request struct for its next request: one struct a

@@ -36,9 +36,9 @@ import (
 // any side effect — the connection, with the bytes read so far, goes to
 // fasthttp's server (handOff): streams under upstream.goroutine_streams,
 // the router's own endpoints, HTTP/1.0, chunked request bodies, Expect,
-// bodies or heads over the limits, malformed requests, engines behind TLS. What would block
-// goes to a goroutine that posts its result back (post): an admission
-// wait, a new engine connection.
+// bodies or heads over the limits, malformed requests, engines behind
+// TLS. What would block goes to a goroutine that posts its result back
+// (post): an admission wait, a new engine connection, a retry's pause.
 
 // haveRequestLoops tells New that request loops run here.
 const haveRequestLoops = true

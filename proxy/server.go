@@ -192,6 +192,11 @@ func New(o Options) (*Server, error) {
 	for i := 0; haveRequestLoops && !s.cfg.GoroutineRequests && i < s.cfg.RequestLoops; i++ {
 		s.reqLoops = append(s.reqLoops, newRequestLoop(s, o.Now))
 	}
+	for _, p := range s.pumps {
+		// A request loop relaying streams keeps its P too: a stream loop
+		// keeps one only while the two kinds together leave a P free.
+		p.loops += len(s.reqLoops)
+	}
 	if err := registerLoopGauges(reg, s.pumps, s.reqLoops); err != nil {
 		return nil, fmt.Errorf("proxy: metrics: %w", err)
 	}
