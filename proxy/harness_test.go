@@ -161,7 +161,14 @@ func sseEvents(t *testing.T, r io.Reader) []string {
 // goroutine after the response, like the finish of a stream.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	waitWithin(t, 5*time.Second, what, cond)
+}
+
+// waitWithin is waitFor with its own bound, for a wait that does a lot of
+// work under the race detector on a loaded box.
+func waitWithin(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
