@@ -165,13 +165,18 @@ func (b *detachedBody) netConn() (net.Conn, error) {
 		return nil, net.ErrClosed
 	}
 	if b.conn == nil {
-		fc := newFileConn(b.fd, b.laddr, b.raddr) // back in the netpoller
+		b.conn = upstreamConn(b.fd, b.laddr, b.raddr, b.firstByte, b.idle, b.r != nil && b.r.gotBody)
 		b.fd = -1
-		gotBody := b.r != nil && b.r.gotBody
-		b.conn = (&deadlineConn{Conn: fc, firstByte: b.firstByte, idle: b.idle, awaiting: !gotBody, headEnd: 4}).withSock()
 		b.raw = make([]byte, relayBufSize)
 	}
 	return b.conn, nil
+}
+
+// upstreamConn is a stream's engine socket fd back in Go's netpoller
+// (fileConn), with the first-byte and idle deadlines fasthttp's reads
+// have (deadlineConn); gotBody: a byte of the body has come (idle's).
+func upstreamConn(fd int, laddr, raddr net.Addr, firstByte, idle time.Duration, gotBody bool) *deadlineConn {
+	return (&deadlineConn{Conn: newFileConn(fd, laddr, raddr), firstByte: firstByte, idle: idle, awaiting: !gotBody, headEnd: 4}).withSock()
 }
 
 // CloseWithError closes the stream's socket, which aborts the engine's

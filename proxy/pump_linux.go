@@ -327,14 +327,7 @@ func (p *streamPump) admit(now time.Time) {
 		b.in = true
 		p.streams.set(b.pfd, b)
 		p.watchClient(b)
-		if b.deadline.IsZero() {
-			b.deadline = now.Add(b.limit())
-		}
-		if len(b.stash) > 0 { // the body bytes that came with the head
-			raw := b.stash
-			b.stash = nil
-			p.deliver(b, raw, nil, now)
-		}
+		p.begin(b, now)
 	}
 	for _, b := range ab {
 		if b.in { // else handed back already, for another reason
@@ -408,10 +401,16 @@ func (p *streamPump) host(b *detachedBody, now time.Time) {
 	b.mu.Unlock()
 	b.pfd, b.cfd, b.in = b.fd, b.clientFD, true
 	p.streams.set(b.pfd, b)
+	p.begin(b, now)
+}
+
+// begin starts b's relay in the loop: its read deadline, unless one runs
+// already, and the body bytes that came with the head.
+func (p *streamPump) begin(b *detachedBody, now time.Time) {
 	if b.deadline.IsZero() {
 		b.deadline = now.Add(b.limit())
 	}
-	if len(b.stash) > 0 { // the body bytes that came with the head
+	if len(b.stash) > 0 {
 		raw := b.stash
 		b.stash = nil
 		p.deliver(b, raw, nil, now)

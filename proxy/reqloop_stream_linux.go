@@ -338,6 +338,8 @@ func (p *plainBody) Read(b []byte) (int, error) {
 	return n, err
 }
 
+// netConn wraps the socket for Go's netpoller, once (upstreamConn);
+// net.ErrClosed once the relay has closed the body.
 func (p *plainBody) netConn() (net.Conn, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -345,9 +347,8 @@ func (p *plainBody) netConn() (net.Conn, error) {
 		return nil, net.ErrClosed
 	}
 	if p.conn == nil {
-		fc := newFileConn(p.fd, p.up.laddr, p.up.raddr)
+		p.conn = upstreamConn(p.fd, p.up.laddr, p.up.raddr, p.firstByte, p.idle, p.gotBody)
 		p.fd = -1
-		p.conn = (&deadlineConn{Conn: fc, firstByte: p.firstByte, idle: p.idle, awaiting: !p.gotBody, headEnd: 4}).withSock()
 	}
 	return p.conn, nil
 }
