@@ -172,6 +172,14 @@ func (b *detachedBody) netConn() (net.Conn, error) {
 	return b.conn, nil
 }
 
+// owns reports whether b's socket is still open as descriptor fd: not
+// closed by the loop (handBack), nor wrapped for the netpoller.
+func (b *detachedBody) owns(fd int) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return fd >= 0 && b.fd == fd
+}
+
 // upstreamConn is a stream's engine socket fd back in Go's netpoller
 // (fileConn), with the first-byte and idle deadlines fasthttp's reads
 // have (deadlineConn); gotBody: a byte of the body has come (idle's).

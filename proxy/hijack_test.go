@@ -93,7 +93,7 @@ func TestStreamConnectionServesTheNextRequests(t *testing.T) {
 // hijacked reader held the next request, which fasthttp cannot be handed
 // back); on a request loop's, which holds the bytes itself, the next
 // answer.
-func TestStreamWithAPipelinedRequestClosesAfterIt(t *testing.T) {
+func TestStreamWithAPipelinedRequestBehindIt(t *testing.T) {
 	up := newFakeVLLM(t)
 	up.prefill = 50 * time.Millisecond
 	for _, goroutines := range []bool{false, true} {

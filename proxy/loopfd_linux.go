@@ -2,7 +2,11 @@
 
 package proxy
 
-import "golang.org/x/sys/unix"
+import (
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
 
 // openEpollWake opens a loop's epoll set with an eventfd in it, which
 // wakes the loop from other goroutines.
@@ -52,4 +56,16 @@ func (t *fdTable[T]) del(fd int) {
 		t.by[fd] = nil
 		t.n--
 	}
+}
+
+// rawEpollWait is epoll_wait(2) on ep for at most ms milliseconds as a raw
+// system call: the runtime is not told the thread blocks, so the calling
+// loop keeps its P (streamPump.wait and requestLoop.wait say when that
+// pays). A signal — a preemption, a stop-the-world — ends it with EINTR.
+func rawEpollWait(ep int, events []unix.EpollEvent, ms int) (int, error) {
+	r, _, e := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(ep), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), uintptr(ms), 0, 0)
+	if e != 0 {
+		return 0, e
+	}
+	return int(r), nil
 }

@@ -12,7 +12,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
@@ -236,11 +235,7 @@ func (p *streamPump) wait() (int, error) {
 	if !p.holdP {
 		return unix.EpollWait(p.ep, p.events, int(pumpScan/time.Millisecond))
 	}
-	r, _, e := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(p.ep), uintptr(unsafe.Pointer(&p.events[0])), uintptr(len(p.events)), uintptr(pumpScan/time.Millisecond), 0, 0)
-	if e != 0 {
-		return 0, e
-	}
-	return int(r), nil
+	return rawEpollWait(p.ep, p.events, int(pumpScan/time.Millisecond))
 }
 
 // stop ends the loop: every stream goes back to its goroutine as it is.

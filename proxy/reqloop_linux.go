@@ -12,7 +12,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/valyala/fasthttp"
 	"golang.org/x/sys/unix"
@@ -278,11 +277,7 @@ func (l *requestLoop) wait() (int, error) {
 	if l.host.streams.n == 0 || !l.holdP {
 		return unix.EpollWait(l.ep, l.events, l.waitMillis())
 	}
-	r, _, e := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(l.ep), uintptr(unsafe.Pointer(&l.events[0])), uintptr(len(l.events)), uintptr(l.waitMillis()), 0, 0)
-	if e != 0 {
-		return 0, e
-	}
-	return int(r), nil
+	return rawEpollWait(l.ep, l.events, l.waitMillis())
 }
 
 // admit takes the connections queued and the results posted since the

@@ -162,7 +162,7 @@ func (l *requestLoop) streamBack(c *loopConn, u *loopConn, r *loopReq, rl *relay
 		u.end.Reset()
 		l.putIdle(u)
 	} else {
-		l.unhost(u, b)
+		l.unhost(u, b.owns(u.fd))
 	}
 	if err != nil {
 		err = &streamWriteError{err}
@@ -208,15 +208,14 @@ func (l *requestLoop) stopStreams() {
 	}
 }
 
-// unhost lets go of a stream's engine connection, which it has closed or
-// is to close, or which a goroutine reads from now on: the loop forgets it.
-func (l *requestLoop) unhost(u *loopConn, b *detachedBody) {
+// unhost lets go of a stream's engine connection, which its body is to
+// close, or reads on a goroutine from now on: the loop forgets it. open:
+// the socket is still open (its descriptor still u's), so it leaves the
+// set; else the body closed it already (handBack).
+func (l *requestLoop) unhost(u *loopConn, open bool) {
 	if u.fd < 0 {
 		return
 	}
-	b.mu.Lock()
-	open := b.fd == u.fd // not closed by the relay (handBack) meanwhile
-	b.mu.Unlock()
 	if open {
 		unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, u.fd, nil) //nolint:errcheck // a goroutine's, or closed, either way
 	}
@@ -245,16 +244,11 @@ func (l *requestLoop) streamOnGoroutine(c *loopConn, u *loopConn, r *loopReq, rl
 		l.conns.del(c.fd)
 	}
 	unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, c.fd, nil) //nolint:errcheck // Go's netpoller's from now on
+	open := true                                       // a plainBody's socket is closed by its reader only
 	if b, ok := rl.body.(*detachedBody); ok {
-		l.unhost(u, b)
-	} else if u.fd >= 0 { // plainBody's: never in the set again
-		unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, u.fd, nil) //nolint:errcheck
-		if l.conns.get(u.fd) == u {
-			l.conns.del(u.fd)
-		}
-		u.fd = -1
-		u.up.loopConns.Add(-1)
+		open = b.owns(u.fd)
 	}
+	l.unhost(u, open)
 	pc := newPrefetchConn(newFileConn(c.fd, c.addrs.laddr, c.addrs.raddr), &s.conns)
 	c.fd, c.r, c.req = -1, nil, nil
 	closing := r.closing
