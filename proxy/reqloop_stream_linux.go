@@ -244,7 +244,8 @@ func (l *requestLoop) streamOnGoroutine(c *loopConn, u *loopConn, r *loopReq, rl
 		l.conns.del(c.fd)
 	}
 	unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, c.fd, nil) //nolint:errcheck // Go's netpoller's from now on
-	open := true                                       // a plainBody's socket is closed by its reader only
+	// A plainBody's socket is closed by its reader only.
+	open := true
 	if b, ok := rl.body.(*detachedBody); ok {
 		open = b.owns(u.fd)
 	}
