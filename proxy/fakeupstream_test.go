@@ -32,6 +32,12 @@ type fakeVLLM struct {
 	// advertising keep-alive (Keep-Alive: timeout=5, max=100, no
 	// Connection: close), as llama.cpp's llama-server does.
 	closeAfter atomic.Bool
+	// closeDelay: closeAfter waits this long first, the connection's
+	// goroutine blocked meanwhile, so a client that reuses the connection
+	// at once writes a request the engine never reads. Which comes first,
+	// the engine's FIN or the client's next request, is otherwise a race
+	// a fast client wins only now and then.
+	closeDelay time.Duration
 	tokens     int           // tokens per response [5]
 	prefill    time.Duration // wait before the first token (honours cancellation)
 	gap        time.Duration // wait between tokens
@@ -73,6 +79,7 @@ func newFakeVLLM(t *testing.T) *fakeVLLM {
 		// StateIdle: the response is complete and the server would wait
 		// for the next request on this connection.
 		if st == http.StateIdle && f.closeAfter.Load() {
+			time.Sleep(f.closeDelay)
 			c.Close()
 		}
 	}}

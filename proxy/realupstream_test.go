@@ -36,6 +36,10 @@ func call(t *testing.T, url, body string) (int, bool, string) {
 func TestConnectionClosedAfterEveryResponseIsResent(t *testing.T) {
 	up := newFakeVLLM(t)
 	up.closeAfter.Store(true)
+	// The engine's close lags its answer by 2 ms, so the router meets
+	// connections closed under a request it has written, and must resend
+	// it, as it would meet them now and then without the lag.
+	up.closeDelay = 2 * time.Millisecond
 	// One failure would open the breaker of the only replica: every
 	// request after it would fail. So all succeeding proves none counted.
 	tr := startRouter(t, []string{up.url}, withBreaker(1))
