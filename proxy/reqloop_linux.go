@@ -181,12 +181,18 @@ const reqLoopScan = 100 * time.Millisecond
 
 // Run runs the loop until ctx ends, then closes every connection in it:
 // requests in progress end with ErrShuttingDown.
+//
+// Its goroutine is not locked to its thread. A busy loop runs without
+// ever rescheduling (its waits are short, or raw: wait), so the runtime's
+// monitor preempts it every 10–20 ms; a locked goroutine's preemption
+// parks its thread and hands the P to another one and back, about three
+// futex calls more each time. Unlocked, it is only requeued: half the
+// futex calls at c=1 and under 64 streams (412–500 against 765–1,062 a
+// run in four interleaved pairs).
 func (l *requestLoop) Run(ctx context.Context) error {
 	if err := l.open(); err != nil {
 		return err
 	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
 	l.events = make([]unix.EpollEvent, 256)
 	l.buf = make([]byte, 64<<10)
 	l.br = bufio.NewReaderSize(&l.rd, max(l.s.cfg.MaxHeaderBytes, l.s.cfg.MaxUpstreamHeader, 4096))
