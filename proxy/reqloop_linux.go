@@ -272,15 +272,23 @@ func (l *requestLoop) waitMillis() int {
 	return max(int(max(reqLoopScan, l.quietUntil.Sub(l.now)+time.Millisecond)/time.Millisecond), 1)
 }
 
-// wait waits for the set's next events (waitMillis). While the loop
-// relays streams it waits as a raw system call, keeping its P, as a stream
-// loop does and for the same reason (streamPump.wait): told the thread
-// blocks, the runtime hands the P over after 20 µs and takes it back when
-// the wait returns, a round of thread wake-ups per event; measured on the
-// harness's 64 streams, a sixth more CPU an event. Unless the request
-// loops would hold every P (holdP): a one-core router.
+// wait waits for the set's next events (waitMillis). While the loop is
+// busy (not quiet) or relays streams it waits as a raw system call,
+// keeping its P, as a stream loop does and for the same reason
+// (streamPump.wait): told the thread blocks, the runtime hands the P over
+// after 20 µs when other work wants it and takes it back when the wait
+// returns, a round of thread wake-ups per event — measured on the
+// harness's 64 streams, a sixth more CPU an event. And a wait entered
+// that way wakes the runtime's monitor (sysmon) when it sleeps, which
+// then polls every 20 µs for a millisecond and more: at c=1, where every
+// request waits once for its engine, 1,600 wake-ups a second (4,758 in
+// 3 s; 297 waiting raw), and a median 8% more CPU per request (10
+// interleaved pairs, every one lower raw; 2026-11-27). A quiet loop
+// waits as any system call does: it may sleep for minutes, and its P
+// serves the rest of the router meanwhile. Unless the request loops
+// would hold every P (holdP): a one-core router.
 func (l *requestLoop) wait() (int, error) {
-	if l.host.streams.n == 0 || !l.holdP {
+	if !l.holdP || (l.quiet && l.host.streams.n == 0) {
 		return unix.EpollWait(l.ep, l.events, l.waitMillis())
 	}
 	return rawEpollWait(l.ep, l.events, l.waitMillis())
