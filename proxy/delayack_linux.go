@@ -28,7 +28,12 @@ import (
 // are relayed: the kernel still acknowledges at once what exceeds a
 // segment, and within its delayed-ACK timeout (40 ms) what does not; a
 // timeout that fires leaves the mode, and the kernel's own rules apply
-// from then on, as on any connection.
+// from then on, as on any connection. An engine that leaves Nagle's
+// algorithm on (no TCP_NODELAY) holds its second small event until the
+// first is acknowledged, so in this mode a stream may wait once for that
+// timeout before the kernel leaves it — as it already did at the start of
+// every stream on a reused connection, which the kernel puts in this mode
+// by itself; vLLM and SGLang (uvicorn) set TCP_NODELAY.
 
 // delayAcks puts c's socket in delayed-ACK mode. Best effort: a
 // connection that is not a socket, or a socket that refuses, keeps the
