@@ -102,7 +102,6 @@ func (l *requestLoop) dial(c *loopConn) {
 		fd := -1
 		if err == nil {
 			connect.Observe(time.Since(start).Seconds())
-			delayAcks(nc)
 			var ok bool
 			if fd, ok = dupSocket(nc); !ok {
 				err = &net.OpError{Op: "dial", Net: "tcp", Err: errNoLoopConn}

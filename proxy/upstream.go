@@ -85,7 +85,6 @@ func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, m *metrics, 
 				return nil, err
 			}
 			connect.Observe(time.Since(start).Seconds())
-			delayAcks(c)
 			return (&deadlineConn{Conn: c, firstByte: cfg.FirstByteTimeout, idle: cfg.IdleTimeout, pending: &u.pending}).withSock(), nil
 		},
 	}
