@@ -40,8 +40,8 @@ func (inc *incarnation) handle(ctx *fasthttp.RequestCtx) {
 		dropConn(ctx)
 		return
 	}
-	if r.faults.Load().CloseAfterResponse {
-		closeAfterResponse(ctx)
+	if f := r.faults.Load(); f.CloseAfterResponse {
+		closeAfterResponse(ctx, secondsDur(f.CloseLagSeconds))
 	}
 	if id := ctx.Request.Header.Peek("X-Request-Id"); len(id) > 0 {
 		ctx.Response.Header.SetBytesV("x-request-id", id)

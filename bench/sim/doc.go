@@ -59,8 +59,10 @@
 //   - close_after_response (--close-after-response): llama.cpp's
 //     llama-server, which sends "Keep-Alive: timeout=5, max=100" and no
 //     "Connection: close", then closes the connection after every response,
-//     streamed or not. keepalive_timeout_seconds (--timeout-keep-alive, 5 by
-//     default, as uvicorn's) closes idle keep-alive connections.
+//     streamed or not; close_lag_seconds (--close-lag) holds each one open,
+//     unread, that long first, as a FIN crossing a network arrives late.
+//     keepalive_timeout_seconds (--timeout-keep-alive, 5 by default, as
+//     uvicorn's) closes idle keep-alive connections.
 //   - max_waiting_queue_length (--max-waiting-queue-length, as vLLM's): a
 //     request reaching the engine while N wait is refused with 429,
 //     Retry-After (retry_after_seconds, --retry-after) and vLLM's error

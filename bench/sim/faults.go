@@ -66,6 +66,15 @@ type Faults struct {
 	// the server closes the connection (FIN) once the response is written.
 	// A client that reuses the pooled connection finds it closed.
 	CloseAfterResponse bool `json:"close_after_response,omitempty"`
+	// CloseLagSeconds delays that close by this long after the response's
+	// last byte, the connection held open and unread meanwhile: across a
+	// network the engine's FIN reaches the router a round trip or more
+	// after the response, and a request the router sends in that window
+	// meets a connection that will not answer it (reset at the close, as
+	// a socket closed with unread bytes is). On loopback a router that
+	// polls quickly sees the FIN before it reuses the connection; this
+	// makes it meet the window. 0 = at once.
+	CloseLagSeconds float64 `json:"close_lag_seconds,omitempty"`
 	// KeepAliveTimeoutSeconds is how long an idle keep-alive connection
 	// stays open before the server closes it (FIN), as uvicorn's
 	// --timeout-keep-alive, which vLLM's API server runs with.
@@ -108,7 +117,8 @@ func (f Faults) validate() error {
 		errs = append(errs, fmt.Errorf("health %q: want \"\", \"ok\" or \"fail\"", f.Health))
 	}
 	if f.StaleMetricsSeconds < 0 || f.SlowStartSeconds < 0 || f.SlowStartFactor < 0 || f.Speed < 0 || f.CrashSeconds < 0 ||
-		f.CrashEverySeconds < 0 || f.CrashDownSeconds < 0 || f.KeepAliveTimeoutSeconds < 0 || f.MaxWaitingQueueLength < 0 {
+		f.CrashEverySeconds < 0 || f.CrashDownSeconds < 0 || f.KeepAliveTimeoutSeconds < 0 || f.MaxWaitingQueueLength < 0 ||
+		f.CloseLagSeconds < 0 {
 		errs = append(errs, errors.New("durations, factors, speed and lengths must be >= 0"))
 	}
 	if f.RetryAfterSeconds < -1 {

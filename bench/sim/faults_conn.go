@@ -26,7 +26,9 @@ func (f Faults) keepAliveTimeout() time.Duration {
 // response (a stream to its end) and only then hands over the connection,
 // which it closes when the hijack handler returns. A handler that drops the
 // connection instead (dropConn) overrides this.
-func closeAfterResponse(ctx *fasthttp.RequestCtx) {
+// lag (Faults.CloseLagSeconds) holds the connection open, unread, that
+// long first.
+func closeAfterResponse(ctx *fasthttp.RequestCtx, lag time.Duration) {
 	ctx.Response.Header.Set("keep-alive", "timeout=5, max=100")
-	ctx.Hijack(func(net.Conn) {})
+	ctx.Hijack(func(net.Conn) { time.Sleep(lag) })
 }

@@ -122,6 +122,35 @@ func TestFaultCloseAfterResponse(t *testing.T) {
 	})
 }
 
+// With a lag the connection stays open, unread, after the response: a
+// request sent in that window is never answered, and the close that ends
+// the window reaches its sender as an end or a reset.
+func TestFaultCloseLag(t *testing.T) {
+	f := fastFleet(t, 1)
+	u := f.URLs()[0]
+	setFaults(t, u, `{"close_after_response":true,"close_lag_seconds":0.4}`)
+	k := dialKeepAlive(t, u)
+	if resp, body := k.do(t, "POST", "/v1/chat/completions", smallChat); resp.StatusCode != 200 {
+		t.Fatalf("status %d %s", resp.StatusCode, body)
+	}
+	start := time.Now()
+	if err := k.readAfterResponse(100 * time.Millisecond); !isTimeout(err) {
+		t.Fatalf("within the lag the connection gave %v, want it open (a read timeout)", err)
+	}
+	req := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		k.addr, len(smallChat), smallChat)
+	if _, err := io.WriteString(k.conn, req); err != nil {
+		t.Fatalf("a write within the lag failed: %v", err)
+	}
+	err := k.readAfterResponse(5 * time.Second)
+	if err == nil || isTimeout(err) {
+		t.Fatalf("the request sent within the lag got %v, want the connection closed under it", err)
+	}
+	if waited := time.Since(start); waited < 300*time.Millisecond {
+		t.Errorf("closed %v after the response, want about the 400 ms lag", waited)
+	}
+}
+
 func TestFaultKeepAliveTimeout(t *testing.T) {
 	f := fastFleet(t, 1)
 	u := f.URLs()[0]

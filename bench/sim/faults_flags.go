@@ -12,6 +12,7 @@ import (
 type FaultFlags struct {
 	fs          *flag.FlagSet
 	closeAfter  *bool
+	closeLag    *time.Duration
 	keepAlive   *float64
 	maxWaiting  *int
 	rateLimited *bool
@@ -27,6 +28,8 @@ func RegisterFaultFlags(fs *flag.FlagSet) *FaultFlags {
 		fs: fs,
 		closeAfter: fs.Bool("close-after-response", false,
 			"close the connection after every response while advertising keep-alive (Keep-Alive: timeout=5, max=100, no Connection: close), as llama.cpp's llama-server does (fault close_after_response)"),
+		closeLag: fs.Duration("close-lag", 0,
+			"with --close-after-response: hold the connection open, unread, this long after the response before closing it, as an engine's FIN reaches a router across a network a round trip late (fault close_lag_seconds)"),
 		keepAlive: fs.Float64("timeout-keep-alive", defaultKeepAliveTimeout.Seconds(),
 			"seconds an idle keep-alive connection stays open before the server closes it, as uvicorn's --timeout-keep-alive (fault keepalive_timeout_seconds)"),
 		maxWaiting: fs.Int("max-waiting-queue-length", 0,
@@ -48,6 +51,8 @@ func (ff *FaultFlags) Apply(f *Faults) {
 		switch fl.Name {
 		case "close-after-response":
 			f.CloseAfterResponse = *ff.closeAfter
+		case "close-lag":
+			f.CloseLagSeconds = ff.closeLag.Seconds()
 		case "timeout-keep-alive":
 			f.KeepAliveTimeoutSeconds = *ff.keepAlive
 		case "max-waiting-queue-length":

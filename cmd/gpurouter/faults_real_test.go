@@ -17,7 +17,11 @@ import (
 )
 
 func TestFaultUpstreamClosesAfterEveryResponse(t *testing.T) {
-	fleet := startSimFleet(t, 2, []sim.Faults{{CloseAfterResponse: true}, {CloseAfterResponse: true}})
+	// Each close lags its answer by 2 ms, as a FIN across a network does:
+	// on loopback a router that polls quickly sees an immediate close
+	// before it reuses the connection, and would never meet a stale one.
+	closing := sim.Faults{CloseAfterResponse: true, CloseLagSeconds: 0.002}
+	fleet := startSimFleet(t, 2, []sim.Faults{closing, closing})
 	cfg := faultConfig(fleet.URLs(), "least_loaded")
 	cfg.Breaker = breakerConfig{ConsecutiveFailures: 1, OpenTimeout: time.Minute} // one failure would show
 	tr := startTestRouter(t, cfg, nil)

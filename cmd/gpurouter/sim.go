@@ -63,7 +63,7 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "       gpurouter sim profiles             list built-in profiles")
 		fmt.Fprintln(stderr, "       gpurouter sim predict [flags]      one replica, virtual time: what a workload would measure")
 		fmt.Fprintln(stderr, "\nEach replica serves vLLM's API, /metrics, /health, /v1/gpus and GET|POST /sim/faults.")
-		fmt.Fprintln(stderr, "Fault flags (--close-after-response, --timeout-keep-alive, --max-waiting-queue-length, --rate-limited,")
+		fmt.Fprintln(stderr, "Fault flags (--close-after-response, --close-lag, --timeout-keep-alive, --max-waiting-queue-length, --rate-limited,")
 		fmt.Fprintln(stderr, "--retry-after, --crash-every, --crash-down) set fields of the initial faults and win over --faults.")
 		fs.PrintDefaults()
 	}
