@@ -55,26 +55,41 @@ func (b *detachedBody) writeFrame(fd uintptr) bool {
 // pull reads what b's upstream has, up to the relay's room for it (as
 // relay.fill reads), and delivers it.
 func (p *streamPump) pull(b *detachedBody, now time.Time) {
+	room, ok := p.readRoom(b, len(p.buf))
+	if !ok {
+		return
+	}
+	n, err := rawRead(b.pfd, p.buf[:room])
+	p.pulled(b, p.buf, n, err, now)
+}
+
+// readRoom readies b's relay buffer for a read: how much the read may
+// take, at most limit; false when b left the loop instead (grow).
+func (p *streamPump) readRoom(b *detachedBody, limit int) (int, bool) {
 	r := b.r
 	if r.buf == nil {
 		r.takeBufFrom(&p.bufs)
 	}
 	if len(r.in) == cap(r.in) && !p.grow(b) {
-		return
+		return 0, false
 	}
-	n, err := rawRead(b.pfd, p.buf[:min(cap(r.in)-len(r.in), len(p.buf))])
+	return min(cap(r.in)-len(r.in), limit), true
+}
+
+// pulled delivers what a read of b's upstream gave: n bytes at the start
+// of buf, or err.
+func (p *streamPump) pulled(b *detachedBody, buf []byte, n int, err error, now time.Time) {
 	switch {
 	case err == unix.EAGAIN || err == unix.EINTR:
-		if len(r.in) == 0 {
-			r.putBufTo(&p.bufs)
+		if len(b.r.in) == 0 {
+			b.r.putBufTo(&p.bufs)
 		}
-		return
 	case err != nil:
 		p.deliver(b, nil, &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", err)}, now)
 	case n == 0:
 		p.deliver(b, nil, io.EOF, now)
 	default:
-		p.deliver(b, p.buf[:n], nil, now)
+		p.deliver(b, buf[:n], nil, now)
 	}
 }
 
@@ -84,9 +99,7 @@ func (p *streamPump) grow(b *detachedBody) bool {
 	r := b.r
 	if len(r.in) >= maxEventBytes {
 		r.fail(fmt.Errorf("%w: event larger than %d bytes", ErrUpstream, maxEventBytes)) // as relay.fill
-		if p.send(b) {
-			p.release(b, pumpResult{}, exitUpstreamError)
-		}
+		p.send(b, afterSend{release: true, why: exitUpstreamError})
 		return false
 	}
 	grown := make([]byte, len(r.in), 2*cap(r.in)+relayBufSize)
@@ -136,13 +149,11 @@ func (p *streamPump) deliver(b *detachedBody, raw []byte, readErr error, now tim
 	if readErr != nil {
 		// The events before the end go out now (the engine's last ones,
 		// an error event among them), not when the goroutine next runs.
-		if p.send(b) {
-			why := exitUpstreamError
-			if readErr == io.EOF {
-				why = exitEnd
-			}
-			p.release(b, pumpResult{readErr: readErr}, why)
+		why := exitUpstreamError
+		if readErr == io.EOF {
+			why = exitEnd
 		}
+		p.send(b, afterSend{release: true, res: pumpResult{readErr: readErr}, why: why})
 		return
 	}
 	b.deadline = now.Add(b.limit())
@@ -153,31 +164,34 @@ func (p *streamPump) deliver(b *detachedBody, raw []byte, readErr error, now tim
 		p.release(b, pumpResult{leaving: true}, exitLeaving)
 		return
 	}
-	if !p.send(b) {
-		return
-	}
-	if r.eof { // the total deadline ended it
-		p.release(b, pumpResult{}, exitTimeout)
-		return
-	}
-	if len(r.in) == 0 {
-		r.putBufTo(&p.bufs) // nothing partial: the stream waits without buffers
-	}
+	p.send(b, afterSend{})
+}
+
+// afterSend is what a stream's relay does once its events are written:
+// go on in the loop (the zero value), or hand the stream back (release)
+// with res, for why.
+type afterSend struct {
+	release bool
+	res     pumpResult
+	why     loopExit
 }
 
 // send writes the relay's processed events to the client as one chunk,
-// now, without blocking; false when the stream was handed back (the
-// client's socket is full, or the client is gone).
-func (p *streamPump) send(b *detachedBody) bool {
+// without blocking, then does then: now, or — while a batch of reads is
+// delivered (streamBatch) — once the batch's writes are made. A client
+// whose socket is full, or gone, has the stream handed back instead.
+func (p *streamPump) send(b *detachedBody, then afterSend) {
 	r := b.r
 	data := r.out[r.outPos:]
 	if len(data) == 0 {
-		return true
+		p.sent(b, then)
+		return
 	}
-	f := strconv.AppendInt(p.frame[:0], int64(len(data)), 16)
-	f = append(f, "\r\n"...)
-	f = append(f, data...)
-	f = append(f, "\r\n"...)
+	if p.batch.queueSend(b, data, then) {
+		r.out, r.outPos = r.out[:0], 0
+		return
+	}
+	f := appendChunk(p.frame[:0], data)
 	p.frame = f
 	if b.cfd >= 0 {
 		// The client's descriptor itself, not through its RawConn, whose
@@ -196,13 +210,38 @@ func (p *streamPump) send(b *detachedBody) bool {
 	n, werr := max(b.wn, 0), b.werr
 	b.frame, b.werr = nil, nil
 	r.out, r.outPos = r.out[:0], 0
+	p.wrote(b, f, n, werr, then)
+}
+
+// appendChunk appends data framed as one HTTP/1.1 chunk.
+func appendChunk(dst, data []byte) []byte {
+	dst = strconv.AppendInt(dst, int64(len(data)), 16)
+	dst = append(dst, "\r\n"...)
+	dst = append(dst, data...)
+	return append(dst, "\r\n"...)
+}
+
+// wrote takes how the write of chunk f went: n bytes of it, then werr.
+func (p *streamPump) wrote(b *detachedBody, f []byte, n int, werr error, then afterSend) {
 	switch {
 	case n == len(f):
-		return true
+		p.sent(b, then)
 	case werr == nil || werr == unix.EAGAIN:
 		p.release(b, pumpResult{unsent: append([]byte(nil), f[n:]...)}, exitSlowClient)
 	default:
 		p.release(b, pumpResult{clientErr: werr}, exitClientGone)
 	}
-	return false
+}
+
+// sent does then, b's events all written.
+func (p *streamPump) sent(b *detachedBody, then afterSend) {
+	r := b.r
+	switch {
+	case then.release:
+		p.release(b, then.res, then.why)
+	case r.eof: // the total deadline ended it
+		p.release(b, pumpResult{}, exitTimeout)
+	case len(r.in) == 0:
+		r.putBufTo(&p.bufs) // nothing partial: the stream waits without buffers
+	}
 }

@@ -62,10 +62,14 @@ type streamPump struct {
 	frame    []byte                // a chunk being written to a client
 	events   []unix.EpollEvent
 	lastScan time.Time
-	at       time.Time // the exchanges' clock at this wake-up: every event's timings
-	yield    bool      // this round made goroutines runnable
-	loops    int       // the server's loops that keep a P while they relay streams: its stream loops, this one included, and its request loops
-	holdP    bool      // wait as a raw system call (wait)
+	at       time.Time   // the exchanges' clock at this wake-up: every event's timings
+	yield    bool        // this round made goroutines runnable
+	loops    int         // the server's loops that keep a P while they relay streams: its stream loops, this one included, and its request loops
+	holdP    bool        // wait as a raw system call (wait)
+	batch    streamBatch // a wake-up's reads and writes, each in one system call (pump_batch_linux.go)
+	// batched counts the reads and writes made in batches of two or more,
+	// for tests.
+	batched atomic.Int64
 
 	// hosted: a request loop's (reqloop_stream_linux.go), which relays
 	// its streams in its own set with these methods (host, pull, expire,
@@ -184,6 +188,7 @@ func (p *streamPump) Run(ctx context.Context) error {
 		for _, ev := range p.events[:n] {
 			fd := int(ev.Fd)
 			if fd == p.wake {
+				p.flushPulls(now)
 				p.admit(now)
 				continue
 			}
@@ -191,11 +196,13 @@ func (p *streamPump) Run(ctx context.Context) error {
 			switch {
 			case b == nil:
 			case ev.Pad == clientTag:
+				p.flushPulls(now)
 				p.hungUp(b)
 			default:
-				p.pull(b, now)
+				p.queuePull(b, now)
 			}
 		}
+		p.flushPulls(now)
 		if now.Sub(p.lastScan) >= pumpScan {
 			p.lastScan = now
 			p.expire(now)
@@ -255,6 +262,7 @@ func (p *streamPump) stop() {
 	unix.Close(p.ep)
 	unix.Close(p.wake)
 	p.ep, p.wake = -1, -1
+	p.closeBatch()
 }
 
 // poke wakes the loop.

@@ -20,6 +20,9 @@ func newStreamPump(Config, *metrics, func() time.Time) *streamPump { return &str
 
 func (p *streamPump) open() error { return nil }
 
+// openBatch has no loop to batch for.
+func (p *streamPump) openBatch(bool) error { return nil }
+
 // registerLoopGauges has no loops to publish.
 func registerLoopGauges(prometheus.Registerer, []*streamPump, []*requestLoop) error { return nil }
 

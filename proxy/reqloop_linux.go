@@ -219,11 +219,18 @@ func (l *requestLoop) Run(ctx context.Context) error {
 		}
 		for _, ev := range l.events[:max(n, 0)] {
 			fd := int(ev.Fd)
+			c := l.conns.get(fd)
+			if c != nil && c.stream != nil && ev.Events&unix.EPOLLOUT == 0 {
+				// A stream's engine sent: its read joins the wake-up's
+				// batch, made before anything else is touched.
+				l.host.queuePull(c.stream, l.now)
+				continue
+			}
+			l.host.flushPulls(l.now)
 			if fd == l.wake {
 				l.admit()
 				continue
 			}
-			c := l.conns.get(fd)
 			if c == nil {
 				continue
 			}
@@ -238,6 +245,7 @@ func (l *requestLoop) Run(ctx context.Context) error {
 				}
 			}
 		}
+		l.host.flushPulls(l.now)
 		if l.now.Sub(l.lastScan) >= reqLoopScan {
 			l.lastScan = l.now
 			l.scan()
@@ -406,6 +414,7 @@ func (l *requestLoop) stop() {
 	unix.Close(l.wake)
 	l.ep, l.wake = -1, -1
 	l.mu.Unlock()
+	l.host.closeBatch()
 }
 
 var errLoopStopped = errors.Join(ErrShuttingDown, errors.New("request loop stopped"))

@@ -96,6 +96,7 @@ type Server struct {
 	nextPump atomic.Uint64  // the loop the last stream went to
 	reqLoops []*requestLoop // the request loops, run by Serve (reqloop_linux.go)
 	nextLoop atomic.Uint64  // the request loop the last connection went to
+	batchLog sync.Once      // batchOff's
 
 	// accessFields pools the access log line's fields (*accessFields,
 	// exchange.finish); access writes the common lines without them.
@@ -311,6 +312,9 @@ func (s *Server) runRequestLoops(ctx context.Context) <-chan struct{} {
 			s.log.Warn("no request loop: its connections are served on goroutines", zap.Error(err))
 			continue
 		}
+		if err := l.openBatch(); err != nil {
+			s.batchOff(err)
+		}
 		wg.Go(func() {
 			if err := l.Run(ctx); err != nil {
 				s.log.Warn("request loop stopped: new connections are served on goroutines", zap.Error(err))
@@ -322,6 +326,14 @@ func (s *Server) runRequestLoops(ctx context.Context) <-chan struct{} {
 		close(done)
 	}()
 	return done
+}
+
+// batchOff logs, once, that loops make a system call for each stream
+// read and write: the kernel refused io_uring (err).
+func (s *Server) batchOff(err error) {
+	s.batchLog.Do(func() {
+		s.log.Info("stream reads and writes are not batched: io_uring refused, each is a system call", zap.Error(err))
+	})
 }
 
 // takeConn gives an accepted connection to the next request loop.
@@ -370,6 +382,9 @@ func (s *Server) runStreamLoops(ctx context.Context) <-chan struct{} {
 		if err := p.open(); err != nil {
 			s.log.Warn("no stream loop: streams relayed on goroutines", zap.Error(err))
 			break
+		}
+		if err := p.openBatch(s.cfg.UnbatchedIO); err != nil {
+			s.batchOff(err)
 		}
 		wg.Go(func() {
 			if err := p.Run(ctx); err != nil {

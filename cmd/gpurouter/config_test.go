@@ -207,6 +207,7 @@ func TestConfigDefaults(t *testing.T) {
 		{"upstream.stream_loops", cfg.Upstream.StreamLoops, 0},
 		{"upstream.goroutine_requests", cfg.Upstream.GoroutineRequests, false},
 		{"upstream.request_loops", cfg.Upstream.RequestLoops, 0},
+		{"upstream.unbatched_io", cfg.Upstream.UnbatchedIO, false},
 		{"health.path", cfg.Health.Path, "/health"},
 		{"breaker.consecutive_failures", cfg.Breaker.ConsecutiveFailures, 5},
 		{"shutdown.drain_timeout", cfg.Shutdown.DrainTimeout, 30 * time.Second},

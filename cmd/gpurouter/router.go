@@ -113,6 +113,7 @@ func newRouterWith(cfg fileConfig, log *zap.Logger, deps routerDeps) (*router, e
 			StreamLoops:        cfg.Upstream.StreamLoops,
 			GoroutineRequests:  cfg.Upstream.GoroutineRequests,
 			RequestLoops:       cfg.Upstream.RequestLoops,
+			UnbatchedIO:        cfg.Upstream.UnbatchedIO,
 		},
 		Routes:      r.fleet.Routes(),
 		Score:       scoreConfig(cfg),

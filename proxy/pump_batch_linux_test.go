@@ -1,0 +1,425 @@
+//go:build linux
+
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// socketPair is a connected loopback TCP pair's non-blocking descriptors,
+// closed when the test ends.
+func socketPair(t *testing.T) (a, b int) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ = dupSocket(c)
+	b, _ = dupSocket(s)
+	c.Close()
+	s.Close()
+	t.Cleanup(func() { unix.Close(a); unix.Close(b) })
+	return a, b
+}
+
+func openTestURing(t *testing.T) *uring {
+	t.Helper()
+	u, err := openURing()
+	if err != nil {
+		t.Skipf("io_uring refused by this kernel: %v", err)
+	}
+	t.Cleanup(u.close)
+	return u
+}
+
+// A ring's batch does what the system calls would have: every write and
+// read made, in one call, each result given back — bytes, EAGAIN for a
+// socket with nothing to read or no room, EPIPE for a peer gone.
+func TestURingMakesWhatSystemCallsWould(t *testing.T) {
+	u := openTestURing(t)
+	const n = 6
+	var as, bs [n]int
+	for i := range n {
+		as[i], bs[i] = socketPair(t)
+	}
+	results := map[int]string{}
+	collect := func(i, n int, err error) {
+		if _, dup := results[i]; dup {
+			t.Errorf("operation %d given twice", i)
+		}
+		if err != nil {
+			results[i] = err.Error()
+			return
+		}
+		results[i] = strings.Repeat("x", n)
+	}
+	for i := range n {
+		u.prepare(uringOpSend, as[i], bytes.Repeat([]byte("x"), 100+i), i)
+	}
+	u.run(collect)
+	for i := range n {
+		if results[i] != strings.Repeat("x", 100+i) {
+			t.Fatalf("send %d: %q, want %d bytes", i, results[i], 100+i)
+		}
+	}
+	clear(results)
+	bufs := make([][]byte, n+1)
+	for i := range n {
+		bufs[i] = make([]byte, 4096)
+		u.prepare(uringOpRecv, bs[i], bufs[i], i)
+	}
+	bufs[n] = make([]byte, 16)
+	u.prepare(uringOpRecv, as[0], bufs[n], n) // nothing sent that way
+	u.run(collect)
+	for i := range n {
+		if results[i] != strings.Repeat("x", 100+i) || !bytes.Equal(bufs[i][:100+i], bytes.Repeat([]byte("x"), 100+i)) {
+			t.Fatalf("recv %d: %q, want what send %d sent", i, results[i], i)
+		}
+	}
+	if results[n] != unix.EAGAIN.Error() {
+		t.Fatalf("recv on an empty socket: %q, want EAGAIN", results[n])
+	}
+
+	// A peer that closed, and a socket with no room: filled last, as its
+	// peer's buffer may take more as time passes.
+	unix.Shutdown(bs[2], unix.SHUT_RDWR) //nolint:errcheck
+	unix.Close(bs[2])
+	bs[2] = -1
+	time.Sleep(20 * time.Millisecond) // the FIN comes back over loopback
+	rawWrite(as[2], []byte("x"))      //nolint:errcheck // the first write after the peer closed draws its reset
+	time.Sleep(20 * time.Millisecond)
+	full := as[1]
+	unix.SetsockoptInt(full, unix.SOL_SOCKET, unix.SO_SNDBUF, 4096) //nolint:errcheck
+	big := make([]byte, 1<<16)
+	for range 100 {
+		// Full once a write finds no room after the ACKs in flight came:
+		// until then each frees some.
+		for {
+			if _, err := rawWrite(full, big); err != nil {
+				break
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+		if _, err := rawWrite(full, big[:1]); err == unix.EAGAIN {
+			break
+		}
+	}
+	clear(results)
+	u.prepare(uringOpSend, full, []byte("more"), 0)
+	u.prepare(uringOpSend, as[2], []byte("late"), 1)
+	start := time.Now()
+	u.run(collect)
+	if results[0] != unix.EAGAIN.Error() {
+		t.Errorf("send to a full socket: %q, want EAGAIN", results[0])
+	}
+	if results[1] != unix.EPIPE.Error() && results[1] != unix.ECONNRESET.Error() {
+		t.Errorf("send to a peer gone: %q, want EPIPE or ECONNRESET", results[1])
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("a batch with a full socket took %v: an operation waited", d)
+	}
+}
+
+// tickedUpstream is an engine whose streams send their events together:
+// each stream's next event goes out at the next tick, so that the
+// router's loop finds several streams ready at one wake-up. Each stream
+// sends events token events of pad bytes each, then [DONE].
+type tickedUpstream struct {
+	url    string
+	mu     sync.Mutex
+	next   chan struct{}
+	events int
+	pad    int
+}
+
+func newTickedUpstream(t *testing.T, events, pad int) *tickedUpstream {
+	u := &tickedUpstream{next: make(chan struct{}), events: events, pad: pad}
+	u.url = loopbackServer(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			io.Copy(io.Discard, req.Body) //nolint:errcheck
+			if req.Method != http.MethodPost {
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n") //nolint:errcheck
+				continue
+			}
+			if _, err := io.WriteString(c, sseHead); err != nil {
+				return
+			}
+			for i := range u.events {
+				<-u.tick()
+				ev := tokenEvent(i)
+				if u.pad > 0 {
+					ev = strings.Replace(ev, `"model":"m"`, `"model":"m","pad":"`+strings.Repeat("p", u.pad)+`"`, 1)
+				}
+				if _, err := io.WriteString(c, chunk(ev)); err != nil {
+					return
+				}
+			}
+			if _, err := io.WriteString(c, chunk("data: [DONE]\n\n")+"0\r\n\r\n"); err != nil {
+				return
+			}
+		}
+	})
+	return u
+}
+
+// tick is the channel the next tick closes.
+func (u *tickedUpstream) tick() <-chan struct{} {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.next
+}
+
+// run ticks every d until stop closes.
+func (u *tickedUpstream) run(d time.Duration, stop <-chan struct{}) {
+	for {
+		select {
+		case <-stop:
+			return
+		case <-time.After(d):
+		}
+		u.mu.Lock()
+		close(u.next)
+		u.next = make(chan struct{})
+		u.mu.Unlock()
+	}
+}
+
+// batchedOps is the reads and writes the router's loops made in batches:
+// its request loops' and its stream loops' (the streams served on
+// fasthttp's path).
+func batchedOps(tr *testRouter) int64 {
+	var n int64
+	for _, l := range tr.srv.reqLoops {
+		n += l.host.batched.Load()
+	}
+	for _, p := range tr.srv.pumps {
+		n += p.batched.Load()
+	}
+	return n
+}
+
+// readStream reads a stream's token events from r: their numbers in
+// order, and whether [DONE] ended it.
+func readStream(r io.Reader) (toks []string, done bool, err error) {
+	br := bufio.NewReaderSize(r, 64<<10)
+	for {
+		line, err := br.ReadString('\n')
+		if p, ok := strings.CutPrefix(strings.TrimSpace(line), "data: "); ok {
+			switch {
+			case p == "[DONE]":
+				done = true
+			case strings.Contains(p, `"content":"tok`):
+				i := strings.Index(p, `"content":"`) + len(`"content":"`)
+				toks = append(toks, p[i:i+strings.IndexByte(p[i:], ' ')])
+			default:
+				toks = append(toks, "other: "+p)
+			}
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = nil
+			}
+			return toks, done, err
+		}
+	}
+}
+
+func wantTokens(n int) string {
+	var b strings.Builder
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString("tok")
+		b.WriteString(strconv.Itoa(i))
+	}
+	return b.String()
+}
+
+// Streams whose engines send together are read and written in batches,
+// and every client still gets its own events, whole, in order, and
+// [DONE]; the router counts each stream's end as clean.
+func TestStreamBatchRelaysStreamsReadyTogether(t *testing.T) {
+	openTestURing(t) // or skip
+	const streams, events = 12, 40
+	up := newTickedUpstream(t, events, 0)
+	tr := startRouter(t, []string{up.url}, withConfig(func(c *Config) { c.RequestLoops = 1 }))
+	stop := make(chan struct{})
+	defer close(stop)
+	go up.run(3*time.Millisecond, stop)
+	type result struct {
+		toks []string
+		done bool
+		err  error
+	}
+	results := make(chan result, streams)
+	for range streams {
+		go func() {
+			resp, err := http.Post(tr.url+"/v1/chat/completions", "application/json", strings.NewReader(chatStream))
+			if err != nil {
+				results <- result{err: err}
+				return
+			}
+			defer resp.Body.Close()
+			toks, done, err := readStream(resp.Body)
+			results <- result{toks, done, err}
+		}()
+	}
+	for range streams {
+		var r result
+		select {
+		case r = <-results:
+		case <-time.After(20 * time.Second):
+			t.Fatal("a stream did not end within 20 s")
+		}
+		if r.err != nil || !r.done || strings.Join(r.toks, ",") != wantTokens(events) {
+			t.Fatalf("a stream: err %v, done %v, tokens %v; want %d in order and [DONE]", r.err, r.done, r.toks, events)
+		}
+	}
+	if n := batchedOps(tr); n == 0 {
+		t.Fatal("no read or write was batched")
+	}
+	waitFor(t, "every stream's end counted", func() bool { return exitsOf(tr, "end") == streams })
+	if bad := exitsOf(tr, "slow_client") + exitsOf(tr, "client_gone") + exitsOf(tr, "upstream_error"); bad != 0 {
+		t.Fatalf("%v streams left the loop for another reason than their end", bad)
+	}
+}
+
+// In a batch, a client whose socket is full has its stream handed to a
+// goroutine with the bytes its socket did not take, and gets every event
+// once it reads again; a client that leaves ends its own stream only.
+func TestStreamBatchSlowAndGoneClients(t *testing.T) {
+	openTestURing(t) // or skip
+	const streams, events = 5, 100
+	up := newTickedUpstream(t, events, 64000) // 6.4 MB a stream: more than a socket buffers (net.ipv4.tcp_wmem's 4 MiB)
+	tr := startRouter(t, []string{up.url}, withConfig(func(c *Config) { c.RequestLoops = 1 }))
+	stop := make(chan struct{})
+	defer close(stop)
+	go up.run(3*time.Millisecond, stop)
+	body := []byte("POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\nContent-Length: " +
+		strconv.Itoa(len(chatStream)) + "\r\n\r\n" + chatStream)
+	dial := func(rcvbuf int) net.Conn {
+		d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+			return rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, rcvbuf) }) //nolint:errcheck
+		}}
+		c, err := d.Dial("tcp", strings.TrimPrefix(tr.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if _, err := c.Write(body); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	type result struct {
+		who  string
+		toks []string
+		done bool
+		err  error
+	}
+	results := make(chan result, streams)
+	read := func(who string, c net.Conn, after <-chan struct{}) {
+		<-after
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			results <- result{who: who, err: err}
+			return
+		}
+		toks, done, err := readStream(resp.Body)
+		results <- result{who, toks, done, err}
+	}
+	collect := func() {
+		t.Helper()
+		var r result
+		select {
+		case r = <-results:
+		case <-time.After(20 * time.Second):
+			t.Fatal("a stream did not end within 20 s")
+		}
+		if r.err != nil || !r.done || strings.Join(r.toks, ",") != wantTokens(events) {
+			t.Fatalf("%s stream: err %v, done %v, %d tokens; want %d in order and [DONE]", r.who, r.err, r.done, len(r.toks), events)
+		}
+	}
+	now, steadyDone := make(chan struct{}), make(chan struct{})
+	close(now)
+	slow := dial(4096)
+	gone := dial(1 << 16)
+	// The slow client reads once the others are done: its stream's 6.4 MB
+	// wait in sockets that take less.
+	go read("slow", slow, steadyDone)
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		gone.Close()
+	}()
+	for range streams - 2 {
+		go read("steady", dial(1<<16), now)
+	}
+	for range streams - 2 {
+		collect()
+	}
+	close(steadyDone)
+	collect()
+	if n := batchedOps(tr); n == 0 {
+		t.Fatal("no read or write was batched")
+	}
+	if n := exitsOf(tr, "slow_client"); n < 1 {
+		t.Fatalf("%v streams handed back for a full client socket, want at least the slow one's", n)
+	}
+}
+
+// upstream.unbatched_io: every read and write a system call.
+func TestUnbatchedIOMakesNoBatch(t *testing.T) {
+	const streams, events = 6, 20
+	up := newTickedUpstream(t, events, 0)
+	tr := startRouter(t, []string{up.url}, withConfig(func(c *Config) { c.RequestLoops, c.UnbatchedIO = 1, true }))
+	stop := make(chan struct{})
+	defer close(stop)
+	go up.run(3*time.Millisecond, stop)
+	var wg sync.WaitGroup
+	for range streams {
+		wg.Go(func() {
+			resp, err := http.Post(tr.url+"/v1/chat/completions", "application/json", strings.NewReader(chatStream))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer resp.Body.Close()
+			toks, done, err := readStream(resp.Body)
+			if err != nil || !done || strings.Join(toks, ",") != wantTokens(events) {
+				t.Errorf("a stream: err %v, done %v, tokens %v", err, done, toks)
+			}
+		})
+	}
+	wg.Wait()
+	if n := batchedOps(tr); n != 0 {
+		t.Fatalf("%d reads and writes batched, want none", n)
+	}
+}
