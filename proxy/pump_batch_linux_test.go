@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -52,6 +53,24 @@ func openTestURing(t *testing.T) *uring {
 	}
 	t.Cleanup(u.close)
 	return u
+}
+
+// The ring's structures are the kernel's ABI to the byte.
+func TestURingABISizes(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		got, want uintptr
+	}{
+		{"io_uring_params", unsafe.Sizeof(uringParams{}), 120},
+		{"io_uring_sqe", unsafe.Sizeof(uringSQE{}), 64},
+		{"io_uring_cqe", unsafe.Sizeof(uringCQE{}), 16},
+		{"io_uring_sqe.user_data offset", unsafe.Offsetof(uringSQE{}.userData), 32},
+		{"io_uring_params.sq_off offset", unsafe.Offsetof(uringParams{}.sqOff), 40},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s: %d bytes, the kernel's is %d", c.name, c.got, c.want)
+		}
+	}
 }
 
 // A ring's batch does what the system calls would have: every write and
