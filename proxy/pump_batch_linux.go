@@ -42,19 +42,21 @@ const (
 	batchFrameBytes = 256 << 10 // a chunk that would take the batch's frames past this is written at once
 )
 
-// openBatch readies the loop's batch: unless off (Config.UnbatchedIO),
-// a ring, if the kernel gives one (nil error otherwise: the batch stays
-// off).
-func (p *streamPump) openBatch(off bool) error {
-	if off {
-		return nil
+// openBatch readies the loop's batch, on the loop's goroutine as it
+// starts: a ring, unless the batch is off (Config.UnbatchedIO) or the
+// kernel refuses one (batchOff hears why).
+func (p *streamPump) openBatch() {
+	if p.unbatched {
+		return
 	}
 	ring, err := openURing()
 	if err != nil {
-		return err
+		if p.batchOff != nil {
+			p.batchOff(err)
+		}
+		return
 	}
 	p.batch = streamBatch{ring: ring, rbuf: make([]byte, batchReadBytes), pulls: make([]*detachedBody, 0, uringBatchMax), sends: make([]batchSend, 0, uringBatchMax)}
-	return nil
 }
 
 // closeBatch lets the ring go: the loop stops.
@@ -153,6 +155,3 @@ func (p *streamPump) flushSends() {
 	clear(q)
 	t.sends, t.frames = q[:0], t.frames[:0]
 }
-
-// openBatch readies the batch of the loop's streams (Config.UnbatchedIO).
-func (l *requestLoop) openBatch() error { return l.host.openBatch(l.s.cfg.UnbatchedIO) }

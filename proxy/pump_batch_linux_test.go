@@ -17,6 +17,9 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 	"golang.org/x/sys/unix"
 )
 
@@ -440,5 +443,26 @@ func TestUnbatchedIOMakesNoBatch(t *testing.T) {
 	wg.Wait()
 	if n := batchedOps(tr); n != 0 {
 		t.Fatalf("%d reads and writes batched, want none", n)
+	}
+}
+
+// A kernel that refuses io_uring is said once for the server, not once a
+// loop: every loop would say the same.
+func TestBatchOffIsLoggedOnce(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	s := &Server{log: zap.New(core)}
+	m, err := newMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newStreamPump(Config{}.withDefaults(), m, nil, s.batchOff)
+	q := newStreamPump(Config{}.withDefaults(), m, nil, s.batchOff)
+	p.batchOff(unix.EPERM)
+	q.batchOff(unix.ENOSYS)
+	if n := logs.Len(); n != 1 {
+		t.Fatalf("%d log lines, want 1", n)
+	}
+	if e := logs.All()[0]; !strings.Contains(e.Message, "io_uring") || e.ContextMap()["error"] != unix.EPERM.Error() {
+		t.Fatalf("logged %q %v, want the refusal and its error", e.Message, e.ContextMap())
 	}
 }

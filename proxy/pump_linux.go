@@ -67,6 +67,10 @@ type streamPump struct {
 	loops    int         // the server's loops that keep a P while they relay streams: its stream loops, this one included, and its request loops
 	holdP    bool        // wait as a raw system call (wait)
 	batch    streamBatch // a wake-up's reads and writes, each in one system call (pump_batch_linux.go)
+	// unbatched: no batch (Config.UnbatchedIO); batchOff hears why a
+	// loop's batch could not open.
+	unbatched bool
+	batchOff  func(error)
 	// batched counts the reads and writes made in batches of two or more,
 	// for tests.
 	batched atomic.Int64
@@ -106,8 +110,12 @@ func registerLoopGauges(reg prometheus.Registerer, pumps []*streamPump, reqLoops
 // or idle timeout: each fires at most this late.
 const pumpScan = 100 * time.Millisecond
 
-func newStreamPump(cfg Config, m *metrics, clock func() time.Time) *streamPump {
-	p := &streamPump{firstByte: cfg.FirstByteTimeout, idle: cfg.IdleTimeout, ep: -1, wake: -1, in: m.loopIn, loops: cfg.StreamLoops, clock: clock}
+// newStreamPump is a stream loop of a server with cfg and metrics m;
+// clock is the exchanges' (Options.Now), nil for time.Now; batchOff hears
+// why the loop's reads and writes are not batched (openBatch), nil: no one.
+func newStreamPump(cfg Config, m *metrics, clock func() time.Time, batchOff func(error)) *streamPump {
+	p := &streamPump{firstByte: cfg.FirstByteTimeout, idle: cfg.IdleTimeout, ep: -1, wake: -1, in: m.loopIn, loops: cfg.StreamLoops, clock: clock,
+		unbatched: cfg.UnbatchedIO, batchOff: batchOff}
 	for e := range p.out {
 		p.out[e] = m.loopOut.WithLabelValues(loopExit(e).String())
 	}
@@ -168,6 +176,7 @@ func (p *streamPump) Run(ctx context.Context) error {
 	p.streams = fdTable[detachedBody]{}
 	p.buf = make([]byte, 64<<10)
 	p.events = make([]unix.EpollEvent, 256)
+	p.openBatch()
 	defer p.stop()
 	stopWatch := context.AfterFunc(ctx, p.poke)
 	defer stopWatch()

@@ -352,7 +352,7 @@ func TestStreamLoopLeavesTheLastEventsForTheLastChunk(t *testing.T) {
 				t.Fatal(err)
 			}
 			s := &Server{cfg: Config{}.withDefaults(), now: time.Now}
-			p := newStreamPump(s.cfg, m, nil)
+			p := newStreamPump(s.cfg, m, nil, nil)
 			p.at = time.Now()
 			r := &relay{x: &exchange{s: s, ep: epChat, received: time.Now()}, gotBody: true}
 			d := &detachedBody{pump: p, r: r, client: counted, fd: -1, cfd: -1, idle: time.Minute, back: make(chan pumpResult, 1)}

@@ -16,12 +16,11 @@ import (
 // every stream is relayed on its own goroutine.
 type streamPump struct{}
 
-func newStreamPump(Config, *metrics, func() time.Time) *streamPump { return &streamPump{} }
+func newStreamPump(Config, *metrics, func() time.Time, func(error)) *streamPump {
+	return &streamPump{}
+}
 
 func (p *streamPump) open() error { return nil }
-
-// openBatch has no loop to batch for.
-func (p *streamPump) openBatch(bool) error { return nil }
 
 // registerLoopGauges has no loops to publish.
 func registerLoopGauges(prometheus.Registerer, []*streamPump, []*requestLoop) error { return nil }

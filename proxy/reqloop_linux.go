@@ -87,7 +87,7 @@ type requestLoop struct {
 // newRequestLoop is a loop of s's; clock is the exchanges' (Options.Now),
 // nil for time.Now.
 func newRequestLoop(s *Server, clock func() time.Time) *requestLoop {
-	host := newStreamPump(s.cfg, s.m, clock)
+	host := newStreamPump(s.cfg, s.m, clock, s.batchOff)
 	host.hosted = true
 	return &requestLoop{s: s, ep: -1, wake: -1, host: host}
 }
@@ -199,6 +199,7 @@ func (l *requestLoop) Run(ctx context.Context) error {
 	l.bw = bufio.NewWriterSize(nil, 4096)
 	l.w.l = l
 	l.host.buf = l.buf
+	l.host.openBatch()
 	l.holdP = runtime.GOMAXPROCS(0) > len(l.s.reqLoops)
 	l.idle = map[*upstream][]*loopConn{}
 	defer l.stop()

@@ -25,6 +25,4 @@ func (l *requestLoop) Run(context.Context) error { return l.open() }
 
 func (l *requestLoop) take(net.Conn) bool { return false }
 
-func (l *requestLoop) openBatch() error { return nil }
-
 func (l *requestLoop) poke() {}

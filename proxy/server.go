@@ -188,7 +188,7 @@ func New(o Options) (*Server, error) {
 	s.lat = newLatencyStore()
 	s.plainEst = admission.NewEstimator(admission.EstimateConfig{})
 	for range s.cfg.StreamLoops {
-		s.pumps = append(s.pumps, newStreamPump(s.cfg, s.m, o.Now))
+		s.pumps = append(s.pumps, newStreamPump(s.cfg, s.m, o.Now, s.batchOff))
 	}
 	for i := 0; haveRequestLoops && !s.cfg.GoroutineRequests && i < s.cfg.RequestLoops; i++ {
 		s.reqLoops = append(s.reqLoops, newRequestLoop(s, o.Now))
@@ -312,9 +312,6 @@ func (s *Server) runRequestLoops(ctx context.Context) <-chan struct{} {
 			s.log.Warn("no request loop: its connections are served on goroutines", zap.Error(err))
 			continue
 		}
-		if err := l.openBatch(); err != nil {
-			s.batchOff(err)
-		}
 		wg.Go(func() {
 			if err := l.Run(ctx); err != nil {
 				s.log.Warn("request loop stopped: new connections are served on goroutines", zap.Error(err))
@@ -382,9 +379,6 @@ func (s *Server) runStreamLoops(ctx context.Context) <-chan struct{} {
 		if err := p.open(); err != nil {
 			s.log.Warn("no stream loop: streams relayed on goroutines", zap.Error(err))
 			break
-		}
-		if err := p.openBatch(s.cfg.UnbatchedIO); err != nil {
-			s.batchOff(err)
 		}
 		wg.Go(func() {
 			if err := p.Run(ctx); err != nil {
