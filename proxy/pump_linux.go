@@ -205,8 +205,13 @@ func (p *streamPump) Run(ctx context.Context) error {
 			switch {
 			case b == nil:
 			case ev.Pad == clientTag:
+				// The batch first: it may have let b go, its client's
+				// hang-up then nothing to act on, as in the order the wait
+				// gave them.
 				p.flushPulls(now)
-				p.hungUp(b)
+				if b = p.streams.get(fd); b != nil {
+					p.hungUp(b)
+				}
 			default:
 				p.queuePull(b, now)
 			}

@@ -220,18 +220,20 @@ func (l *requestLoop) Run(ctx context.Context) error {
 		}
 		for _, ev := range l.events[:max(n, 0)] {
 			fd := int(ev.Fd)
-			c := l.conns.get(fd)
-			if c != nil && c.stream != nil && ev.Events&unix.EPOLLOUT == 0 {
+			if c := l.conns.get(fd); c != nil && c.stream != nil && ev.Events&unix.EPOLLOUT == 0 {
 				// A stream's engine sent: its read joins the wake-up's
 				// batch, made before anything else is touched.
 				l.host.queuePull(c.stream, l.now)
 				continue
 			}
+			// The batch first, and the connection looked up after it:
+			// a stream it ended may have let its connections go.
 			l.host.flushPulls(l.now)
 			if fd == l.wake {
 				l.admit()
 				continue
 			}
+			c := l.conns.get(fd)
 			if c == nil {
 				continue
 			}
