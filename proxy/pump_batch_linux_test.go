@@ -18,6 +18,7 @@ import (
 	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 	"golang.org/x/sys/unix"
@@ -464,5 +465,54 @@ func TestBatchOffIsLoggedOnce(t *testing.T) {
 	}
 	if e := logs.All()[0]; !strings.Contains(e.Message, "io_uring") || e.ContextMap()["error"] != unix.EPERM.Error() {
 		t.Fatalf("logged %q %v, want the refusal and its error", e.Message, e.ContextMap())
+	}
+}
+
+// A stream's last bytes and its client's hang-up in one wake-up: the read
+// (batched) ends the stream cleanly, and the hang-up after it finds
+// nothing to end, as when each was acted on in the wait's order. Acted on
+// the stream as looked up before the batch, it would be let go twice.
+func TestStreamBatchComesBeforeTheEventsAfterIt(t *testing.T) {
+	openTestURing(t) // or skip
+	craw, _, _ := rawPair(t)
+	up, engine := socketPair(t)
+	if _, err := rawWrite(engine, []byte(chunk(tokenEvent(1)+"data: [DONE]\n\n")+"0\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	m, err := newMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{cfg: Config{}.withDefaults(), now: time.Now}
+	p := newStreamPump(s.cfg, m, nil, nil)
+	p.streams, p.buf = fdTable[detachedBody]{}, make([]byte, 64<<10)
+	p.openBatch()
+	t.Cleanup(p.closeBatch)
+	p.at = time.Now()
+	r := &relay{x: &exchange{s: s, ep: epChat, received: time.Now()}, gotBody: true}
+	d := &detachedBody{pump: p, r: r, client: craw, fd: up, pfd: up, cfd: -1, idle: time.Minute, back: make(chan pumpResult, 1), in: true, inPump: true}
+	d.write = d.writeFrame
+	r.body = d
+	p.streams.set(up, d)
+	p.size.Add(1)
+
+	dispatched := make(chan struct{})
+	go func() {
+		p.dispatch([]unix.EpollEvent{
+			{Events: unix.EPOLLIN, Fd: int32(up)},
+			{Events: unix.EPOLLRDHUP, Fd: int32(up), Pad: clientTag},
+		}, time.Now())
+		close(dispatched)
+	}()
+	select {
+	case <-dispatched:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the wake-up's events were not acted on within 5 s: the stream was handed back twice")
+	}
+	if res := <-d.back; res.readErr != io.EOF {
+		t.Fatalf("handed back with %v, want its clean end (EOF)", res.readErr)
+	}
+	if end, aborted, size := testutil.ToFloat64(m.loopOut.WithLabelValues("end")), testutil.ToFloat64(m.loopOut.WithLabelValues("aborted")), p.size.Load(); end != 1 || aborted != 0 || size != 0 {
+		t.Fatalf("exits end %v aborted %v, %d streams left; want 1, 0, 0", end, aborted, size)
 	}
 }

@@ -194,29 +194,7 @@ func (p *streamPump) Run(ctx context.Context) error {
 		if p.clock != nil {
 			p.at = p.clock()
 		}
-		for _, ev := range p.events[:n] {
-			fd := int(ev.Fd)
-			if fd == p.wake {
-				p.flushPulls(now)
-				p.admit(now)
-				continue
-			}
-			b := p.streams.get(fd)
-			switch {
-			case b == nil:
-			case ev.Pad == clientTag:
-				// The batch first: it may have let b go, its client's
-				// hang-up then nothing to act on, as in the order the wait
-				// gave them.
-				p.flushPulls(now)
-				if b = p.streams.get(fd); b != nil {
-					p.hungUp(b)
-				}
-			default:
-				p.queuePull(b, now)
-			}
-		}
-		p.flushPulls(now)
+		p.dispatch(p.events[:n], now)
 		if now.Sub(p.lastScan) >= pumpScan {
 			p.lastScan = now
 			p.expire(now)
@@ -234,6 +212,34 @@ func (p *streamPump) Run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// dispatch acts on one wake-up's events: the streams' reads in a batch
+// (queuePull), made before anything else is acted on, and at the end.
+func (p *streamPump) dispatch(events []unix.EpollEvent, now time.Time) {
+	for _, ev := range events {
+		fd := int(ev.Fd)
+		if fd == p.wake {
+			p.flushPulls(now)
+			p.admit(now)
+			continue
+		}
+		b := p.streams.get(fd)
+		switch {
+		case b == nil:
+		case ev.Pad == clientTag:
+			// The batch first: it may have let b go, its client's
+			// hang-up then nothing to act on, as in the order the wait
+			// gave them.
+			p.flushPulls(now)
+			if b = p.streams.get(fd); b != nil {
+				p.hungUp(b)
+			}
+		default:
+			p.queuePull(b, now)
+		}
+	}
+	p.flushPulls(now)
 }
 
 // wait waits for the set's next events. With no stream in the loop it
