@@ -24,27 +24,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// socketPair is a connected loopback TCP pair's non-blocking descriptors,
-// closed when the test ends.
+// socketPair is a connected loopback TCP pair's descriptors, duplicated
+// out of Go's netpoller (non-blocking), closed when the test ends.
 func socketPair(t *testing.T) (a, b int) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, p := tcpPair(t, func(_ testing.TB, c net.Conn) net.Conn { return c })
 	a, _ = dupSocket(c)
-	b, _ = dupSocket(s)
-	c.Close()
-	s.Close()
+	b, _ = dupSocket(p)
 	t.Cleanup(func() { unix.Close(a); unix.Close(b) })
 	return a, b
 }
@@ -180,19 +166,9 @@ type tickedUpstream struct {
 func newTickedUpstream(t *testing.T, events, pad int) *tickedUpstream {
 	u := &tickedUpstream{next: make(chan struct{}), events: events, pad: pad}
 	u.url = loopbackServer(t, func(c net.Conn) {
-		br := bufio.NewReader(c)
-		for {
-			req, err := http.ReadRequest(br)
-			if err != nil {
-				return
-			}
-			io.Copy(io.Discard, req.Body) //nolint:errcheck
-			if req.Method != http.MethodPost {
-				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n") //nolint:errcheck
-				continue
-			}
+		engineConn(c, func() bool {
 			if _, err := io.WriteString(c, sseHead); err != nil {
-				return
+				return false
 			}
 			for i := range u.events {
 				<-u.tick()
@@ -201,13 +177,12 @@ func newTickedUpstream(t *testing.T, events, pad int) *tickedUpstream {
 					ev = strings.Replace(ev, `"model":"m"`, `"model":"m","pad":"`+strings.Repeat("p", u.pad)+`"`, 1)
 				}
 				if _, err := io.WriteString(c, chunk(ev)); err != nil {
-					return
+					return false
 				}
 			}
-			if _, err := io.WriteString(c, chunk("data: [DONE]\n\n")+"0\r\n\r\n"); err != nil {
-				return
-			}
-		}
+			_, err := io.WriteString(c, chunk("data: [DONE]\n\n")+"0\r\n\r\n")
+			return err == nil
+		})
 	})
 	return u
 }
@@ -286,46 +261,68 @@ func wantTokens(n int) string {
 	return b.String()
 }
 
+// streamResult is how a client's stream went: its token events in
+// order, whether [DONE] ended it, and what ended the reading otherwise.
+type streamResult struct {
+	who  string
+	toks []string
+	done bool
+	err  error
+}
+
+// postStream posts a chat stream to the router at url and reads it all.
+func postStream(url string) streamResult {
+	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatStream))
+	if err != nil {
+		return streamResult{err: err}
+	}
+	defer resp.Body.Close()
+	toks, done, err := readStream(resp.Body)
+	return streamResult{toks: toks, done: done, err: err}
+}
+
+// awaitStream fails t unless the next stream of results (within 20 s) is
+// whole: events token events in order, then [DONE].
+func awaitStream(t *testing.T, results <-chan streamResult, events int) {
+	t.Helper()
+	var r streamResult
+	select {
+	case r = <-results:
+	case <-time.After(20 * time.Second):
+		t.Fatal("a stream did not end within 20 s")
+	}
+	if r.err != nil || !r.done || strings.Join(r.toks, ",") != wantTokens(events) {
+		t.Fatalf("%s stream: err %v, done %v, %d tokens %v; want %d in order and [DONE]", r.who, r.err, r.done, len(r.toks), r.toks, events)
+	}
+}
+
+// relayTicked relays streams streams of events token events each from a
+// ticked engine through a router configured by edit, and fails t unless
+// every one came whole; the router, for what it counted.
+func relayTicked(t *testing.T, streams, events int, edit func(*Config)) *testRouter {
+	t.Helper()
+	up := newTickedUpstream(t, events, 0)
+	tr := startRouter(t, []string{up.url}, withConfig(edit))
+	stop := make(chan struct{})
+	defer close(stop)
+	go up.run(3*time.Millisecond, stop)
+	results := make(chan streamResult, streams)
+	for range streams {
+		go func() { results <- postStream(tr.url) }()
+	}
+	for range streams {
+		awaitStream(t, results, events)
+	}
+	return tr
+}
+
 // Streams whose engines send together are read and written in batches,
 // and every client still gets its own events, whole, in order, and
 // [DONE]; the router counts each stream's end as clean.
 func TestStreamBatchRelaysStreamsReadyTogether(t *testing.T) {
 	openTestURing(t) // or skip
-	const streams, events = 12, 40
-	up := newTickedUpstream(t, events, 0)
-	tr := startRouter(t, []string{up.url}, withConfig(func(c *Config) { c.RequestLoops = 1 }))
-	stop := make(chan struct{})
-	defer close(stop)
-	go up.run(3*time.Millisecond, stop)
-	type result struct {
-		toks []string
-		done bool
-		err  error
-	}
-	results := make(chan result, streams)
-	for range streams {
-		go func() {
-			resp, err := http.Post(tr.url+"/v1/chat/completions", "application/json", strings.NewReader(chatStream))
-			if err != nil {
-				results <- result{err: err}
-				return
-			}
-			defer resp.Body.Close()
-			toks, done, err := readStream(resp.Body)
-			results <- result{toks, done, err}
-		}()
-	}
-	for range streams {
-		var r result
-		select {
-		case r = <-results:
-		case <-time.After(20 * time.Second):
-			t.Fatal("a stream did not end within 20 s")
-		}
-		if r.err != nil || !r.done || strings.Join(r.toks, ",") != wantTokens(events) {
-			t.Fatalf("a stream: err %v, done %v, tokens %v; want %d in order and [DONE]", r.err, r.done, r.toks, events)
-		}
-	}
+	const streams = 12
+	tr := relayTicked(t, streams, 40, func(c *Config) { c.RequestLoops = 1 })
 	if n := batchedOps(tr); n == 0 {
 		t.Fatal("no read or write was batched")
 	}
@@ -362,34 +359,16 @@ func TestStreamBatchSlowAndGoneClients(t *testing.T) {
 		}
 		return c
 	}
-	type result struct {
-		who  string
-		toks []string
-		done bool
-		err  error
-	}
-	results := make(chan result, streams)
+	results := make(chan streamResult, streams)
 	read := func(who string, c net.Conn, after <-chan struct{}) {
 		<-after
 		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 		if err != nil {
-			results <- result{who: who, err: err}
+			results <- streamResult{who: who, err: err}
 			return
 		}
 		toks, done, err := readStream(resp.Body)
-		results <- result{who, toks, done, err}
-	}
-	collect := func() {
-		t.Helper()
-		var r result
-		select {
-		case r = <-results:
-		case <-time.After(20 * time.Second):
-			t.Fatal("a stream did not end within 20 s")
-		}
-		if r.err != nil || !r.done || strings.Join(r.toks, ",") != wantTokens(events) {
-			t.Fatalf("%s stream: err %v, done %v, %d tokens; want %d in order and [DONE]", r.who, r.err, r.done, len(r.toks), events)
-		}
+		results <- streamResult{who, toks, done, err}
 	}
 	now, steadyDone := make(chan struct{}), make(chan struct{})
 	close(now)
@@ -406,10 +385,10 @@ func TestStreamBatchSlowAndGoneClients(t *testing.T) {
 		go read("steady", dial(1<<16), now)
 	}
 	for range streams - 2 {
-		collect()
+		awaitStream(t, results, events)
 	}
 	close(steadyDone)
-	collect()
+	awaitStream(t, results, events)
 	if n := batchedOps(tr); n == 0 {
 		t.Fatal("no read or write was batched")
 	}
@@ -420,28 +399,7 @@ func TestStreamBatchSlowAndGoneClients(t *testing.T) {
 
 // upstream.unbatched_io: every read and write a system call.
 func TestUnbatchedIOMakesNoBatch(t *testing.T) {
-	const streams, events = 6, 20
-	up := newTickedUpstream(t, events, 0)
-	tr := startRouter(t, []string{up.url}, withConfig(func(c *Config) { c.RequestLoops, c.UnbatchedIO = 1, true }))
-	stop := make(chan struct{})
-	defer close(stop)
-	go up.run(3*time.Millisecond, stop)
-	var wg sync.WaitGroup
-	for range streams {
-		wg.Go(func() {
-			resp, err := http.Post(tr.url+"/v1/chat/completions", "application/json", strings.NewReader(chatStream))
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			defer resp.Body.Close()
-			toks, done, err := readStream(resp.Body)
-			if err != nil || !done || strings.Join(toks, ",") != wantTokens(events) {
-				t.Errorf("a stream: err %v, done %v, tokens %v", err, done, toks)
-			}
-		})
-	}
-	wg.Wait()
+	tr := relayTicked(t, 6, 20, func(c *Config) { c.RequestLoops, c.UnbatchedIO = 1, true })
 	if n := batchedOps(tr); n != 0 {
 		t.Fatalf("%d reads and writes batched, want none", n)
 	}

@@ -73,26 +73,37 @@ func TestStreamLoopRelaysAndReusesTheConnection(t *testing.T) {
 // script's pieces, pausing between them, then closes the connection.
 func scriptedUpstream(t *testing.T, script ...string) string {
 	return loopbackServer(t, func(c net.Conn) {
-		br := bufio.NewReader(c)
-		for {
-			req, err := http.ReadRequest(br)
-			if err != nil {
-				return
-			}
-			io.Copy(io.Discard, req.Body) //nolint:errcheck
-			if req.Method != http.MethodPost {
-				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n") //nolint:errcheck
-				continue
-			}
+		engineConn(c, func() bool {
 			for _, piece := range script {
 				if _, err := io.WriteString(c, piece); err != nil {
-					return
+					return false
 				}
 				time.Sleep(20 * time.Millisecond)
 			}
+			return false
+		})
+	})
+}
+
+// engineConn answers an engine connection's requests, each body read: a
+// POST by post, which says whether the connection carries another; any
+// other method with an empty 200 (the router's probes and scrapes).
+func engineConn(c net.Conn, post func() bool) {
+	br := bufio.NewReader(c)
+	for {
+		req, err := http.ReadRequest(br)
+		if err != nil {
 			return
 		}
-	})
+		io.Copy(io.Discard, req.Body) //nolint:errcheck
+		if req.Method != http.MethodPost {
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n") //nolint:errcheck
+			continue
+		}
+		if !post() {
+			return
+		}
+	}
 }
 
 const sseHead = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
