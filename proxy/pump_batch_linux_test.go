@@ -26,7 +26,7 @@ import (
 
 // socketPair is a connected loopback TCP pair's descriptors, duplicated
 // out of Go's netpoller (non-blocking), closed when the test ends.
-func socketPair(t *testing.T) (a, b int) {
+func socketPair(t testing.TB) (a, b int) {
 	t.Helper()
 	c, p := tcpPair(t, func(_ testing.TB, c net.Conn) net.Conn { return c })
 	a, _ = dupSocket(c)
