@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -33,17 +32,6 @@ func decodeError(t *testing.T, resp *http.Response) openAIError {
 		t.Fatalf("incomplete error body: %s", b)
 	}
 	return e
-}
-
-// closedPort returns a loopback URL nobody listens on.
-func closedPort(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	u := "http://" + ln.Addr().String()
-	ln.Close()
-	return u
 }
 
 func TestErrorStatusesHaveOpenAIShape(t *testing.T) {
