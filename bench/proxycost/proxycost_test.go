@@ -193,3 +193,40 @@ func TestAcceptanceJudgesEachGpurouterColumn(t *testing.T) {
 		}
 	}
 }
+
+func TestReferenceJudgesTheOtherProxiesNotThemselves(t *testing.T) {
+	us := time.Microsecond
+	r := &Result{Config: Config{}.withDefaults(), Targets: []*TargetResult{
+		fakeTarget("direct", false, 100*us, 0, 0, 5000*us, 0),
+		fakeTarget("gpurouter", true, 210*us, 30*us, 9*us, 5200*us, 20),
+		fakeTarget("epoll-bare", true, 250*us, 12*us, 9*us, 5100*us, 1),
+		fakeTarget("haproxy", true, 190*us, 15*us, 8*us, 5000*us, 5),
+		fakeTarget("nginx", true, 200*us, 14*us, 10*us, 5000*us, 16),
+	}}
+	got := strings.Join(r.Reference(), "\n")
+	for _, want := range []string{
+		"PASS epoll-bare 1. CPU per request 12.0 µs = 0.80× HAProxy's 15.0",
+		"FAIL epoll-bare 4. added p50 at c=1 +150 µs = 1.50× nginx's +100",
+		"PASS haproxy 2. CPU per event 8.0 µs = 0.80× nginx's 10.0",
+		"PASS haproxy 3. RSS per idle stream 5.0 KiB vs nginx's 16.0 (≤ nginx's)\n",
+		"PASS haproxy 4. added p50 at c=1 +90 µs = 0.90× nginx's +100",
+		"PASS nginx 2. inter-arrival p50 5.00 ms, +0.0%",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("reference lacks %q:\n%s", want, got)
+		}
+	}
+	for _, never := range []string{"gpurouter", "S direct", "L direct", "haproxy 1.", "nginx 2. CPU", "nginx 3.", "nginx 4."} {
+		if strings.Contains(got, never) {
+			t.Errorf("reference has %q:\n%s", never, got)
+		}
+	}
+	if acc := strings.Join(r.Acceptance(), "\n"); strings.Contains(acc, "haproxy 4.") || strings.Contains(acc, "epoll-bare") {
+		t.Errorf("acceptance judges a reference proxy:\n%s", acc)
+	}
+	var out strings.Builder
+	r.WriteMarkdown(&out)
+	if !strings.Contains(out.String(), "the same rules on the other proxies (for scale, not judged):\n  PASS epoll-bare 1.") {
+		t.Errorf("report lacks the reference section:\n%s", out.String())
+	}
+}
