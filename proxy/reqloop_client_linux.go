@@ -25,6 +25,8 @@ type loopConn struct {
 	closing bool                       // a client's: close once out is written
 	serving bool                       // a client's: serve is reading its requests
 	wrote   time.Time                  // out last took bytes (or began to wait)
+	batched bool                       // out is kept for the read batch's writes (requestLoop.keep)
+	reading bool                       // a read of it is in the wake-up's batch (queueRead)
 
 	// A client's request in progress (req); nil between requests.
 	r   *loopReq
@@ -49,6 +51,12 @@ type loopConn struct {
 // completes.
 func (l *requestLoop) readClient(c *loopConn) {
 	n, err := rawRead(c.fd, l.buf)
+	l.clientRead(c, l.buf, n, err)
+}
+
+// clientRead serves what a read of c's socket gave: n bytes at the start
+// of buf (the loop's read buffer, or the batch's slot for c), or err.
+func (l *requestLoop) clientRead(c *loopConn, buf []byte, n int, err error) {
 	if err == unix.EAGAIN || err == unix.EINTR {
 		return
 	}
@@ -60,13 +68,13 @@ func (l *requestLoop) readClient(c *loopConn) {
 		// A request that comes whole in one read, the usual case, is
 		// served from the read buffer: no copy, no buffer held.
 		c.since = l.now
-		l.serve(c, l.buf[:n])
+		l.serve(c, buf[:n])
 		return
 	}
 	if c.in == nil {
 		c.in = bytebufferpool.Get()
 	}
-	c.in.Write(l.buf[:n]) //nolint:errcheck
+	c.in.Write(buf[:n]) //nolint:errcheck
 	if c.r != nil {
 		// Sent while its last request is in progress (pipelined): served
 		// next, within the limits of one request.
@@ -239,6 +247,9 @@ func (w *loopWriter) Write(p []byte) (int, error) {
 	c := w.c
 	if c.fd < 0 {
 		return 0, errLoopConn
+	}
+	if w.l.keep(c, p) {
+		return len(p), nil // written with the batch's (flushWrites)
 	}
 	if len(c.out) == 0 {
 		n, err := rawWrite(c.fd, p)

@@ -59,6 +59,7 @@ type requestLoop struct {
 
 	// Run's own.
 	host     *streamPump // relays the loop's streams (reqloop_stream_linux.go)
+	reads    loopReads   // a wake-up's reads of clients and engines (reqloop_batch_linux.go)
 	conns    fdTable[loopConn]
 	events   []unix.EpollEvent
 	buf      []byte // every read lands here first
@@ -82,6 +83,9 @@ type requestLoop struct {
 	dateText   []byte
 	dateSec    int64
 	rawAnswers atomic.Int64 // answers relayed from their bytes, for tests
+	// Reads and writes of clients and engines made in batches
+	// (reqloop_batch_linux.go), for tests.
+	batchedReads, batchedWrites atomic.Int64
 }
 
 // newRequestLoop is a loop of s's; clock is the exchanges' (Options.Now),
@@ -200,6 +204,7 @@ func (l *requestLoop) Run(ctx context.Context) error {
 	l.w.l = l
 	l.host.buf = l.buf
 	l.host.openBatch()
+	l.openReads()
 	l.holdP = runtime.GOMAXPROCS(0) > len(l.s.reqLoops)
 	l.idle = map[*upstream][]*loopConn{}
 	defer l.stop()
@@ -220,15 +225,20 @@ func (l *requestLoop) Run(ctx context.Context) error {
 		}
 		for _, ev := range l.events[:max(n, 0)] {
 			fd := int(ev.Fd)
-			if c := l.conns.get(fd); c != nil && c.stream != nil && ev.Events&unix.EPOLLOUT == 0 {
-				// A stream's engine sent: its read joins the wake-up's
-				// batch, made before anything else is touched.
-				l.host.queuePull(c.stream, l.now)
+			if c := l.conns.get(fd); c != nil && ev.Events&unix.EPOLLOUT == 0 {
+				// A socket to read: its read joins the wake-up's batch,
+				// made before anything else is touched — a stream's
+				// engine's in the streams' (reqloop_stream_linux.go).
+				if c.stream != nil {
+					l.host.queuePull(c.stream, l.now)
+				} else {
+					l.queueRead(c)
+				}
 				continue
 			}
 			// The batch first, and the connection looked up after it:
-			// a stream it ended may have let its connections go.
-			l.host.flushPulls(l.now)
+			// what a read gave may have let connections go.
+			l.flushReads()
 			if fd == l.wake {
 				l.admit()
 				continue
@@ -248,7 +258,7 @@ func (l *requestLoop) Run(ctx context.Context) error {
 				}
 			}
 		}
-		l.host.flushPulls(l.now)
+		l.flushReads()
 		if l.now.Sub(l.lastScan) >= reqLoopScan {
 			l.lastScan = l.now
 			l.scan()

@@ -157,6 +157,13 @@ func (l *requestLoop) readUpstream(u *loopConn) {
 		return
 	}
 	n, err := rawRead(u.fd, l.buf)
+	l.upstreamRead(u, l.buf, n, err)
+}
+
+// upstreamRead takes what a read of u's socket gave — n bytes at the
+// start of buf (the loop's read buffer, or the batch's slot for u), or
+// err — into the response in progress.
+func (l *requestLoop) upstreamRead(u *loopConn, buf []byte, n int, err error) {
 	if err == unix.EAGAIN || err == unix.EINTR {
 		return
 	}
@@ -181,11 +188,11 @@ func (l *requestLoop) readUpstream(u *loopConn) {
 	if u.in == nil {
 		u.in = bytebufferpool.Get()
 	}
-	u.in.Write(l.buf[:n]) //nolint:errcheck
+	u.in.Write(buf[:n]) //nolint:errcheck
 	u.last = l.now
 	used, done, ferr := 0, false, error(nil)
 	if !u.toClose {
-		used, done, ferr = u.end.Feed(l.buf[:n])
+		used, done, ferr = u.end.Feed(buf[:n])
 	}
 	switch {
 	case errors.Is(ferr, h1.ErrToClose):

@@ -1,0 +1,275 @@
+//go:build linux
+
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
+)
+
+// lockstepEngine answers each request with a chat completion naming the
+// request's X-Request-Id, and holds every answer until n requests are in:
+// then it writes them all, back to back, so that the router's loop finds
+// the engine's n answers ready together.
+func lockstepEngine(t *testing.T, n int) string {
+	type held struct {
+		c  net.Conn
+		id string
+	}
+	var (
+		mu   sync.Mutex
+		hold []held
+	)
+	answer := func(id string) string {
+		body := `{"id":"` + id + `","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`
+		return "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
+	}
+	return loopbackServer(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			io.Copy(io.Discard, req.Body) //nolint:errcheck
+			mu.Lock()
+			hold = append(hold, held{c, req.Header.Get("X-Request-Id")})
+			var out []held
+			if len(hold) == n {
+				out, hold = hold, nil
+			}
+			mu.Unlock()
+			for _, h := range out {
+				io.WriteString(h.c, answer(h.id)) //nolint:errcheck
+			}
+		}
+	})
+}
+
+// Requests and answers that reach a loop together are read in one batch
+// and written in one: each client gets its own answer, whole, on every
+// round.
+func TestRequestLoopBatchesRequestsReadyTogether(t *testing.T) {
+	openTestURing(t) // or skip
+	const clients = 12
+	tr := startRouter(t, []string{lockstepEngine(t, clients)}, oneLoop)
+	l := tr.srv.reqLoops[0]
+	conns := make([]net.Conn, clients)
+	readers := make([]*bufio.Reader, clients)
+	for i := range conns {
+		c, err := net.Dial("tcp", strings.TrimPrefix(tr.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(30 * time.Second)) //nolint:errcheck
+		conns[i], readers[i] = c, bufio.NewReader(c)
+	}
+	round := func(r int) {
+		var wg sync.WaitGroup
+		errs := make(chan string, clients)
+		for i, c := range conns {
+			wg.Go(func() {
+				id := "c" + strconv.Itoa(i) + "-r" + strconv.Itoa(r)
+				req := "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\nX-Request-Id: " + id +
+					"\r\nContent-Length: " + strconv.Itoa(len(chatPlain)) + "\r\n\r\n" + chatPlain
+				if _, err := io.WriteString(c, req); err != nil {
+					errs <- id + ": " + err.Error()
+					return
+				}
+				resp, err := http.ReadResponse(readers[i], nil)
+				if err != nil {
+					errs <- id + ": " + err.Error()
+					return
+				}
+				body, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if err != nil || resp.StatusCode != 200 || resp.Header.Get("X-Request-Id") != id || !bytes.Contains(body, []byte(`"id":"`+id+`"`)) {
+					errs <- id + ": answered " + resp.Status + " " + resp.Header.Get("X-Request-Id") + " " + string(body)
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for e := range errs {
+			t.Error(e)
+		}
+		if t.Failed() {
+			t.FailNow()
+		}
+	}
+	// The engine's answers come together every round; the clients'
+	// requests when the goroutines happen to send them together.
+	for r := 0; r < 40 && (l.batchedReads.Load() == 0 || l.batchedWrites.Load() == 0 || r < 5); r++ {
+		round(r)
+	}
+	if l.batchedReads.Load() == 0 || l.batchedWrites.Load() == 0 {
+		t.Fatalf("%d reads and %d writes batched in 40 rounds of %d clients; want some of each", l.batchedReads.Load(), l.batchedWrites.Load(), clients)
+	}
+}
+
+// A write kept for the batch's writes goes out as one made at once would:
+// in order with what follows it on its socket, the rest waiting for
+// EPOLLOUT when the socket takes less, the connection closed when it
+// fails. A client that may have another request in the batch — a read of
+// it still to come, or one pipelined — is written at once, since a
+// request handed off would take its kept bytes with it.
+func TestRequestLoopKeptWrites(t *testing.T) {
+	openTestURing(t) // or skip
+	m, err := newMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{cfg: Config{}.withDefaults(), now: time.Now, m: m}
+	l := newRequestLoop(s, nil)
+	if err := l.open(); err != nil {
+		t.Fatal(err)
+	}
+	l.host.openBatch()
+	l.openReads()
+	t.Cleanup(func() { l.host.closeBatch(); unix.Close(l.ep); unix.Close(l.wake) })
+	l.now = time.Now()
+	conn := func() (*loopConn, int) {
+		a, b := socketPair(t)
+		fd, err := unix.Dup(a) // the loop closes its own on failure
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := &loopConn{fd: fd}
+		l.conns.set(fd, c)
+		unix.EpollCtl(l.ep, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP, Fd: int32(fd)}) //nolint:errcheck
+		return c, b
+	}
+	peerHas := func(fd int, want string) {
+		t.Helper()
+		if got := readFor(fd, len(want)); string(got) != want {
+			t.Fatalf("the peer read %q (%d bytes), want %q (%d bytes)", trim(got), len(got), trim([]byte(want)), len(want))
+		}
+	}
+	write := func(c *loopConn, p string) {
+		t.Helper()
+		w := loopWriter{l: l, c: c}
+		if n, err := w.Write([]byte(p)); n != len(p) || err != nil {
+			t.Fatalf("Write: %d, %v", n, err)
+		}
+	}
+
+	plain, plainPeer := conn()
+	reading, readingPeer := conn()
+	reading.reading = true
+	pipelined, pipelinedPeer := conn()
+	pipelined.keep([]byte("POST /next"))
+	engine, enginePeer := conn()
+	engine.up, engine.reading = &upstream{}, true // an engine's read to come is no hand-off
+	full, fullPeer := conn()
+	// A client gone: a socket whose peer is closed (a Unix pair's, which
+	// fails a write with EPIPE at once, as TCP does once its reset is in).
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(pair[1])
+	gone := &loopConn{fd: pair[0]}
+	l.conns.set(pair[0], gone)
+
+	// The full client's socket takes nothing more.
+	filler := bytes.Repeat([]byte("f"), 64<<10)
+	var filled int
+	for i := 0; i < 10000; i++ {
+		n, err := rawWrite(full.fd, filler)
+		if err == unix.EAGAIN {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		filled += n
+	}
+
+	l.reads.taking = true
+	write(plain, "answer one,")
+	write(plain, " and two") // after kept bytes: appended, in order
+	write(reading, "written at once")
+	write(pipelined, "written at once too")
+	write(engine, "POST /v1/chat/completions")
+	write(full, strings.Repeat("k", 1000))
+	write(gone, "to nobody")
+	if !plain.batched || !engine.batched || !full.batched || !gone.batched || reading.batched || pipelined.batched {
+		t.Fatalf("kept: plain %v engine %v full %v gone %v, reading %v pipelined %v; want the first four",
+			plain.batched, engine.batched, full.batched, gone.batched, reading.batched, pipelined.batched)
+	}
+	peerHas(readingPeer, "written at once")
+	peerHas(pipelinedPeer, "written at once too")
+
+	l.flushWrites()
+	if n := l.batchedWrites.Load(); n != 4 {
+		t.Errorf("%d writes batched, want 4", n)
+	}
+
+	peerHas(plainPeer, "answer one, and two")
+	peerHas(enginePeer, "POST /v1/chat/completions")
+	if plain.out != nil || plain.batched || engine.out != nil {
+		t.Errorf("written whole, yet %q and %q wait", plain.out, engine.out)
+	}
+	if gone.fd != -1 || l.conns.get(plain.fd) != plain {
+		t.Errorf("the gone client's descriptor %d (want closed), the others' kept: %v", gone.fd, l.conns.get(plain.fd) == plain)
+	}
+	if len(full.out) != 1000 {
+		t.Fatalf("%d bytes wait for the full client, want 1000", len(full.out))
+	}
+	// The next batch's kept bytes take the same memory: the rest waiting
+	// must not be in it.
+	l.reads.taking = true
+	write(plain, strings.Repeat("z", 1000))
+	write(engine, "POST again")
+	l.flushWrites()
+	peerHas(plainPeer, strings.Repeat("z", 1000))
+	peerHas(enginePeer, "POST again")
+	// Once its peer reads, EPOLLOUT's write (writable) sends the rest.
+	want := strings.Repeat("f", filled) + strings.Repeat("k", 1000)
+	got := make(chan []byte, 1)
+	go func() { got <- readFor(fullPeer, len(want)) }()
+	for end := time.Now().Add(5 * time.Second); len(full.out) > 0 && time.Now().Before(end); time.Sleep(time.Millisecond) {
+		l.writable(full)
+	}
+	if b := <-got; string(b) != want || len(full.out) != 0 {
+		t.Fatalf("the full client's peer read %d bytes (%q), want %d; %d bytes still wait", len(b), trim(b), len(want), len(full.out))
+	}
+}
+
+// readFor reads fd (non-blocking) until it has n bytes, the peer ends, or
+// 5 s pass.
+func readFor(fd, n int) []byte {
+	got := make([]byte, 0, n)
+	buf := make([]byte, 64<<10)
+	for end := time.Now().Add(5 * time.Second); len(got) < n && time.Now().Before(end); {
+		m, err := rawRead(fd, buf)
+		if err == unix.EAGAIN {
+			time.Sleep(time.Millisecond)
+			continue
+		}
+		if err != nil || m == 0 {
+			break
+		}
+		got = append(got, buf[:m]...)
+	}
+	return got
+}
+
+func trim(b []byte) []byte {
+	if len(b) > 64 {
+		return append(append(b[:30:30], "..."...), b[len(b)-30:]...)
+	}
+	return b
+}
