@@ -84,9 +84,10 @@ type Config struct {
 	// 30k requests a second on a core [0: one per two of GOMAXPROCS, at
 	// least one].
 	RequestLoops int
-	// UnbatchedIO makes each stream read and write of a loop a system
-	// call of its own. Otherwise a loop makes one wake-up's reads in one
-	// io_uring_enter(2), then their writes in another (pump_batch_linux.go;
+	// UnbatchedIO makes each read and write of a loop — a stream's, a
+	// request's, an answer's — a system call of its own. Otherwise a loop
+	// makes one wake-up's reads in one io_uring_enter(2), then their
+	// writes in another (pump_batch_linux.go, reqloop_batch_linux.go;
 	// Linux 5.18+, where the kernel and its seccomp profile allow io_uring,
 	// else unbatched with one log line) [false].
 	UnbatchedIO bool

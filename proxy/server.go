@@ -329,7 +329,7 @@ func (s *Server) runRequestLoops(ctx context.Context) <-chan struct{} {
 // read and write: the kernel refused io_uring (err).
 func (s *Server) batchOff(err error) {
 	s.batchLog.Do(func() {
-		s.log.Info("stream reads and writes are not batched: io_uring refused, each is a system call", zap.Error(err))
+		s.log.Info("loops' reads and writes are not batched: io_uring refused, each is a system call", zap.Error(err))
 	})
 }
 

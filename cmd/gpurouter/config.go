@@ -118,7 +118,7 @@ type upstreamConfig struct {
 	StreamLoops        int           `yaml:"stream_loops"`          // stream loops sharing the streams; default 0: one per four of GOMAXPROCS, at least one
 	GoroutineRequests  bool          `yaml:"goroutine_requests"`    // serve every request on fasthttp's goroutines, without request loops; default false
 	RequestLoops       int           `yaml:"request_loops"`         // request loops serving API requests and relaying their streams (Linux); default 0: one per two of GOMAXPROCS, at least one
-	UnbatchedIO        bool          `yaml:"unbatched_io"`          // a system call for each stream read and write, none batched through io_uring; default false
+	UnbatchedIO        bool          `yaml:"unbatched_io"`          // a system call for each socket read and write of the loops, none batched through io_uring; default false
 }
 
 type healthConfig struct {
