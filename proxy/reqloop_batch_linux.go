@@ -144,6 +144,12 @@ func (l *requestLoop) flushReads() {
 		} else {
 			l.clientRead(c, b, t.n[i], t.err[i])
 		}
+		if t.n[i] == slot && l.still(c, t.fds[i]) && c.stream == nil {
+			// A read that filled its slot — a long prompt, a long answer
+			// — goes on at once into the loop's read buffer, as a read
+			// made alone would have, rather than a slot a wake-up.
+			l.read(c)
+		}
 	}
 }
 

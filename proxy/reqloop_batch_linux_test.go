@@ -32,7 +32,11 @@ func lockstepEngine(t *testing.T, n int) string {
 		hold []held
 	)
 	answer := func(id string) string {
-		body := `{"id":"` + id + `","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`
+		content := "ok"
+		if strings.HasSuffix(id, "-long") {
+			content = strings.Repeat("long answer ", 3000) // past a batch's read slot
+		}
+		body := `{"id":"` + id + `","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"` + content + `"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`
 		return "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
 	}
 	return loopbackServer(t, func(c net.Conn) {
@@ -59,7 +63,8 @@ func lockstepEngine(t *testing.T, n int) string {
 
 // Requests and answers that reach a loop together are read in one batch
 // and written in one: each client gets its own answer, whole, on every
-// round.
+// round — a third of them long requests and answers, past a batch's read
+// slot.
 func TestRequestLoopBatchesRequestsReadyTogether(t *testing.T) {
 	openTestURing(t) // or skip
 	const clients = 12
@@ -81,9 +86,12 @@ func TestRequestLoopBatchesRequestsReadyTogether(t *testing.T) {
 		errs := make(chan string, clients)
 		for i, c := range conns {
 			wg.Go(func() {
-				id := "c" + strconv.Itoa(i) + "-r" + strconv.Itoa(r)
+				id, body := "c"+strconv.Itoa(i)+"-r"+strconv.Itoa(r), chatPlain
+				if i%3 == 0 {
+					id, body = id+"-long", `{"model":"m","messages":[{"role":"user","content":"`+strings.Repeat("a long prompt ", 3000)+`"}]}`
+				}
 				req := "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\nX-Request-Id: " + id +
-					"\r\nContent-Length: " + strconv.Itoa(len(chatPlain)) + "\r\n\r\n" + chatPlain
+					"\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
 				if _, err := io.WriteString(c, req); err != nil {
 					errs <- id + ": " + err.Error()
 					return
@@ -93,10 +101,11 @@ func TestRequestLoopBatchesRequestsReadyTogether(t *testing.T) {
 					errs <- id + ": " + err.Error()
 					return
 				}
-				body, err := io.ReadAll(resp.Body)
+				got, err := io.ReadAll(resp.Body)
 				resp.Body.Close()
-				if err != nil || resp.StatusCode != 200 || resp.Header.Get("X-Request-Id") != id || !bytes.Contains(body, []byte(`"id":"`+id+`"`)) {
-					errs <- id + ": answered " + resp.Status + " " + resp.Header.Get("X-Request-Id") + " " + string(body)
+				if err != nil || resp.StatusCode != 200 || resp.Header.Get("X-Request-Id") != id || !bytes.Contains(got, []byte(`"id":"`+id+`"`)) ||
+					strings.HasSuffix(id, "-long") != (len(got) > 30000) {
+					errs <- id + ": answered " + resp.Status + " " + resp.Header.Get("X-Request-Id") + " " + string(trim(got))
 				}
 			})
 		}
