@@ -51,8 +51,7 @@ const (
 	loopFrameBytes = 256 << 10 // a write that would take the kept bytes past this is made at once
 	// loopReadsMax leaves each read 16 KiB at the least: a request's head
 	// and a chat body of a few thousand tokens in one read. A read that
-	// fills its slot leaves the rest in the socket, which the next wait
-	// reports at once.
+	// fills its slot reads on at once (flushReads).
 	loopReadsMax = loopReadBytes / (16 << 10)
 )
 
