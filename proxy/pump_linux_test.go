@@ -89,6 +89,11 @@ func scriptedUpstream(t *testing.T, script ...string) string {
 // POST by post, which says whether the connection carries another; any
 // other method with an empty 200 (the router's probes and scrapes).
 func engineConn(c net.Conn, post func() bool) {
+	enginePosts(c, func(*http.Request) bool { return post() })
+}
+
+// enginePosts is engineConn with each POST's request given to post.
+func enginePosts(c net.Conn, post func(*http.Request) bool) {
 	br := bufio.NewReader(c)
 	for {
 		req, err := http.ReadRequest(br)
@@ -100,7 +105,7 @@ func engineConn(c net.Conn, post func() bool) {
 			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n") //nolint:errcheck
 			continue
 		}
-		if !post() {
+		if !post(req) {
 			return
 		}
 	}

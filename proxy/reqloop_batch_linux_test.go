@@ -40,13 +40,7 @@ func lockstepEngine(t *testing.T, n int) string {
 		return "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
 	}
 	return loopbackServer(t, func(c net.Conn) {
-		br := bufio.NewReader(c)
-		for {
-			req, err := http.ReadRequest(br)
-			if err != nil {
-				return
-			}
-			io.Copy(io.Discard, req.Body) //nolint:errcheck
+		enginePosts(c, func(req *http.Request) bool {
 			mu.Lock()
 			hold = append(hold, held{c, req.Header.Get("X-Request-Id")})
 			var out []held
@@ -57,7 +51,8 @@ func lockstepEngine(t *testing.T, n int) string {
 			for _, h := range out {
 				io.WriteString(h.c, answer(h.id)) //nolint:errcheck
 			}
-		}
+			return true
+		})
 	})
 }
 
