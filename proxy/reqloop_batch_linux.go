@@ -166,6 +166,12 @@ func (t *loopReads) result(i, n int, err error) { t.n[i], t.err[i] = n, err }
 // request before the batch ends — one read ahead of it in this batch, or
 // pipelined — since a request the loop hands off (handOff) takes the
 // connection, and kept bytes with it would be lost.
+//
+// A kept answer that then fails (a client reset between the batch's reads
+// and its writes) fails after its exchange was finished as written: it is
+// counted as served, and the connection closes — as with an answer whose
+// socket took part of it and failed at EPOLLOUT. A reset that came before
+// the wait is in the batch (reading), and its answer is written at once.
 func (l *requestLoop) keep(c *loopConn, p []byte) bool {
 	t := &l.reads
 	if !t.taking || len(c.out) > 0 || c.batched || len(t.sends) == uringBatchMax || len(t.frames)+len(p) > loopFrameBytes {
@@ -241,9 +247,7 @@ func (l *requestLoop) wroteKept(c *loopConn, n int, err error) {
 		return
 	}
 	c.out = nil
-	if c.up == nil && c.closing {
-		l.closeClient(c)
-	}
+	l.drained(c)
 }
 
 func (t *loopReads) sent(i, n int, err error) { t.sn[i], t.serr[i] = n, err }

@@ -277,3 +277,57 @@ func trim(b []byte) []byte {
 	}
 	return b
 }
+
+// A request pipelined behind an answer its client's socket has not taken
+// whole waits for that answer to go out before it is served: one the loop
+// hands off (here a GET of the router's own) would take the connection,
+// and the answer's rest with it.
+func TestRequestLoopServesNextRequestOnceTheAnswerIsOut(t *testing.T) {
+	body := `{"id":"big","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"` +
+		strings.Repeat("x", 24<<20) + `"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`
+	answer := "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
+	engine := loopbackServer(t, func(c net.Conn) {
+		enginePosts(c, func(*http.Request) bool {
+			_, err := io.WriteString(c, answer)
+			return err == nil
+		})
+	})
+	tr := startRouter(t, []string{engine}, oneLoop)
+	c, err := net.Dial("tcp", strings.TrimPrefix(tr.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(30 * time.Second)) //nolint:errcheck
+	post := "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\nX-Request-Id: first\r\nContent-Length: " +
+		strconv.Itoa(len(chatPlain)) + "\r\n\r\n" + chatPlain
+	if _, err := io.WriteString(c, post); err != nil {
+		t.Fatal(err)
+	}
+	// The answer fills the client's socket while the client reads
+	// nothing; then the next request comes, one the loop hands off.
+	time.Sleep(300 * time.Millisecond)
+	if _, err := io.WriteString(c, "GET /v1/models HTTP/1.1\r\nHost: r\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	br := bufio.NewReaderSize(c, 1<<20)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != 200 || string(got) != body {
+		t.Fatalf("first answer: %s, %d of %d bytes, %v", resp.Status, len(got), len(body), err)
+	}
+	resp, err = http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("the models list after it: %v", err)
+	}
+	got, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !bytes.Contains(got, []byte(`"object":"list"`)) {
+		t.Fatalf("the models list: %s %s", resp.Status, trim(got))
+	}
+}

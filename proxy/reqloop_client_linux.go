@@ -111,6 +111,12 @@ func (l *requestLoop) serve(c *loopConn, b []byte) {
 // its length (0 while it is not whole); served is false when c was handed
 // off with b (or closed) instead.
 func (l *requestLoop) serveOne(c *loopConn, b []byte) (n int, served bool) {
+	if len(c.out) > 0 {
+		// The last answer is not all out: the next request waits for it
+		// (drained), since one handed off takes the connection, and
+		// the answer's rest with it.
+		return 0, true
+	}
 	n = h1.RequestLen(b, l.s.cfg.MaxHeaderBytes)
 	switch {
 	case n < 0: // a chunked body, or a head over the limit: fasthttp's to answer
@@ -299,9 +305,21 @@ func (l *requestLoop) writable(c *loopConn) bool {
 	}
 	c.out = nil
 	l.rewatch(c, unix.EPOLLIN|unix.EPOLLRDHUP)
-	if c.up == nil && c.closing {
+	return l.drained(c)
+}
+
+// drained goes on with c once its socket has taken all it held: a client
+// told Connection: close is closed (false), one with a request pipelined
+// behind the answer has it served (serveOne waits for this).
+func (l *requestLoop) drained(c *loopConn) bool {
+	switch {
+	case c.up != nil:
+	case c.closing:
 		l.closeClient(c)
 		return false
+	case c.r == nil && !c.serving && c.in != nil && c.in.Len() > 0:
+		l.serve(c, c.in.B)
+		return c.fd >= 0
 	}
 	return true
 }
