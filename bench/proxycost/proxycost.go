@@ -123,7 +123,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	defer up.stop()
 	fmt.Fprintf(cfg.Progress, "upstream on %s\n", up.addr())
 
-	res := &Result{Config: cfg, Started: time.Now()}
+	res := &Result{Config: cfg, Started: time.Now(), Box: machine()}
 	targets := []Target{{Name: "direct", Addr: up.addr()}}
 	defer func() {
 		for i := range targets {

@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
-	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -104,6 +102,7 @@ type Figures struct {
 type Result struct {
 	Config    Config          `json:"-"`
 	Started   time.Time       `json:"started"`
+	Box       string          `json:"box"` // CPU, kernel, Go, and how an idle CPU waits (describeBox)
 	Elapsed   time.Duration   `json:"elapsed_ns"`
 	Runs      int             `json:"runs"`       // every run made, retries included
 	Discarded int             `json:"discarded"`  // noisy runs rerun
@@ -144,7 +143,7 @@ func (r *Result) WriteMarkdown(w io.Writer) {
 	fs := r.Figures()
 	c := r.Config
 	fmt.Fprintf(w, "proxy cost, %s on %s (%s); %d reps interleaved, medians; runs %s (c=1 %s); requests %d B, replies %d B\n\n",
-		r.Started.UTC().Format("2006-01-02 15:04 MST"), hostname(), machine(), c.Reps, c.Duration, c.C1Duration, c.RequestBytes, c.ReplyBytes)
+		r.Started.UTC().Format("2006-01-02 15:04 MST"), hostname(), r.Box, c.Reps, c.Duration, c.C1Duration, c.RequestBytes, c.ReplyBytes)
 	fmt.Fprint(w, "| |")
 	for _, f := range fs {
 		fmt.Fprintf(w, " %s |", f.Name)
@@ -288,22 +287,4 @@ func (r *Result) WriteJSON(w io.Writer) error {
 		Acceptance   []string  `json:"acceptance,omitempty"`
 		Reference    []string  `json:"reference,omitempty"` // the same rules on the other proxies
 	}{r, r.Config.RequestBytes, r.Config.ReplyBytes, r.Figures(), r.Acceptance(), r.Reference()})
-}
-
-// machine describes the box: CPU model and count, kernel, Go.
-func machine() string {
-	model := "unknown CPU"
-	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for line := range strings.SplitSeq(string(b), "\n") {
-			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
-				model = strings.TrimSpace(v)
-				break
-			}
-		}
-	}
-	kernel := ""
-	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
-		kernel = ", Linux " + strings.TrimSpace(string(b))
-	}
-	return fmt.Sprintf("%d× %s%s, %s", runtime.NumCPU(), model, kernel, runtime.Version())
 }
