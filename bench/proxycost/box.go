@@ -87,9 +87,9 @@ func idleWait(read func(string) ([]byte, error)) string {
 	case err != nil:
 		return s
 	case ns <= 0:
-		return s + " (guest halt polling off: an idle vCPU halts at once)"
+		return s + ", guest halt polling off: an idle vCPU halts at once"
 	default:
-		return s + fmt.Sprintf(" (an idle vCPU polls up to %d µs before it halts)", ns/1000)
+		return s + fmt.Sprintf(", guest halt polling: an idle vCPU polls up to %d µs before it halts", ns/1000)
 	}
 }
 

@@ -26,9 +26,9 @@ func TestDescribeBoxSaysHowAnIdleCPUWaits(t *testing.T) {
 		want  string // what follows "2× AMD EPYC, Linux 6.18.44, go1.x"
 	}{
 		{"haltpoll, polling off", map[string]string{cpuidlePath: "haltpoll\n", haltPollMaxPath: "0\n"},
-			"; a VM, cpuidle haltpoll (guest halt polling off: an idle vCPU halts at once)"},
+			"; a VM, cpuidle haltpoll, guest halt polling off: an idle vCPU halts at once"},
 		{"haltpoll, polling on", map[string]string{cpuidlePath: "haltpoll\n", haltPollMaxPath: "200000\n"},
-			"; a VM, cpuidle haltpoll (an idle vCPU polls up to 200 µs before it halts)"},
+			"; a VM, cpuidle haltpoll, guest halt polling: an idle vCPU polls up to 200 µs before it halts"},
 		{"haltpoll, no parameters", map[string]string{cpuidlePath: "haltpoll\n"}, "; a VM, cpuidle haltpoll"},
 		{"another driver", map[string]string{cpuidlePath: "intel_idle\n", haltPollMaxPath: "0\n"}, "; a VM, cpuidle intel_idle"},
 		{"no driver", map[string]string{cpuidlePath: "none\n"}, "; a VM, no cpuidle driver"},
