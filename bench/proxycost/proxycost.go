@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -73,6 +74,10 @@ type Config struct {
 	// IdleHold keeps the idle streams open this long after their RSS is
 	// read, to inspect the proxy (a heap profile) while they are [0].
 	IdleHold time.Duration
+	// Workloads are the workloads measured, by name (Workloads lists
+	// them); nil measures all. Comparing two builds at c=1 alone takes a
+	// fifth of a whole run, so more reps fit in the same time.
+	Workloads []string
 
 	Progress io.Writer // one line per run; nil means none
 }
@@ -112,10 +117,40 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// Workloads are the names Config.Workloads takes, in the order a rep
+// runs them: c=1, c=64 (Concurrency), the SSE streams and the idle
+// streams' memory.
+var Workloads = []string{"c1", "c64", "sse", "idle"}
+
+// ParseWorkloads reads a comma-separated list of Workloads' names.
+func ParseWorkloads(list string) ([]string, error) {
+	var out []string
+	for w := range strings.SplitSeq(list, ",") {
+		w = strings.TrimSpace(w)
+		if !slices.Contains(Workloads, w) {
+			return nil, fmt.Errorf("unknown workload %q (want some of %s)", w, strings.Join(Workloads, ","))
+		}
+		if !slices.Contains(out, w) {
+			out = append(out, w)
+		}
+	}
+	return out, nil
+}
+
+// measures reports whether the run measures workload w (a Workloads name).
+func (c Config) measures(w string) bool {
+	return len(c.Workloads) == 0 || slices.Contains(c.Workloads, w)
+}
+
 // Run starts the upstream and the targets, measures, stops everything it
 // started and returns the figures.
 func Run(ctx context.Context, cfg Config) (*Result, error) {
 	cfg = cfg.withDefaults()
+	for _, w := range cfg.Workloads {
+		if !slices.Contains(Workloads, w) {
+			return nil, fmt.Errorf("proxycost: unknown workload %q", w)
+		}
+	}
 	up := newUpstream(cfg.Interval, cfg.Events, chatReply(cfg.ReplyBytes), time.Now)
 	if err := up.listen(cfg.UpstreamAddr); err != nil {
 		return nil, fmt.Errorf("proxycost: upstream: %w", err)
@@ -275,14 +310,17 @@ func sumRSS(pids []int) (int64, error) {
 // rep is one repetition of every workload on one target.
 func (m *measurer) rep(ctx context.Context, t *Target, tr *TargetResult, rep int) error {
 	kinds := []struct {
-		name string
-		run  func(context.Context, *Target, *sample) error
+		workload, name string
+		run            func(context.Context, *Target, *sample) error
 	}{
-		{"c=1", m.runC1},
-		{"c=64", m.runC64},
-		{"sse", m.runSSE},
+		{"c1", "c=1", m.runC1},
+		{"c64", "c=64", m.runC64},
+		{"sse", "sse", m.runSSE},
 	}
 	for _, k := range kinds {
+		if !m.cfg.measures(k.workload) {
+			continue
+		}
 		var best *sample
 		for attempt := 0; attempt <= m.cfg.Retries; attempt++ {
 			s := &sample{}
@@ -317,7 +355,7 @@ func (m *measurer) rep(ctx context.Context, t *Target, tr *TargetResult, rep int
 		}
 		tr.add(k.name, best)
 	}
-	if len(t.PIDs) == 0 {
+	if len(t.PIDs) == 0 || !m.cfg.measures("idle") {
 		return nil // direct: nothing's memory to measure
 	}
 	var rss int64

@@ -230,3 +230,57 @@ func TestReferenceJudgesTheOtherProxiesNotThemselves(t *testing.T) {
 		t.Errorf("report lacks the reference section:\n%s", out.String())
 	}
 }
+
+// TestRunOneWorkload runs the harness, tiny, at c=1 alone: one run a rep,
+// and a report with the c=1 row and none of the others.
+func TestRunOneWorkload(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := Run(ctx, Config{
+		Reps: 3, C1Duration: 100 * time.Millisecond, Concurrency: 4, Streams: 4, Events: 10,
+		Warmup: 100 * time.Millisecond, Retries: -1, Workloads: []string{"c1"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Runs != 3 {
+		t.Fatalf("%d runs, want 3 (3 reps × c=1)", res.Runs)
+	}
+	d := res.Figures()[0]
+	if d.P50C1us <= 0 || d.ReqPerSec != 0 || d.SSEDelayP50us != 0 {
+		t.Fatalf("figures %+v: want c=1's alone", d)
+	}
+	var out bytes.Buffer
+	res.WriteMarkdown(&out)
+	report := out.String()
+	if !strings.Contains(report, "| added p50 at c=1") || !strings.Contains(report, "; workloads c1 only") {
+		t.Fatalf("report lacks the c=1 row or the heading's workloads:\n%s", report)
+	}
+	for _, never := range []string{"proxy CPU per request", "req/s", "SSE", "extra RSS"} {
+		if strings.Contains(report, never) {
+			t.Errorf("report has %q, a workload not measured:\n%s", never, report)
+		}
+	}
+	if _, err := Run(ctx, Config{Workloads: []string{"c2"}}); err == nil {
+		t.Error("Run took an unknown workload")
+	}
+}
+
+func TestParseWorkloads(t *testing.T) {
+	for in, want := range map[string]string{
+		"c1":              "c1",
+		" c1 , sse":       "c1 sse",
+		"idle,c1,idle":    "idle c1",
+		"c1,c64,sse,idle": "c1 c64 sse idle",
+	} {
+		got, err := ParseWorkloads(in)
+		if err != nil || strings.Join(got, " ") != want {
+			t.Errorf("ParseWorkloads(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "c2", "c1,", "c1;sse"} {
+		if got, err := ParseWorkloads(bad); err == nil {
+			t.Errorf("ParseWorkloads(%q) = %q, want an error", bad, got)
+		}
+	}
+}

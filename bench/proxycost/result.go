@@ -142,8 +142,12 @@ func (r *Result) Figures() []Figures {
 func (r *Result) WriteMarkdown(w io.Writer) {
 	fs := r.Figures()
 	c := r.Config
-	fmt.Fprintf(w, "proxy cost, %s on %s (%s); %d reps interleaved, medians; runs %s (c=1 %s); requests %d B, replies %d B\n\n",
-		r.Started.UTC().Format("2006-01-02 15:04 MST"), hostname(), r.Box, c.Reps, c.Duration, c.C1Duration, c.RequestBytes, c.ReplyBytes)
+	only := ""
+	if len(c.Workloads) > 0 {
+		only = "; workloads " + strings.Join(c.Workloads, ",") + " only"
+	}
+	fmt.Fprintf(w, "proxy cost, %s on %s (%s); %d reps interleaved, medians; runs %s (c=1 %s); requests %d B, replies %d B%s\n\n",
+		r.Started.UTC().Format("2006-01-02 15:04 MST"), hostname(), r.Box, c.Reps, c.Duration, c.C1Duration, c.RequestBytes, c.ReplyBytes, only)
 	fmt.Fprint(w, "| |")
 	for _, f := range fs {
 		fmt.Fprintf(w, " %s |", f.Name)
@@ -153,7 +157,11 @@ func (r *Result) WriteMarkdown(w io.Writer) {
 		fmt.Fprint(w, "---|")
 	}
 	fmt.Fprintln(w)
+	workload := "c1" // of the rows that follow: a workload not measured has none
 	row := func(label string, cell func(Figures) string) {
+		if !c.measures(workload) {
+			return
+		}
 		fmt.Fprintf(w, "| %s |", label)
 		for _, f := range fs {
 			fmt.Fprintf(w, " %s |", cell(f))
@@ -177,12 +185,15 @@ func (r *Result) WriteMarkdown(w io.Writer) {
 		}
 	}
 	row("added p50 at c=1 (µs; direct: its p50)", added(func(f Figures) float64 { return f.AddedP50C1us }, func(f Figures) float64 { return f.P50C1us }))
+	workload = "c64"
 	row(fmt.Sprintf("proxy CPU per request at c=%d (µs)", c.Concurrency), measured("%.1f", func(f Figures) float64 { return f.CPUPerReqUs }))
 	row(fmt.Sprintf("req/s at c=%d", c.Concurrency), func(f Figures) string { return fmt.Sprintf("%.1fk", f.ReqPerSec/1e3) })
+	workload = "sse"
 	row(fmt.Sprintf("SSE, %d streams: added p50 per event (µs; direct: its p50)", c.Streams), added(func(f Figures) float64 { return f.SSEAddedP50us }, func(f Figures) float64 { return f.SSEDelayP50us }))
 	row("SSE: proxy CPU per event (µs)", measured("%.1f", func(f Figures) float64 { return f.CPUPerEventUs }))
 	row(fmt.Sprintf("SSE: inter-arrival p50, events sent every %s (ms)", c.Interval), func(f Figures) string { return fmt.Sprintf("%.2f", f.InterArrivalMs) })
 	row(fmt.Sprintf("SSE: gaps under %s (coalesced)", c.Interval/5), func(f Figures) string { return fmt.Sprintf("%.1f%%", 100*f.Coalesced) })
+	workload = "idle"
 	row(fmt.Sprintf("extra RSS per idle stream, %d streams (KiB)", c.IdleStreams), measured("%.1f", func(f Figures) float64 { return f.RSSPerStream }))
 	fmt.Fprintf(w, "\n%d runs, %d noisy runs discarded and rerun, %d kept noisy after %d retries (other processes over %s of CPU in the run)\n",
 		r.Runs, r.Discarded, r.KeptNoisy, c.Retries, c.QuietCPU)

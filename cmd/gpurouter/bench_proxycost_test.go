@@ -82,3 +82,15 @@ func TestBenchProxyCostTiny(t *testing.T) {
 		t.Fatalf("%d runs, want %d", got.Runs, want)
 	}
 }
+
+// TestBenchProxyCostRefusesAnUnknownWorkload: a typo in --workloads is a
+// usage error before anything starts, not a run that measures nothing.
+func TestBenchProxyCostRefusesAnUnknownWorkload(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"bench", "proxy-cost", "--workloads", "c1,c=64"}, &stdout, &stderr); code != 2 {
+		t.Fatalf("exit %d, want 2\n%s\n%s", code, stdout.String(), stderr.String())
+	}
+	if !strings.Contains(stderr.String(), `unknown workload "c=64"`) {
+		t.Fatalf("stderr does not name the workload:\n%s", stderr.String())
+	}
+}
