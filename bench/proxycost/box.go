@@ -23,9 +23,10 @@ const (
 // proxy's CPU goes idle twice a request, and on a VM whose idle vCPUs halt
 // (the haltpoll driver with guest halt polling off, say) each wake-up is a
 // trip through the hypervisor. On the 2 vCPU AMD EPYC VM of 2026-12-06
-// every proxy added 112–127 µs at c=1 with polling off and 31–44 µs with
-// it on (guest_halt_poll_ns 200000), the router's ratio to nginx's the same
-// (0.90–0.98× and 0.97×). read is os.ReadFile outside tests.
+// every proxy added 108–149 µs at c=1 with polling off, which hid the
+// proxies' own work, and 24–61 µs with it on (guest_halt_poll_ns 200000),
+// where the router's own work showed (docs/performance-log.md). read is
+// os.ReadFile outside tests.
 func describeBox(read func(string) ([]byte, error)) string {
 	model, vm := "unknown CPU", false
 	if b, err := read(cpuinfoPath); err == nil {

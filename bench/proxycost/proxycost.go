@@ -74,8 +74,8 @@ type Config struct {
 	// IdleHold keeps the idle streams open this long after their RSS is
 	// read, to inspect the proxy (a heap profile) while they are [0].
 	IdleHold time.Duration
-	// Workloads are the workloads measured, by name (Workloads lists
-	// them); nil measures all. Comparing two builds at c=1 alone takes a
+	// Workloads are the workloads measured, by name (WorkloadNames);
+	// nil measures all. Comparing two builds at c=1 alone takes a
 	// fifth of a whole run, so more reps fit in the same time.
 	Workloads []string
 
@@ -117,18 +117,19 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Workloads are the names Config.Workloads takes, in the order a rep
+// WorkloadNames are the names Config.Workloads takes, in the order a rep
 // runs them: c=1, c=64 (Concurrency), the SSE streams and the idle
 // streams' memory.
-var Workloads = []string{"c1", "c64", "sse", "idle"}
+func WorkloadNames() []string { return []string{"c1", "c64", "sse", "idle"} }
 
-// ParseWorkloads reads a comma-separated list of Workloads' names.
+// ParseWorkloads reads a comma-separated list of WorkloadNames.
 func ParseWorkloads(list string) ([]string, error) {
 	var out []string
+	names := WorkloadNames()
 	for w := range strings.SplitSeq(list, ",") {
 		w = strings.TrimSpace(w)
-		if !slices.Contains(Workloads, w) {
-			return nil, fmt.Errorf("unknown workload %q (want some of %s)", w, strings.Join(Workloads, ","))
+		if !slices.Contains(names, w) {
+			return nil, fmt.Errorf("unknown workload %q (want some of %s)", w, strings.Join(names, ","))
 		}
 		if !slices.Contains(out, w) {
 			out = append(out, w)
@@ -147,7 +148,7 @@ func (c Config) measures(w string) bool {
 func Run(ctx context.Context, cfg Config) (*Result, error) {
 	cfg = cfg.withDefaults()
 	for _, w := range cfg.Workloads {
-		if !slices.Contains(Workloads, w) {
+		if !slices.Contains(WorkloadNames(), w) {
 			return nil, fmt.Errorf("proxycost: unknown workload %q", w)
 		}
 	}
@@ -307,7 +308,7 @@ func sumRSS(pids []int) (int64, error) {
 	return total, nil
 }
 
-// rep is one repetition of every workload on one target.
+// rep is one repetition of every workload measured on one target.
 func (m *measurer) rep(ctx context.Context, t *Target, tr *TargetResult, rep int) error {
 	kinds := []struct {
 		workload, name string
@@ -356,7 +357,7 @@ func (m *measurer) rep(ctx context.Context, t *Target, tr *TargetResult, rep int
 		tr.add(k.name, best)
 	}
 	if len(t.PIDs) == 0 || !m.cfg.measures("idle") {
-		return nil // direct: nothing's memory to measure
+		return nil // direct has no memory of its own to measure
 	}
 	var rss int64
 	var rerr error

@@ -261,6 +261,16 @@ func TestRunOneWorkload(t *testing.T) {
 			t.Errorf("report has %q, a workload not measured:\n%s", never, report)
 		}
 	}
+	out.Reset()
+	if err := res.WriteJSON(&out); err != nil {
+		t.Fatal(err)
+	}
+	var j struct {
+		Workloads []string `json:"workloads"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &j); err != nil || strings.Join(j.Workloads, ",") != "c1" {
+		t.Errorf("JSON workloads %q (%v):\n%s", j.Workloads, err, out.String())
+	}
 	if _, err := Run(ctx, Config{Workloads: []string{"c2"}}); err == nil {
 		t.Error("Run took an unknown workload")
 	}

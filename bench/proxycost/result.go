@@ -294,8 +294,9 @@ func (r *Result) WriteJSON(w io.Writer) error {
 		*Result
 		RequestBytes int       `json:"request_bytes"`
 		ReplyBytes   int       `json:"reply_bytes"`
+		Workloads    []string  `json:"workloads,omitempty"` // those measured, when not all: the others' figures are 0
 		Figures      []Figures `json:"figures"`
 		Acceptance   []string  `json:"acceptance,omitempty"`
 		Reference    []string  `json:"reference,omitempty"` // the same rules on the other proxies
-	}{r, r.Config.RequestBytes, r.Config.ReplyBytes, r.Figures(), r.Acceptance(), r.Reference()})
+	}{r, r.Config.RequestBytes, r.Config.ReplyBytes, r.Config.Workloads, r.Figures(), r.Acceptance(), r.Reference()})
 }

@@ -58,7 +58,7 @@ func runBenchProxyCost(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.Retries, "retries", 2, "reruns of a noisy run before keeping the quietest, marked noisy (-1: none)")
 	fs.DurationVar(&cfg.Warmup, "warmup", time.Second, "warm-up per target before the first rep")
 	fs.DurationVar(&cfg.IdleHold, "idle-hold", 0, "keep the idle streams open this long after reading the RSS (to profile the proxy meanwhile)")
-	workloads := fs.String("workloads", strings.Join(proxycost.Workloads, ","), "the workloads measured, comma-separated: c1, c64, sse, idle (c1 alone: a fifth of a whole run's time, to compare builds at c=1 over more reps)")
+	workloads := fs.String("workloads", strings.Join(proxycost.WorkloadNames(), ","), "the workloads measured, comma-separated: c1, c64, sse, idle (c1 alone: a fifth of a whole run's time, to compare builds at c=1 over more reps)")
 	jsonOut := fs.String("json", "", "also write the figures as JSON to this file")
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
 	if err := fs.Parse(args); err != nil {
@@ -74,7 +74,7 @@ func runBenchProxyCost(args []string, stdout, stderr io.Writer) int {
 	if w, err := proxycost.ParseWorkloads(*workloads); err != nil {
 		fmt.Fprintf(stderr, "bench proxy-cost: --workloads: %v\n", err)
 		return 2
-	} else if len(w) < len(proxycost.Workloads) {
+	} else if len(w) < len(proxycost.WorkloadNames()) {
 		cfg.Workloads = w
 	}
 	if *serveLoop != "" {
