@@ -138,7 +138,7 @@ func ParseWorkloads(list string) ([]string, error) {
 	return out, nil
 }
 
-// measures reports whether the run measures workload w (a Workloads name).
+// measures reports whether the run measures workload w (one of WorkloadNames).
 func (c Config) measures(w string) bool {
 	return len(c.Workloads) == 0 || slices.Contains(c.Workloads, w)
 }
@@ -357,7 +357,7 @@ func (m *measurer) rep(ctx context.Context, t *Target, tr *TargetResult, rep int
 		tr.add(k.name, best)
 	}
 	if len(t.PIDs) == 0 || !m.cfg.measures("idle") {
-		return nil // direct has no memory of its own to measure
+		return nil // direct has no memory of its own; or the idle streams are not measured
 	}
 	var rss int64
 	var rerr error
