@@ -31,14 +31,9 @@ DUR=${DUR:-10s}    # each proxy's c=1 run
 WINDOW=${WINDOW:-3} # seconds traced inside it (≤ DUR - 3 s)
 BIN=${BIN:-}
 
-for t in perf ss python3 haproxy nginx; do
-  command -v "$t" >/dev/null || { echo "$t not found (see the header of $0)"; exit 2; }
-done
-work=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
-bin=${BIN:-$work/gpurouter}
-[ -n "$BIN" ] || go build -o "$bin" ./cmd/gpurouter
-bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
+. bench/scripts/common.sh
+needs perf ss python3 haproxy nginx
+setup_work
 
 log=$work/harness.log
 (cd "$work" && exec "$bin" bench proxy-cost --workloads c1 --c1-duration "$DUR" --reps 1 --retries -1 \
@@ -50,11 +45,9 @@ harness=$!
 # newest process matching PIDPATTERN for WINDOW seconds, and note its TCP
 # sockets (ss) to tell the client's connection from the engine's.
 trace() {
-  local name=$1 after=$2 pat=$3 pid="" i
-  for i in $(seq 600); do grep -q -- "$after" "$log" && break; sleep 0.2; done
-  sleep 1.5
-  pid=$(pgrep -n -f -- "$pat" || true)
-  [ -n "$pid" ] || { echo "$name: no process matches $pat" >&2; return; }
+  local name=$1 pid
+  await_phase "$log" "$2" "$3"
+  [ -n "$pid" ] || return 0
   ss -tnpH state listening | grep "pid=$pid," >"$work/$name.listen" || true
   ss -tnpH state established | grep "pid=$pid," >"$work/$name.conns" || true
   perf record -q -e raw_syscalls:sys_enter,raw_syscalls:sys_exit -p "$pid" -o "$work/$name.data" -- sleep "$WINDOW" 2>/dev/null

@@ -29,14 +29,9 @@ CPU_WINDOW=${CPU_WINDOW:-4} # seconds of CPU time read inside a phase
 WINDOW=${WINDOW:-5}  # then seconds of system calls counted (both must fit in DUR - 2 s)
 BIN=${BIN:-}
 
-for t in perf haproxy nginx python3; do
-  command -v "$t" >/dev/null || { echo "$t not found (see the header of $0)"; exit 2; }
-done
-work=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
-bin=${BIN:-$work/gpurouter}
-[ -n "$BIN" ] || go build -o "$bin" ./cmd/gpurouter
-bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
+. bench/scripts/common.sh
+needs perf haproxy nginx python3
+setup_work
 
 log=$work/harness.log
 (cd "$work" && exec "$bin" bench proxy-cost --duration "$DUR" --c1-duration 200ms --reps 1 --retries -1 \
@@ -53,11 +48,9 @@ done
 # the newest process matching PIDPATTERN over CPU_WINDOW seconds, then count
 # its system calls over WINDOW seconds.
 sample() {
-  local name=$1 after=$2 pat=$3 pid="" i
-  for i in $(seq 600); do grep -q -- "$after" "$log" && break; sleep 0.2; done
-  sleep 1.5
-  pid=$(pgrep -n -f -- "$pat" || true)
-  [ -n "$pid" ] || { echo "$name: no process matches $pat" >&2; return; }
+  local name=$1 pid
+  await_phase "$log" "$2" "$3"
+  [ -n "$pid" ] || return 0
   # CPU first, unobserved (counting every system call costs the proxy
   # kernel time); then the counts.
   local t0 t1
