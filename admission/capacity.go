@@ -92,6 +92,48 @@ func (p *poolCapacity) Admissible(c Cost) bool {
 	return p.sat.admissible(p.buf, c, slack)
 }
 
+// holds is Admissible's reasons, replica by replica (SaturationConfig.holds).
+func (p *poolCapacity) holds(c Cost, count func(Hold)) {
+	now := p.clock.Now()
+	p.buf = p.pool.Loads(now, p.buf[:0])
+	slack := time.Duration(-1)
+	if !c.Deadline.IsZero() {
+		slack = max(c.Deadline.Sub(now), 0)
+	}
+	p.sat.holds(p.buf, c, slack, count)
+}
+
+// holds reports, through count, why each available replica has no room
+// for c (nothing for one that has), as admissible judges it with slack.
+func (s SaturationConfig) holds(loads []ReplicaLoad, c Cost, slack time.Duration, count func(Hold)) {
+	s = s.WithDefaults()
+	var first time.Duration
+	if slack >= 0 {
+		first = soonest(loads, c)
+	}
+	inLong := 0
+	for i := range loads {
+		if loads[i].LongPrefills > 0 {
+			inLong++
+		}
+	}
+	shortLane := s.LongPrefill(c) && s.ShortLanes > 0 &&
+		(len(loads) > s.ShortLanes && inLong+1 > len(loads)-s.ShortLanes || len(loads) <= s.ShortLanes && inLong > 0)
+	for i := range loads {
+		h := s.HoldOn(loads[i], c)
+		switch {
+		case h != HoldNone:
+		case slack >= 0 && late(loads[i], c, first, slack):
+			h = HoldLate
+		case shortLane:
+			h = HoldShortLane
+		default:
+			continue
+		}
+		count(h)
+	}
+}
+
 // finish is when a request of cost c placed on a replica with load l would
 // predict to finish, from now: the prefill queued there, then its output
 // at the replica's predicted TPOT (its own prefill, the same on every

@@ -169,6 +169,9 @@ func (c *Controller) admitSlow(ctx context.Context, cost Cost, tokens int64) (Ti
 		c.mu.Unlock()
 		return e.ticket, e.err
 	}
+	if pc, ok := c.cap.(*poolCapacity); ok {
+		pc.holds(cost, c.m.countHold)
+	}
 
 	deadline, ownTimer := c.deadlineOf(ctx, cost, now)
 	if !deadline.IsZero() {

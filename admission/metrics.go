@@ -28,6 +28,7 @@ type Metrics struct {
 	wait        *prometheus.HistogramVec // model
 	admitted    *prometheus.CounterVec   // model, path
 	shed        *prometheus.CounterVec   // model, reason
+	held        *prometheus.CounterVec   // model, reason
 	canceled    *prometheus.CounterVec   // model
 	estimate    *prometheus.HistogramVec // model, kind
 	correction  *prometheus.GaugeVec     // model
@@ -60,6 +61,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "gpurouter_admission_shed_total",
 			Help: "Requests refused by admission, by reason (queue_full, queue_tokens, tenant_share, evicted, deadline, expired).",
 		}, []string{"model", "reason"}),
+		held: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpurouter_admission_held_total",
+			Help: "Replicas without room for a request as it was queued, by the rule that refused it (one count per available replica per queued request).",
+		}, []string{"model", "reason"}),
 		canceled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpurouter_admission_canceled_total",
 			Help: "Requests whose client went away (context done) while they waited in the queue.",
@@ -83,7 +88,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"model"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.queueDepth, m.queueTokens, m.wait, m.admitted, m.shed,
+		for _, c := range []prometheus.Collector{m.queueDepth, m.queueTokens, m.wait, m.admitted, m.shed, m.held,
 			m.canceled, m.estimate, m.correction, m.expectedOut, m.drainRate} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
@@ -101,6 +106,7 @@ type poolMetrics struct {
 	wait                      prometheus.Observer
 	admittedNow, admittedWait prometheus.Counter
 	shed                      [numReasons]prometheus.Counter
+	held                      [numHolds]prometheus.Counter
 	canceled                  prometheus.Counter
 	promptErr, outputErr      prometheus.Observer
 	correction, expectedOut   prometheus.Gauge
@@ -126,5 +132,15 @@ func (m *Metrics) forPool(model string, classes int) *poolMetrics {
 	for r := range numReasons {
 		p.shed[r] = m.shed.WithLabelValues(model, r.String())
 	}
+	for h := HoldNone + 1; h < numHolds; h++ {
+		p.held[h] = m.held.WithLabelValues(model, h.String())
+	}
 	return p
+}
+
+// countHold counts one replica that had no room for a queued request.
+func (p *poolMetrics) countHold(h Hold) {
+	if h > HoldNone && h < numHolds {
+		p.held[h].Inc()
+	}
 }

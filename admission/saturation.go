@@ -145,23 +145,31 @@ func (s SaturationConfig) TokenBudget(kvCapacityTokens int64) int64 {
 
 // Saturated reports whether the replica can take no request at all without
 // queueing inside the engine: telemetry stale, resting after a refusal,
-// requests waiting beyond
-// MaxWaiting, KV usage at the threshold, prefill queued for MaxPrefillWait
-// or more, or the token budget used up.
+// requests waiting beyond MaxWaiting, KV usage at the threshold, prefill
+// queued for MaxPrefillWait or more, or the token budget used up.
 func (s SaturationConfig) Saturated(r ReplicaLoad) bool {
+	return s.saturation(r) != HoldNone
+}
+
+// saturation is Saturated's reason, HoldNone when there is none.
+func (s SaturationConfig) saturation(r ReplicaLoad) Hold {
 	s = s.WithDefaults()
 	switch {
-	case r.Stale, r.Resting:
-		return true
+	case r.Stale:
+		return HoldStale
+	case r.Resting:
+		return HoldResting
 	case s.MaxWaiting >= 0 && r.Waiting > s.MaxWaiting:
-		return true
+		return HoldWaiting
 	case s.KVUsageThreshold >= 0 && r.KVUsage >= s.KVUsageThreshold:
-		return true
+		return HoldKVUsage
 	case s.MaxPrefillWait > 0 && r.PrefillWait >= s.MaxPrefillWait:
-		return true
+		return HoldPrefillWait
 	}
-	b := s.TokenBudget(r.KVCapacityTokens)
-	return b > 0 && r.OutstandingTokens >= b
+	if b := s.TokenBudget(r.KVCapacityTokens); b > 0 && r.OutstandingTokens >= b {
+		return HoldTokenBudget
+	}
+	return HoldNone
 }
 
 // Fits reports whether the replica can take a request of cost c now: it is
@@ -172,20 +180,29 @@ func (s SaturationConfig) Saturated(r ReplicaLoad) bool {
 // long prefill the replica has a long-prefill lane free. The balancer's
 // Capacity answer is "some available replica Fits".
 func (s SaturationConfig) Fits(r ReplicaLoad, c Cost) bool {
+	return s.HoldOn(r, c) == HoldNone
+}
+
+// HoldOn is the first of Fits's rules that leaves the replica no room for
+// c, HoldNone when it fits.
+func (s SaturationConfig) HoldOn(r ReplicaLoad, c Cost) Hold {
 	s = s.WithDefaults()
-	if s.Saturated(r) {
-		return false
+	if h := s.saturation(r); h != HoldNone {
+		return h
 	}
 	if b := s.TokenBudget(r.KVCapacityTokens); b > 0 && r.OutstandingTokens > 0 && r.OutstandingTokens+c.Tokens() > b {
-		return false
+		return HoldTokenBudget
 	}
 	if c.TPOT > 0 && s.MaxITLShare > 0 && r.ITL > 0 && float64(r.ITL) >= s.MaxITLShare*float64(c.TPOT) {
-		return false
+		return HoldITL
 	}
 	if r.HeadroomKnown && c.PromptTokens > 0 && time.Duration(c.PromptTokens)*r.PrefillPerToken > r.Headroom {
-		return false // its prefill would stall a request decoding there past its TPOT objective
+		return HoldHeadroom // its prefill would stall a request decoding there past its TPOT objective
 	}
-	return !s.LongPrefill(c) || s.MaxLongPrefills < 0 || r.LongPrefills < s.MaxLongPrefills
+	if s.LongPrefill(c) && s.MaxLongPrefills >= 0 && r.LongPrefills >= s.MaxLongPrefills {
+		return HoldLongPrefill
+	}
+	return HoldNone
 }
 
 // LongPrefill reports whether c's prompt makes it a long prefill, counted

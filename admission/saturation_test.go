@@ -18,32 +18,33 @@ func TestSaturationRule(t *testing.T) {
 		cost      Cost
 		saturated bool
 		fits      bool
+		hold      Hold
 	}{
-		{"idle", def, ReplicaLoad{}, short, false, true},
-		{"stale counts as saturated", def, ReplicaLoad{Stale: true}, short, true, false},
-		{"engine waiting", def, ReplicaLoad{Waiting: 1}, short, true, false},
-		{"waiting allowed", SaturationConfig{MaxWaiting: 2}, ReplicaLoad{Waiting: 2}, short, false, true},
-		{"waiting ignored", SaturationConfig{MaxWaiting: -1}, ReplicaLoad{Waiting: 50}, short, false, true},
-		{"kv at threshold", def, ReplicaLoad{KVUsage: 0.9}, short, true, false},
-		{"kv below threshold", def, ReplicaLoad{KVUsage: 0.89}, short, false, true},
-		{"kv ignored", SaturationConfig{KVUsageThreshold: -1}, ReplicaLoad{KVUsage: 1}, short, false, true},
-		{"budget used up", def, ReplicaLoad{KVCapacityTokens: 10000, OutstandingTokens: 10000}, short, true, false},
-		{"request over remaining budget", def, ReplicaLoad{KVCapacityTokens: 10000, OutstandingTokens: 9950}, short, false, false},
-		{"request within budget", def, ReplicaLoad{KVCapacityTokens: 10000, OutstandingTokens: 9900}, short, false, true},
-		{"empty replica takes a huge request", def, ReplicaLoad{KVCapacityTokens: 1000}, tok(50000, 0), false, true},
-		{"budget ratio", SaturationConfig{TokenBudgetRatio: 2}, ReplicaLoad{KVCapacityTokens: 10000, OutstandingTokens: 15000}, short, false, true},
-		{"budget off", SaturationConfig{TokenBudgetRatio: -1}, ReplicaLoad{KVCapacityTokens: 10, OutstandingTokens: 1e9}, short, false, true},
-		{"capacity unknown: no budget", def, ReplicaLoad{OutstandingTokens: 1e9}, short, false, true},
-		{"long prefill lane taken", def, ReplicaLoad{LongPrefills: 1}, long, false, false},
-		{"short passes a taken long lane", def, ReplicaLoad{LongPrefills: 1}, short, false, true},
-		{"two long lanes", SaturationConfig{MaxLongPrefills: 2}, ReplicaLoad{LongPrefills: 1}, long, false, true},
-		{"long lanes uncapped", SaturationConfig{MaxLongPrefills: -1}, ReplicaLoad{LongPrefills: 9}, long, false, true},
-		{"long threshold off", SaturationConfig{LongPrefillTokens: -1}, ReplicaLoad{LongPrefills: 9}, long, false, true},
+		{"idle", def, ReplicaLoad{}, short, false, true, HoldNone},
+		{"stale counts as saturated", def, ReplicaLoad{Stale: true}, short, true, false, HoldStale},
+		{"engine waiting", def, ReplicaLoad{Waiting: 1}, short, true, false, HoldWaiting},
+		{"waiting allowed", SaturationConfig{MaxWaiting: 2}, ReplicaLoad{Waiting: 2}, short, false, true, HoldNone},
+		{"waiting ignored", SaturationConfig{MaxWaiting: -1}, ReplicaLoad{Waiting: 50}, short, false, true, HoldNone},
+		{"kv at threshold", def, ReplicaLoad{KVUsage: 0.9}, short, true, false, HoldKVUsage},
+		{"kv below threshold", def, ReplicaLoad{KVUsage: 0.89}, short, false, true, HoldNone},
+		{"kv ignored", SaturationConfig{KVUsageThreshold: -1}, ReplicaLoad{KVUsage: 1}, short, false, true, HoldNone},
+		{"budget used up", def, ReplicaLoad{KVCapacityTokens: 10000, OutstandingTokens: 10000}, short, true, false, HoldTokenBudget},
+		{"request over remaining budget", def, ReplicaLoad{KVCapacityTokens: 10000, OutstandingTokens: 9950}, short, false, false, HoldTokenBudget},
+		{"request within budget", def, ReplicaLoad{KVCapacityTokens: 10000, OutstandingTokens: 9900}, short, false, true, HoldNone},
+		{"empty replica takes a huge request", def, ReplicaLoad{KVCapacityTokens: 1000}, tok(50000, 0), false, true, HoldNone},
+		{"budget ratio", SaturationConfig{TokenBudgetRatio: 2}, ReplicaLoad{KVCapacityTokens: 10000, OutstandingTokens: 15000}, short, false, true, HoldNone},
+		{"budget off", SaturationConfig{TokenBudgetRatio: -1}, ReplicaLoad{KVCapacityTokens: 10, OutstandingTokens: 1e9}, short, false, true, HoldNone},
+		{"capacity unknown: no budget", def, ReplicaLoad{OutstandingTokens: 1e9}, short, false, true, HoldNone},
+		{"long prefill lane taken", def, ReplicaLoad{LongPrefills: 1}, long, false, false, HoldLongPrefill},
+		{"short passes a taken long lane", def, ReplicaLoad{LongPrefills: 1}, short, false, true, HoldNone},
+		{"two long lanes", SaturationConfig{MaxLongPrefills: 2}, ReplicaLoad{LongPrefills: 1}, long, false, true, HoldNone},
+		{"long lanes uncapped", SaturationConfig{MaxLongPrefills: -1}, ReplicaLoad{LongPrefills: 9}, long, false, true, HoldNone},
+		{"long threshold off", SaturationConfig{LongPrefillTokens: -1}, ReplicaLoad{LongPrefills: 9}, long, false, true, HoldNone},
 		// 400 µs a prompt token against 0.5 s of decode headroom: 1,000
 		// tokens stall the decodes there 0.4 s, 4,000 tokens 1.6 s.
-		{"prefill within the decode headroom", def, ReplicaLoad{HeadroomKnown: true, Headroom: 500 * time.Millisecond, PrefillPerToken: 400 * time.Microsecond}, tok(1000, 0), false, true},
-		{"prefill past the decode headroom", def, ReplicaLoad{HeadroomKnown: true, Headroom: 500 * time.Millisecond, PrefillPerToken: 400 * time.Microsecond}, tok(4000, 0), false, false},
-		{"decode headroom unknown", def, ReplicaLoad{Headroom: 0, PrefillPerToken: 400 * time.Microsecond}, tok(4000, 0), false, true},
+		{"prefill within the decode headroom", def, ReplicaLoad{HeadroomKnown: true, Headroom: 500 * time.Millisecond, PrefillPerToken: 400 * time.Microsecond}, tok(1000, 0), false, true, HoldNone},
+		{"prefill past the decode headroom", def, ReplicaLoad{HeadroomKnown: true, Headroom: 500 * time.Millisecond, PrefillPerToken: 400 * time.Microsecond}, tok(4000, 0), false, false, HoldHeadroom},
+		{"decode headroom unknown", def, ReplicaLoad{Headroom: 0, PrefillPerToken: 400 * time.Microsecond}, tok(4000, 0), false, true, HoldNone},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -53,6 +54,9 @@ func TestSaturationRule(t *testing.T) {
 			}
 			if got := tt.cfg.Fits(tt.load, tt.cost); got != tt.fits {
 				t.Errorf("Fits = %v, want %v", got, tt.fits)
+			}
+			if got := tt.cfg.HoldOn(tt.load, tt.cost); got != tt.hold {
+				t.Errorf("HoldOn = %v, want %v", got, tt.hold)
 			}
 			if l := tt.cfg.Level(tt.load); tt.saturated != (l >= 1) {
 				t.Errorf("Level = %v, inconsistent with Saturated = %v", l, tt.saturated)
