@@ -32,7 +32,7 @@ func (s SaturationConfig) admissible(loads []ReplicaLoad, c Cost, slack time.Dur
 	if len(loads) == 0 {
 		return true
 	}
-	long := s.LongPrefill(c)
+	long := s.LongPrefill(c, fastest(loads))
 	var first time.Duration
 	if slack >= 0 {
 		first = soonest(loads, c)
@@ -42,7 +42,7 @@ func (s SaturationConfig) admissible(loads []ReplicaLoad, c Cost, slack time.Dur
 		if loads[i].LongPrefills > 0 {
 			inLong++
 		}
-		if !fits && s.Fits(loads[i], c) && (slack < 0 || !late(loads[i], c, first, slack)) {
+		if !fits && s.holdOn(loads[i], c, long) == HoldNone && (slack < 0 || !late(loads[i], c, first, slack)) {
 			fits = true
 			if !long {
 				return true
@@ -61,13 +61,27 @@ func (s SaturationConfig) admissible(loads []ReplicaLoad, c Cost, slack time.Dur
 }
 
 // LongPrefillCap is the per-replica cap a request of cost c must respect
-// when placed: MaxLongPrefills for a long prefill, 0 (no cap) otherwise.
-func (s SaturationConfig) LongPrefillCap(c Cost) int {
+// when placed: MaxLongPrefills for a long prefill (LongPrefill at
+// perToken), 0 (no cap) otherwise.
+func (s SaturationConfig) LongPrefillCap(c Cost, perToken time.Duration) int {
 	s = s.WithDefaults()
-	if !s.LongPrefill(c) || s.MaxLongPrefills < 0 {
+	if !s.LongPrefill(c, perToken) || s.MaxLongPrefills < 0 {
 		return 0
 	}
 	return s.MaxLongPrefills
+}
+
+// fastest is the least prefill time per token over the replicas in loads
+// that may take requests (0 when none says): what makes a prompt long
+// for the pool — it holds even the fastest replica's prefill that long.
+func fastest(loads []ReplicaLoad) time.Duration {
+	var f time.Duration
+	for i := range loads {
+		if p := loads[i].PrefillPerToken; p > 0 && !loads[i].Stale && !loads[i].Resting && (f == 0 || p < f) {
+			f = p
+		}
+	}
+	return f
 }
 
 // poolCapacity is the Capacity a controller builds for Deps.Pool: the
@@ -78,11 +92,16 @@ type poolCapacity struct {
 	sat   SaturationConfig
 	clock Clock
 	buf   []ReplicaLoad
+	// perToken is the pool's fastest prefill rate as of the last
+	// Admissible (fastest), for the long-prefill class of the ticket the
+	// controller issues right after it, under the same lock.
+	perToken time.Duration
 }
 
 func (p *poolCapacity) Admissible(c Cost) bool {
 	now := p.clock.Now()
 	p.buf = p.pool.Loads(now, p.buf[:0])
+	p.perToken = fastest(p.buf)
 	// The time c may still wait is what holding it for a faster replica
 	// can cost: a request without a deadline is never held for one.
 	slack := time.Duration(-1)
@@ -117,10 +136,11 @@ func (s SaturationConfig) holds(loads []ReplicaLoad, c Cost, slack time.Duration
 			inLong++
 		}
 	}
-	shortLane := s.LongPrefill(c) && s.ShortLanes > 0 &&
+	long := s.LongPrefill(c, fastest(loads))
+	shortLane := long && s.ShortLanes > 0 &&
 		(len(loads) > s.ShortLanes && inLong+1 > len(loads)-s.ShortLanes || len(loads) <= s.ShortLanes && inLong > 0)
 	for i := range loads {
-		h := s.HoldOn(loads[i], c)
+		h := s.holdOn(loads[i], c, long)
 		switch {
 		case h != HoldNone:
 		case slack >= 0 && late(loads[i], c, first, slack):
@@ -181,6 +201,8 @@ func late(l ReplicaLoad, c Cost, first, slack time.Duration) bool {
 type roomRule struct{ sat SaturationConfig }
 
 // FitsReplica implements balancer.Room.
+// The long-prefill cap is not judged here: the balancer applies the
+// ticket's own (Request.LongPrefillCap), decided at admission.
 func (r *roomRule) FitsReplica(l ReplicaLoad, promptTokens, outputTokens int, tpot time.Duration) bool {
-	return r.sat.Fits(l, Cost{PromptTokens: promptTokens, OutputTokens: outputTokens, TPOT: tpot})
+	return r.sat.holdOn(l, Cost{PromptTokens: promptTokens, OutputTokens: outputTokens, TPOT: tpot}, false) == HoldNone
 }

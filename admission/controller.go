@@ -131,10 +131,11 @@ func (c *Controller) Admit(ctx context.Context, cost Cost) (Ticket, error) {
 	if c.queued == 0 && c.fits(cost, tokens) {
 		c.inFlight++
 		c.outstanding += tokens
+		longCap := c.longCap(cost)
 		c.mu.Unlock()
 		c.m.admittedNow.Inc()
 		c.m.wait.Observe(0)
-		return Ticket{c: c, cost: cost, tokens: tokens, longCap: c.cfg.Saturation.LongPrefillCap(cost)}, nil
+		return Ticket{c: c, cost: cost, tokens: tokens, longCap: longCap}, nil
 	}
 	return c.admitSlow(ctx, cost, tokens)
 }
@@ -240,6 +241,16 @@ func (c *Controller) fits(cost Cost, tokens int64) bool {
 		return false
 	}
 	return c.cap == nil || c.cap.Admissible(cost)
+}
+
+// longCap is the long-prefill cap of a ticket for cost, at the pool's
+// fastest rate as the capacity check just before it saw it (under c.mu).
+func (c *Controller) longCap(cost Cost) int {
+	var perToken time.Duration
+	if pc, ok := c.cap.(*poolCapacity); ok {
+		perToken = pc.perToken
+	}
+	return c.cfg.Saturation.LongPrefillCap(cost, perToken)
 }
 
 // release returns an admitted request's tokens and admits whoever now fits.
@@ -358,7 +369,7 @@ func (c *Controller) grant(e *entry, now time.Time) {
 	c.outstanding += e.tokens
 	c.unplaced++
 	waited := now.Sub(e.arrived)
-	e.ticket = Ticket{c: c, cost: e.cost, tokens: e.tokens, waited: waited, unplaced: true, longCap: c.cfg.Saturation.LongPrefillCap(e.cost)}
+	e.ticket = Ticket{c: c, cost: e.cost, tokens: e.tokens, waited: waited, unplaced: true, longCap: c.longCap(e.cost)}
 	close(e.ready)
 	c.m.admittedWait.Inc()
 	c.m.wait.Observe(waited.Seconds())

@@ -14,8 +14,9 @@ func (c *Controller) TryAdmit(cost Cost) (Ticket, bool) {
 	}
 	c.inFlight++
 	c.outstanding += tokens
+	longCap := c.longCap(cost)
 	c.mu.Unlock()
 	c.m.admittedNow.Inc()
 	c.m.wait.Observe(0)
-	return Ticket{c: c, cost: cost, tokens: tokens, longCap: c.cfg.Saturation.LongPrefillCap(cost)}, true
+	return Ticket{c: c, cost: cost, tokens: tokens, longCap: longCap}, true
 }

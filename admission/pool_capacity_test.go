@@ -45,10 +45,10 @@ func TestPoolCapacityKeepsAShortLane(t *testing.T) {
 	if !c.Admissible(long) {
 		t.Fatal("long refused after a prefill finished")
 	}
-	if got := (SaturationConfig{}).LongPrefillCap(long); got != 1 {
+	if got := (SaturationConfig{}).LongPrefillCap(long, 0); got != 1 {
 		t.Fatalf("long-prefill cap %d, want 1", got)
 	}
-	if got := (SaturationConfig{}).LongPrefillCap(short); got != 0 {
+	if got := (SaturationConfig{}).LongPrefillCap(short, 0); got != 0 {
 		t.Fatalf("short request got cap %d", got)
 	}
 	l1.Done(nil)

@@ -11,13 +11,13 @@ import (
 
 // Defaults for SaturationConfig's zero fields.
 const (
-	DefaultKVUsageThreshold  = 0.9
-	DefaultTokenBudgetRatio  = 1.0
-	DefaultLongPrefillTokens = 4096 // tokens
-	DefaultMaxLongPrefills   = 1
-	DefaultShortLanes        = 1
-	DefaultMaxPrefillWait    = time.Second
-	DefaultMaxITLShare       = 0.85
+	DefaultKVUsageThreshold = 0.9
+	DefaultTokenBudgetRatio = 1.0
+	DefaultLongPrefillTime  = time.Second
+	DefaultMaxLongPrefills  = 1
+	DefaultShortLanes       = 1
+	DefaultMaxPrefillWait   = time.Second
+	DefaultMaxITLShare      = 0.85
 )
 
 // Capacity is the one question the Controller asks of its pool: could some
@@ -63,8 +63,19 @@ type SaturationConfig struct {
 	// means no budget; no budget applies either while the capacity is
 	// unknown.
 	TokenBudgetRatio float64
-	// LongPrefillTokens is the prompt size, in tokens, from which a request
-	// is a long prefill (default 4096). Negative disables the lane cap.
+	// LongPrefillTime is how long a prompt's prefill must take, at the
+	// pool's fastest learned prefill rate, for the request to be a long
+	// prefill (default 1s), capped per replica by MaxLongPrefills and kept
+	// off the ShortLanes. What a long prompt costs the requests behind it
+	// is the time it holds the engine's prefill, so the line is drawn in
+	// time: a 4,096-token prompt takes a second on an A10 and a seventh of
+	// one on an H100, where counting it long held requests at the router
+	// while every engine had room (two thirds of a production trace's
+	// prompts are over 4,096 tokens).
+	LongPrefillTime time.Duration
+	// LongPrefillTokens, when positive, draws the line in prompt tokens
+	// instead, whatever the replicas' speed. 0 (the default) means
+	// LongPrefillTime; negative disables the lane cap and short lanes.
 	LongPrefillTokens int
 	// MaxLongPrefills caps concurrent long prefills per replica (default 1),
 	// so short requests always find a replica not stuck behind one.
@@ -100,8 +111,8 @@ func (s SaturationConfig) WithDefaults() SaturationConfig {
 	if s.TokenBudgetRatio == 0 {
 		s.TokenBudgetRatio = DefaultTokenBudgetRatio
 	}
-	if s.LongPrefillTokens == 0 {
-		s.LongPrefillTokens = DefaultLongPrefillTokens
+	if s.LongPrefillTime <= 0 {
+		s.LongPrefillTime = DefaultLongPrefillTime
 	}
 	if s.MaxLongPrefills == 0 {
 		s.MaxLongPrefills = DefaultMaxLongPrefills
@@ -184,8 +195,16 @@ func (s SaturationConfig) Fits(r ReplicaLoad, c Cost) bool {
 }
 
 // HoldOn is the first of Fits's rules that leaves the replica no room for
-// c, HoldNone when it fits.
+// c, HoldNone when it fits; c's long-prefill class at the replica's own
+// learned rate.
 func (s SaturationConfig) HoldOn(r ReplicaLoad, c Cost) Hold {
+	return s.holdOn(r, c, s.LongPrefill(c, r.PrefillPerToken))
+}
+
+// holdOn is HoldOn with c's long-prefill class decided by the caller:
+// the pool's, at its fastest replica's rate (poolCapacity), or none where
+// the balancer applies the cap itself (roomRule).
+func (s SaturationConfig) holdOn(r ReplicaLoad, c Cost, long bool) Hold {
 	s = s.WithDefaults()
 	if h := s.saturation(r); h != HoldNone {
 		return h
@@ -199,18 +218,34 @@ func (s SaturationConfig) HoldOn(r ReplicaLoad, c Cost) Hold {
 	if r.HeadroomKnown && c.PromptTokens > 0 && time.Duration(c.PromptTokens)*r.PrefillPerToken > r.Headroom {
 		return HoldHeadroom // its prefill would stall a request decoding there past its TPOT objective
 	}
-	if s.LongPrefill(c) && s.MaxLongPrefills >= 0 && r.LongPrefills >= s.MaxLongPrefills {
+	if long && s.MaxLongPrefills >= 0 && r.LongPrefills >= s.MaxLongPrefills {
 		return HoldLongPrefill
 	}
 	return HoldNone
 }
 
 // LongPrefill reports whether c's prompt makes it a long prefill, counted
-// against ReplicaLoad.LongPrefills while it is in prefill.
-func (s SaturationConfig) LongPrefill(c Cost) bool {
+// against ReplicaLoad.LongPrefills while it is in prefill: its prefill
+// at perToken a prompt token (the pool's fastest learned rate; 0 for
+// none learned: balancer.DefaultPrefillSecondsPerToken) takes at least
+// LongPrefillTime, or it has LongPrefillTokens when that is set.
+func (s SaturationConfig) LongPrefill(c Cost, perToken time.Duration) bool {
 	s = s.WithDefaults()
-	return s.LongPrefillTokens > 0 && c.PromptTokens >= s.LongPrefillTokens
+	switch {
+	case s.LongPrefillTokens < 0:
+		return false
+	case s.LongPrefillTokens > 0:
+		return c.PromptTokens >= s.LongPrefillTokens
+	}
+	if perToken <= 0 {
+		perToken = defaultPrefillPerToken
+	}
+	return c.PromptTokens > 0 && time.Duration(c.PromptTokens)*perToken >= s.LongPrefillTime
 }
+
+// defaultPrefillPerToken is the prefill time of a prompt token before any
+// is learned: the balancer's default.
+const defaultPrefillPerToken = time.Duration(balancer.DefaultPrefillSecondsPerToken * float64(time.Second))
 
 // Level is the replica's saturation as one number for scoring and
 // dashboards: the largest of waiting/(MaxWaiting+1), KV usage over its

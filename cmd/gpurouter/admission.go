@@ -19,6 +19,7 @@ func admissionFrom(a admissionConfig) admission.Config {
 			KVUsageThreshold:  a.Saturation.KVUsageThreshold,
 			TokenBudgetRatio:  a.Saturation.TokenBudgetRatio,
 			LongPrefillTokens: a.Saturation.LongPrefillTokens,
+			LongPrefillTime:   a.Saturation.LongPrefillTime,
 			MaxLongPrefills:   a.Saturation.MaxLongPrefills,
 			ShortLanes:        a.Saturation.ShortLanes,
 			MaxPrefillWait:    a.Saturation.MaxPrefillWait,

@@ -64,9 +64,12 @@ type saturationConfig struct {
 	MaxWaiting        int     `yaml:"max_waiting"`         // engine waiting requests tolerated, -1 = ignore; default 0
 	KVUsageThreshold  float64 `yaml:"kv_usage_threshold"`  // KV usage (0–1) that saturates, -1 = ignore; default 0.9
 	TokenBudgetRatio  float64 `yaml:"token_budget_ratio"`  // the router's requests' fullest KV (balancer/kvpeak.go) + the request's ≤ ratio × KV capacity, -1 = none; default 1
-	LongPrefillTokens int     `yaml:"long_prefill_tokens"` // prompt tokens that make a long prefill, -1 = no cap; default 4096
-	MaxLongPrefills   int     `yaml:"max_long_prefills"`   // concurrent long prefills per replica; default 1
-	ShortLanes        int     `yaml:"short_lanes"`         // replicas kept free of long prefills, -1 = none; default 1
+	LongPrefillTokens int     `yaml:"long_prefill_tokens"` // prompt tokens that make a long prefill, 0 = by long_prefill_time, -1 = no cap; default 0
+	// LongPrefillTime: a prompt whose prefill takes this long at the
+	// pool's fastest learned rate is a long prefill; default 1s.
+	LongPrefillTime time.Duration `yaml:"long_prefill_time"`
+	MaxLongPrefills int           `yaml:"max_long_prefills"` // concurrent long prefills per replica; default 1
+	ShortLanes      int           `yaml:"short_lanes"`       // replicas kept free of long prefills, -1 = none; default 1
 	// MaxPrefillWait: the router's queued prefill on a replica, in time at
 	// its learned rate, that saturates it; negative = ignore; default 1s.
 	MaxPrefillWait time.Duration `yaml:"max_prefill_wait"`

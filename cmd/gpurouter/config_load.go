@@ -235,7 +235,7 @@ func applyDefaults(cfg *fileConfig) {
 	setInt(&cfg.Admission.Classes, admission.DefaultClasses)
 	setFloat(&cfg.Admission.Saturation.KVUsageThreshold, admission.DefaultKVUsageThreshold)
 	setFloat(&cfg.Admission.Saturation.TokenBudgetRatio, admission.DefaultTokenBudgetRatio)
-	setInt(&cfg.Admission.Saturation.LongPrefillTokens, admission.DefaultLongPrefillTokens)
+	setDuration(&cfg.Admission.Saturation.LongPrefillTime, admission.DefaultLongPrefillTime)
 	setInt(&cfg.Admission.Saturation.MaxLongPrefills, admission.DefaultMaxLongPrefills)
 	setInt(&cfg.Admission.Saturation.ShortLanes, admission.DefaultShortLanes)
 	setDuration(&cfg.Admission.Saturation.MaxPrefillWait, admission.DefaultMaxPrefillWait)
