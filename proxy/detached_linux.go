@@ -34,7 +34,7 @@ func (b *detachedBody) decode(dst, src []byte) (n, used int, err error) {
 type detachedBody struct {
 	pump   *streamPump
 	r      *relay
-	dec    h1.Chunked // the body's chunked framing, taken off as it is read
+	dec    h1.Chunked      // the body's chunked framing, taken off as it is read
 	stash  []byte          // body bytes read with the head, not yet decoded
 	client syscall.RawConn // the client's socket, written by the loop; nil for a request loop's stream (clientFD)
 	// clientFD is a request loop's stream's client socket, out of Go's

@@ -326,10 +326,10 @@ func (s *Server) runRequestLoops(ctx context.Context) <-chan struct{} {
 }
 
 // batchOff logs, once, that loops make a system call for each stream
-// read and write: the kernel refused io_uring (err).
+// read and write: the kernel refused io_uring, or a ring failed (err).
 func (s *Server) batchOff(err error) {
 	s.batchLog.Do(func() {
-		s.log.Info("loops' reads and writes are not batched: io_uring refused, each is a system call", zap.Error(err))
+		s.log.Info("loops' reads and writes are not batched: io_uring refused or failed, each is a system call", zap.Error(err))
 	})
 }
 
