@@ -250,7 +250,7 @@ func (l *requestLoop) streamOnGoroutine(c *loopConn, u *loopConn, r *loopReq, rl
 		open = b.owns(u.fd)
 	}
 	l.unhost(u, open)
-	pc := newPrefetchConn(newFileConn(c.fd, c.addrs.laddr, c.addrs.raddr), &s.conns)
+	pc := newPrefetchConn(newFileConn(c.fd, c.addrs.laddr, c.addrs.raddr), &s.conns, s.door)
 	c.fd, c.r, c.req = -1, nil, nil
 	closing := r.closing
 	if c.in != nil {
