@@ -131,3 +131,21 @@ func TestFrontDoorSlowAndLargeRequests(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkFrontDoorRead is a request read as fasthttp reads each
+// keep-alive one — a one-byte read, then the rest — through the front
+// door, over an in-memory conn: the door's own cost on fasthttp's path
+// (BenchmarkPrefetchConnRead's, plus the head's check), 0 allocs.
+func BenchmarkFrontDoorRead(b *testing.B) {
+	req := []byte(chat("Authorization: Bearer sk-0123456789abcdef\r\nUser-Agent: OpenAI/Python 1.54.4\r\n"))
+	c := newPrefetchConn(&repeatConn{chunk: req}, nil, &frontDoor{})
+	one, rest := make([]byte, 1), make([]byte, 4096)
+	b.ReportAllocs()
+	b.SetBytes(int64(len(req)))
+	for b.Loop() {
+		c.Read(one) //nolint:errcheck
+		if n, err := c.Read(rest); n != len(req)-1 || err != nil {
+			b.Fatal(n, err)
+		}
+	}
+}
