@@ -258,7 +258,8 @@ const serverName = "gpurouter"
 const serverWriteBufferSize = 1 << 10
 
 // Handler is the router's request handler, for callers that run their own
-// fasthttp.Server (tests, embedding).
+// fasthttp.Server (tests, embedding). Such a server has no front door: the
+// request grammar (frontdoor.go) guards the connections Serve accepts.
 func (s *Server) Handler() fasthttp.RequestHandler { return s.handle }
 
 // Serve accepts connections on ln until Shutdown, and runs the stream
