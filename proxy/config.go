@@ -34,7 +34,7 @@ type Config struct {
 	IdleTimeout      time.Duration // longest gap between two reads of a response stream, and longest one write of a response to the client may block [60s]
 	TotalTimeout     time.Duration // whole request; 0 = unlimited [0]
 	MaxBodyBytes     int           // request body limit [8 MiB]
-	MaxHeaderBytes   int           // request line + headers limit (fasthttp's read buffer); more is 431 [16 KiB]
+	MaxHeaderBytes   int           // request line + headers limit, at the front door (frontdoor.go) and as fasthttp's read buffer; more is 431 [16 KiB]
 	ReadTimeout      time.Duration // a client must send its whole request within this (slowloris) [60s]
 	MaxConnections   int           // concurrent client connections; more are refused with 503 [10000]
 	MaxResponseBytes int           // non-streamed response body limit [64 MiB]

@@ -3,15 +3,30 @@
 package proxy
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/gpurouter/gpurouter/internal/h1"
 	"github.com/valyala/fasthttp"
 	"golang.org/x/sys/unix"
 )
+
+// errChunked is an upstream body whose chunked framing is broken.
+var errChunked = fmt.Errorf("%w: malformed chunked framing", ErrUpstream)
+
+// decode takes the chunked framing off src into dst (h1.Chunked.Decode),
+// a refusal being the engine's failure.
+func (b *detachedBody) decode(dst, src []byte) (n, used int, err error) {
+	n, used, err = b.dec.Decode(dst, src)
+	if err != nil {
+		err = fmt.Errorf("%w: %w", errChunked, err)
+	}
+	return n, used, err
+}
 
 // detachedBody is a stream's upstream after its head, taken from fasthttp
 // (detach): its own socket, read by the loop, or — once handed back — by
@@ -19,7 +34,7 @@ import (
 type detachedBody struct {
 	pump   *streamPump
 	r      *relay
-	dec    chunkDecoder
+	dec    h1.Chunked      // the body's chunked framing, taken off as it is read
 	stash  []byte          // body bytes read with the head, not yet decoded
 	client syscall.RawConn // the client's socket, written by the loop; nil for a request loop's stream (clientFD)
 	// clientFD is a request loop's stream's client socket, out of Go's
@@ -129,19 +144,19 @@ func (p *streamPump) detach(x *exchange, resp *fasthttp.Response, client net.Con
 func (b *detachedBody) Read(p []byte) (int, error) {
 	for {
 		if len(b.stash) > 0 {
-			n, used, err := b.dec.decode(p, b.stash)
+			n, used, err := b.decode(p, b.stash)
 			b.stash = b.stash[used:]
 			switch {
 			case err != nil:
 				return n, err
-			case b.dec.done():
+			case b.dec.Done():
 				return n, io.EOF
 			case n > 0:
 				return n, nil
 			}
 			continue // framing only
 		}
-		if b.dec.done() {
+		if b.dec.Done() {
 			return 0, io.EOF
 		}
 		c, err := b.netConn()
@@ -203,7 +218,7 @@ func (b *detachedBody) CloseWithError(err error) error {
 		b.pump.abort(b)
 		return nil
 	}
-	if err == nil && b.reuse != nil && b.dec.done() && len(b.stash) == 0 && !b.extra {
+	if err == nil && b.reuse != nil && b.dec.Done() && len(b.stash) == 0 && !b.extra {
 		c := b.conn
 		if dc, ok := c.(*deadlineConn); ok {
 			c = dc.Conn

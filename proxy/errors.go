@@ -7,6 +7,7 @@ import (
 
 	"github.com/gpurouter/gpurouter/admission"
 	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/gpurouter/gpurouter/internal/h1"
 	"github.com/valyala/fasthttp"
 )
 
@@ -60,6 +61,13 @@ const (
 // wins. Anything not listed is a 500 and the replica's fault.
 var errorTable = [...]errorKind{
 	{ErrBadRequest, fasthttp.StatusBadRequest, "invalid_request_error", "invalid_request", outcomeClientError, blameNone},
+	// The request grammar's refusals (h1.ParseRequest, the front door):
+	// each answered before anything acted on the request, and its
+	// connection closed.
+	{h1.ErrMalformed, fasthttp.StatusBadRequest, "invalid_request_error", "malformed_request", outcomeClientError, blameNone},
+	{h1.ErrHeadTooLarge, fasthttp.StatusRequestHeaderFieldsTooLarge, "invalid_request_error", "request_header_too_large", outcomeClientError, blameNone},
+	{h1.ErrUnknownCoding, fasthttp.StatusNotImplemented, "invalid_request_error", "unsupported_transfer_coding", outcomeClientError, blameNone},
+	{h1.ErrVersion, fasthttp.StatusHTTPVersionNotSupported, "invalid_request_error", "http_version_not_supported", outcomeClientError, blameNone},
 	{ErrUnknownModel, fasthttp.StatusNotFound, "invalid_request_error", "model_not_found", outcomeClientError, blameNone},
 	{ErrNotFound, fasthttp.StatusNotFound, "invalid_request_error", "not_found", outcomeClientError, blameNone},
 	{ErrUnauthorized, fasthttp.StatusUnauthorized, "invalid_request_error", "invalid_api_key", outcomeClientError, blameNone},
@@ -175,16 +183,19 @@ func retryAfterSeconds(err error) int {
 }
 
 // writeError answers the client with err's status and OpenAI error body.
-func writeError(ctx *fasthttp.RequestCtx, err error) {
+func writeError(ctx *fasthttp.RequestCtx, err error) { setError(&ctx.Response, err) }
+
+// setError makes resp the answer to err: its status and OpenAI error body.
+func setError(resp *fasthttp.Response, err error) {
 	k := classify(err)
-	ctx.Response.Reset()
-	ctx.SetStatusCode(k.status)
-	ctx.SetContentType("application/json")
+	resp.Reset()
+	resp.SetStatusCode(k.status)
+	resp.Header.SetContentType("application/json")
 	if k.status == fasthttp.StatusTooManyRequests || k.status == fasthttp.StatusServiceUnavailable {
-		ctx.Response.Header.Set("Retry-After", strconv.Itoa(retryAfterSeconds(err)))
+		resp.Header.Set("Retry-After", strconv.Itoa(retryAfterSeconds(err)))
 	}
 	if k.status == fasthttp.StatusUnauthorized {
-		ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="gpurouter"`) // RFC 6750 §3
+		resp.Header.Set("WWW-Authenticate", `Bearer realm="gpurouter"`) // RFC 6750 §3
 	}
-	ctx.SetBody(appendErrorJSON(nil, err))
+	resp.SetBody(appendErrorJSON(nil, err))
 }

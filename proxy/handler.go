@@ -304,9 +304,11 @@ func (s *Server) reject(ctx *fasthttp.RequestCtx, x *exchange, err error) {
 // headerMaxTokens tells the client its max_tokens was clamped, and to what.
 const headerMaxTokens = "X-Gpurouter-Max-Tokens"
 
-// handleParseError answers requests fasthttp could not read (body or
-// headers over the limit, a client too slow to send its request, malformed
-// HTTP) with an OpenAI error; fasthttp then closes the connection.
+// handleParseError answers requests fasthttp could not read (a body over
+// the limit, a client too slow to send its body) with an OpenAI error;
+// fasthttp then closes the connection. Malformed heads never reach
+// fasthttp: the front door refuses them (frontdoor.go); the other cases
+// stay for a head the grammar took and fasthttp did not.
 func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 	var small *fasthttp.ErrSmallBuffer
 	var ne net.Error

@@ -69,7 +69,7 @@ func (s *Server) hijackStream(ctx *fasthttp.RequestCtx, r *relay) {
 		}
 		r.CloseWithError(err)
 		s.streams.Add(-1)
-		if err != nil || !keep || s.draining.Load() || pipelined(c) {
+		if err != nil || !keep || s.draining.Load() || pipelined(c, served) {
 			c.Close() //nolint:errcheck // the stream is over either way
 			return
 		}
@@ -249,11 +249,17 @@ func writeChunk(w io.Writer, b []byte, last string) error {
 }
 
 // pipelined reports whether the client sent bytes after its request that
-// fasthttp's hijacked reader holds: reading with a deadline already past
-// returns them at once and touches no socket (a deadline in the past fails
-// a read before any system call). Such a connection is not handed back
-// (hijackStream); a byte read here is lost with it.
-func pipelined(c net.Conn) bool {
+// the connection's reader holds. At the front door (served's), they wait
+// in served's read-ahead buffer, unread: reading them would take the next
+// request's head. Elsewhere, fasthttp's hijacked reader (c) holds them:
+// reading with a deadline already past returns them at once and touches
+// no socket (a deadline in the past fails a read before any system call).
+// Such a connection is not handed back (hijackStream); a byte read here
+// is lost with it.
+func pipelined(c net.Conn, served *prefetchConn) bool {
+	if served.door != nil {
+		return len(served.unread()) > 0
+	}
 	if err := c.SetReadDeadline(time.Unix(1, 0)); err != nil {
 		return true
 	}

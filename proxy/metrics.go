@@ -35,6 +35,9 @@ type metrics struct {
 	// loopHandOffs counts client connections a request loop gave to
 	// fasthttp's server (reqloop_linux.go).
 	loopHandOffs prometheus.Counter
+	// refused counts the requests the front door refused (frontdoor.go),
+	// by the status answered.
+	refused *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -100,10 +103,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"reason"}),
 		loopHandOffs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "gpurouter_request_loop_handoffs_total",
-			Help: "Client connections a request loop (upstream.request_loops) gave to the goroutine path with a request it does not serve: a stream with goroutine_streams, the router's own endpoints, HTTP/1.0, a chunked body, Expect, a request over the limits or malformed, a pool behind TLS. The connection stays there.",
+			Help: "Client connections a request loop (upstream.request_loops) gave to the goroutine path with a request it does not serve: a stream with goroutine_streams, the router's own endpoints, HTTP/1.0, a chunked body, Expect, a body over the limit, a pool behind TLS. The connection stays there.",
 		}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpurouter_requests_refused_total",
+			Help: "Requests refused before anything acted on them, by the HTTP status answered: 400 not HTTP/1.1 by RFC 9112's grammar or framed ambiguously (both Content-Length and Transfer-Encoding, a malformed length, a lone CR or LF, a folded line, a field name not a token, a control character), 431 a head over its size or field-count bound, 501 an unknown transfer coding, 505 another HTTP version, 408 a request not sent in time, 413 a chunked body over the limit. Each connection is closed.",
+		}, []string{"status"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.retries, m.stale, m.ttft, m.itl, m.tpot, m.e2e, m.queue, m.connect, m.promptToks, m.genToks, m.loopIn, m.loopOut, m.loopHandOffs} {
+	for _, c := range []prometheus.Collector{m.requests, m.retries, m.stale, m.ttft, m.itl, m.tpot, m.e2e, m.queue, m.connect, m.promptToks, m.genToks, m.loopIn, m.loopOut, m.loopHandOffs, m.refused} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

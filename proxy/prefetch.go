@@ -33,6 +33,9 @@ type prefetchListener struct {
 	// take gives a connection to a request loop (reqloop_linux.go): false
 	// leaves it to fasthttp. nil: every connection is fasthttp's.
 	take func(net.Conn) bool
+	// door frames the reads of the connections fasthttp gets
+	// (frontdoor.go); nil passes their bytes on as they come.
+	door *frontDoor
 }
 
 func (l prefetchListener) Accept() (net.Conn, error) {
@@ -42,7 +45,7 @@ func (l prefetchListener) Accept() (net.Conn, error) {
 			return nil, err
 		}
 		if l.open == nil {
-			return newPrefetchConn(c, nil), nil
+			return newPrefetchConn(c, nil, l.door), nil
 		}
 		if n := l.open.Add(1); l.max > 0 && n > int64(l.max) {
 			l.open.Add(-1)
@@ -52,7 +55,7 @@ func (l prefetchListener) Accept() (net.Conn, error) {
 		if l.take != nil && l.take(c) {
 			continue
 		}
-		return newPrefetchConn(c, l.open), nil
+		return newPrefetchConn(c, l.open, l.door), nil
 	}
 }
 
@@ -77,7 +80,9 @@ const prefetchSize = 2 << 10
 var prefetchBufs = sync.Pool{New: func() any { b := make([]byte, prefetchSize); return &b }}
 
 // prefetchConn is a net.Conn whose reads may be served from bytes read
-// ahead. Only the goroutine serving the connection reads from it.
+// ahead, and, with a front door, framed by it: fasthttp reads a request
+// only once its head has been checked (frontdoor.go). Only the goroutine
+// serving the connection reads from it.
 type prefetchConn struct {
 	net.Conn
 	buf    *[]byte       // read ahead and not yet consumed; nil when none (the usual state)
@@ -89,10 +94,14 @@ type prefetchConn struct {
 	// set where a request is refused before it was read whole.
 	lingers atomic.Bool
 	sock    rawSock // Linux: the socket's raw reads and writes (rawsock_linux.go)
+	// door frames its reads (frontdoor.go); nil: none, its bytes pass on
+	// as they come.
+	door *frontDoor
+	frameState
 }
 
-func newPrefetchConn(c net.Conn, open *atomic.Int64) *prefetchConn {
-	pc := &prefetchConn{Conn: c, open: open}
+func newPrefetchConn(c net.Conn, open *atomic.Int64, door *frontDoor) *prefetchConn {
+	pc := &prefetchConn{Conn: c, open: open, door: door}
 	pc.sock.set(c)
 	return pc
 }
@@ -115,13 +124,19 @@ func (c *prefetchConn) Close() error {
 func (c *prefetchConn) lingerOnClose() { c.lingers.Store(true) }
 
 func (c *prefetchConn) Read(p []byte) (int, error) {
+	if c.door != nil {
+		return c.readFramed(p)
+	}
+	return c.readAhead(p)
+}
+
+// readAhead reads p from the bytes read ahead, else from the socket,
+// reading ahead when p is small.
+func (c *prefetchConn) readAhead(p []byte) (int, error) {
 	if c.buf != nil {
 		n := copy(p, (*c.buf)[c.r:c.w])
 		c.r += n
-		if c.r == c.w {
-			prefetchBufs.Put(c.buf)
-			c.buf = nil
-		}
+		c.releaseDrained()
 		return n, nil
 	}
 	if len(p) >= prefetchSize/2 {

@@ -18,7 +18,10 @@ import "time"
 //
 // Its zero value batches nothing: every read and write is a system call.
 type streamBatch struct {
-	ring   *uring
+	ring *uring
+	// spent is a ring that failed (ringFailed): kept, never used or
+	// closed, with the buffers the kernel may still write to.
+	spent  *uring
 	pulls  []*detachedBody // the streams the wait found ready, in its order
 	rbuf   []byte          // the reads' slots, one a stream
 	sends  []batchSend
@@ -57,6 +60,20 @@ func (p *streamPump) openBatch() {
 		return
 	}
 	p.batch = streamBatch{ring: ring, rbuf: make([]byte, batchReadBytes), pulls: make([]*detachedBody, 0, uringBatchMax), sends: make([]batchSend, 0, uringBatchMax)}
+}
+
+// ringFailed stops the batch for good after the ring failed (err, from
+// uring.run): every read and write is a system call from now on, as
+// where the kernel refuses io_uring, and batchOff hears why.
+func (p *streamPump) ringFailed(err error) {
+	t := &p.batch
+	if t.ring == nil {
+		return
+	}
+	t.spent, t.ring = t.ring, nil
+	if p.batchOff != nil {
+		p.batchOff(err)
+	}
 }
 
 // closeBatch lets the ring go: the loop stops.
@@ -102,7 +119,9 @@ func (p *streamPump) flushPulls(now time.Time) {
 		}
 		t.ring.prepare(uringOpRecv, b.pfd, t.rbuf[i*slot:i*slot+room], i)
 	}
-	t.ring.run(t.result)
+	if err := t.ring.run(t.result); err != nil {
+		p.ringFailed(err) // the reads it did not see end failed
+	}
 	p.batched.Add(int64(len(q)))
 	t.delivering = true
 	for i, b := range q {
@@ -135,18 +154,21 @@ func (t *streamBatch) queueSend(b *detachedBody, data []byte, then afterSend) bo
 func (p *streamPump) flushSends() {
 	t := &p.batch
 	q := t.sends
-	switch len(q) {
-	case 0:
+	switch {
+	case len(q) == 0:
 		return
-	case 1:
-		s := q[0]
-		n, err := rawWrite(s.b.cfd, t.frames[s.at:s.end])
-		t.n[0], t.err[0] = max(n, 0), err
+	case len(q) == 1 || t.ring == nil: // a lone write, or the ring failed under them
+		for i, s := range q {
+			n, err := rawWrite(s.b.cfd, t.frames[s.at:s.end])
+			t.n[i], t.err[i] = max(n, 0), err
+		}
 	default:
 		for i, s := range q {
 			t.ring.prepare(uringOpSend, s.b.cfd, t.frames[s.at:s.end], i)
 		}
-		t.ring.run(t.result)
+		if err := t.ring.run(t.result); err != nil {
+			p.ringFailed(err)
+		}
 		p.batched.Add(int64(len(q)))
 	}
 	for i, s := range q {

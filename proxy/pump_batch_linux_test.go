@@ -397,6 +397,39 @@ func TestStreamBatchSlowAndGoneClients(t *testing.T) {
 	}
 }
 
+// A ring whose wait fails with an errno the kernel is not documented to
+// return is an error, not a panic: each operation it did not see end is
+// given the error, the loop's batch stops for good and says why, and the
+// ring is kept with the buffers the kernel may still hold.
+func TestURingFailureIsAnError(t *testing.T) {
+	u := openTestURing(t)
+	a, _ := socketPair(t)
+	failed := errors.New("io_uring_enter waiting for completions: an errno not documented")
+	u.err = failed
+	got := map[int]error{}
+	u.prepare(uringOpSend, a, []byte("x"), 3)
+	u.prepare(uringOpSend, a, []byte("y"), 7)
+	if err := u.run(func(i, n int, err error) { got[i] = err }); err != failed {
+		t.Fatalf("run: %v, want the failure", err)
+	}
+	if len(got) != 2 || got[3] != failed || got[7] != failed {
+		t.Fatalf("operations given %v, want the failure each", got)
+	}
+
+	var said []error
+	m, err := newMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newStreamPump(Config{}.withDefaults(), m, nil, func(err error) { said = append(said, err) })
+	p.batch.ring = u
+	p.ringFailed(failed)
+	p.ringFailed(failed)
+	if p.batch.ring != nil || p.batch.spent != u || len(said) != 1 || said[0] != failed {
+		t.Fatalf("after the failure: ring %v, spent %v, said %v", p.batch.ring, p.batch.spent, said)
+	}
+}
+
 // upstream.unbatched_io: every read and write a system call.
 func TestUnbatchedIOMakesNoBatch(t *testing.T) {
 	tr := relayTicked(t, 6, 20, func(c *Config) { c.RequestLoops, c.UnbatchedIO = 1, true })

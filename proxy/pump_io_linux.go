@@ -115,7 +115,7 @@ func (p *streamPump) deliver(b *detachedBody, raw []byte, readErr error, now tim
 	if r.x.firstTok.IsZero() && r.x.admissionWaiting() { // the first token may let queued requests out
 		defer func() { p.yield = p.yield || !r.x.firstTok.IsZero() }()
 	}
-	for len(raw) > 0 && readErr == nil && !b.dec.done() {
+	for len(raw) > 0 && readErr == nil && !b.dec.Done() {
 		if r.buf == nil {
 			r.takeBufFrom(&p.bufs)
 		}
@@ -125,7 +125,7 @@ func (p *streamPump) deliver(b *detachedBody, raw []byte, readErr error, now tim
 				return
 			}
 		}
-		n, used, err := b.dec.decode(r.in[len(r.in):cap(r.in)], raw)
+		n, used, err := b.decode(r.in[len(r.in):cap(r.in)], raw)
 		raw = raw[used:]
 		r.in = r.in[:len(r.in)+n]
 		if n > 0 {
@@ -133,12 +133,12 @@ func (p *streamPump) deliver(b *detachedBody, raw []byte, readErr error, now tim
 		}
 		readErr = err
 	}
-	if readErr == nil && b.dec.done() {
+	if readErr == nil && b.dec.Done() {
 		readErr = io.EOF // the last chunk: the engine's response is over
 		b.extra = len(raw) > 0
 	}
 	r.process(p.at)
-	if readErr == io.EOF && b.dec.done() && r.sawDone && !r.eof && r.abortErr.Load() == nil {
+	if readErr == io.EOF && b.dec.Done() && r.sawDone && !r.eof && r.abortErr.Load() == nil {
 		// A clean end: its last events ([DONE] among them) go back with
 		// the stream, and the goroutine writes them with the body's last
 		// chunk, one write(2) for both (writeChunked). Their timings are

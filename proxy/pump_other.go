@@ -14,7 +14,9 @@ import (
 
 // streamPump is the stream loop, on Linux only (pump_linux.go): elsewhere
 // every stream is relayed on its own goroutine.
-type streamPump struct{}
+type streamPump struct {
+	loops int // as pump_linux.go's, which New counts the request loops into
+}
 
 func newStreamPump(Config, *metrics, func() time.Time, func(error)) *streamPump {
 	return &streamPump{}

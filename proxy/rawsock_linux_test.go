@@ -211,7 +211,7 @@ func TestRawSockLeavesOtherConns(t *testing.T) {
 	if s.take(a) || s.ok() {
 		t.Fatal("rawSock took a net.Pipe")
 	}
-	pc := newPrefetchConn(a, nil)
+	pc := newPrefetchConn(a, nil, nil)
 	go b.Write([]byte("ping"))
 	buf := make([]byte, 4)
 	if _, err := io.ReadFull(pc, buf); err != nil || string(buf) != "ping" {

@@ -123,7 +123,11 @@ func (l *requestLoop) flushReads() {
 		}
 		ring.prepare(uringOpRecv, c.fd, t.buf[i*slot:(i+1)*slot], i)
 	}
-	ring.run(t.result)
+	if err := ring.run(t.result); err != nil {
+		// The reads it did not see end failed; the next are system calls.
+		l.host.ringFailed(err)
+		defer func() { l.reads.buf = nil }()
+	}
 	l.batchedReads.Add(int64(len(q)))
 	t.taking = true
 	defer l.flushWrites()
@@ -207,7 +211,7 @@ func (l *requestLoop) flushWrites() {
 		ops++
 	}
 	switch ring := l.host.batch.ring; {
-	case ops == 1:
+	case ops == 1 || ops > 1 && ring == nil: // a lone write, or the ring failed under them
 		for i, c := range q {
 			if c != nil {
 				t.sn[i], t.serr[i] = rawWrite(c.fd, c.out)
@@ -219,7 +223,9 @@ func (l *requestLoop) flushWrites() {
 				ring.prepare(uringOpSend, c.fd, c.out, i)
 			}
 		}
-		ring.run(t.sent)
+		if err := ring.run(t.sent); err != nil {
+			l.host.ringFailed(err)
+		}
 		l.batchedWrites.Add(int64(ops))
 	}
 	for i, c := range q {

@@ -3,7 +3,6 @@
 package proxy
 
 import (
-	"bytes"
 	"fmt"
 	"net"
 	"time"
@@ -117,23 +116,36 @@ func (l *requestLoop) serveOne(c *loopConn, b []byte) (n int, served bool) {
 		// the answer's rest with it.
 		return 0, true
 	}
-	n = h1.RequestLen(b, l.s.cfg.MaxHeaderBytes)
+	// The request grammar, before anything acts on the request: a
+	// request it refuses is answered and its connection closed, never
+	// handed on (frontdoor.go).
+	r, err := h1.ParseRequest(b, l.s.door.lim)
 	switch {
-	case n < 0: // a chunked body, or a head over the limit: fasthttp's to answer
+	case err != nil:
+		l.refuse(c, err)
+		return 0, false
+	case !r.Complete():
+		return 0, true
+	case r.Chunked(): // fasthttp's path takes it, decoded at its front door
 		l.handOff(c, b)
 		return 0, false
-	case n == 0: // the head is not all in
-		return 0, true
-	}
-	head := bytes.Index(b, []byte("\r\n\r\n")) + 4
-	if n-head > l.s.cfg.MaxBodyBytes {
+	case r.Length > int64(l.s.cfg.MaxBodyBytes):
 		l.handOff(c, b) // 413, from fasthttp
 		return 0, false
 	}
+	head, n := r.HeadEnd, r.HeadEnd+int(r.Length)
 	ctx := l.acquireCtx(c)
-	l.rd.Reset(b[:head])
+	l.rd.Reset(b[r.Start:head])
 	l.br.Reset(&l.rd)
-	if err := ctx.Request.Header.Read(l.br); err != nil || !l.fits(ctx) {
+	if err := ctx.Request.Header.Read(l.br); err != nil {
+		// Not a head the grammar takes and fasthttp does not (the grammar
+		// is fuzzed against fasthttp's reading): the client gets the same
+		// answer as for any other.
+		l.releaseCtx(ctx)
+		l.refuse(c, errHeadUnread)
+		return 0, false
+	}
+	if !l.fits(ctx) {
 		l.releaseCtx(ctx)
 		l.handOff(c, b)
 		return 0, false
@@ -377,7 +389,7 @@ func (l *requestLoop) handOff(c *loopConn, b []byte) {
 	l.conns.del(c.fd)
 	unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, c.fd, nil) //nolint:errcheck
 	l.size.Add(-1)
-	pc := newPrefetchConn(newFileConn(c.fd, c.addrs.laddr, c.addrs.raddr), &l.s.conns)
+	pc := newPrefetchConn(newFileConn(c.fd, c.addrs.laddr, c.addrs.raddr), &l.s.conns, l.s.door)
 	if len(b) > 0 {
 		// A buffer of the prefetch pool, which the connection gives back
 		// once it has read it: a stream handed off holds none.
@@ -396,6 +408,27 @@ func (l *requestLoop) handOff(c *loopConn, b []byte) {
 	c.fd = -1
 	l.s.m.loopHandOffs.Inc()
 	go l.s.srv.ServeConn(pc) //nolint:errcheck // fasthttp logs and closes
+}
+
+// errHeadUnread is a head the request grammar took and fasthttp could not
+// read: a request refused all the same.
+var errHeadUnread = fmt.Errorf("%w: a head fasthttp cannot read", h1.ErrMalformed)
+
+// refuse answers a request the grammar refused (err) and closes its
+// connection, as the front door on fasthttp's path does: off the loop, on
+// a goroutine that writes the answer, lingers while the client may still
+// be sending, and closes (prefetchConn.refuse).
+func (l *requestLoop) refuse(c *loopConn, err error) {
+	l.conns.del(c.fd)
+	unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, c.fd, nil) //nolint:errcheck
+	l.size.Add(-1)
+	pc := newPrefetchConn(newFileConn(c.fd, c.addrs.laddr, c.addrs.raddr), &l.s.conns, l.s.door)
+	if c.in != nil {
+		bytebufferpool.Put(c.in)
+		c.in = nil
+	}
+	c.fd = -1
+	go pc.refuse(err) //nolint:errcheck // the connection is closed either way
 }
 
 // requestTimeout answers a client whose request did not arrive within

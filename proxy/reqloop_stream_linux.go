@@ -153,7 +153,7 @@ func (l *requestLoop) streamBack(c *loopConn, u *loopConn, r *loopReq, rl *relay
 	// The engine's connection carries the replica's next request, unless
 	// the engine said it closes it or sent past the end.
 	b.mu.Lock()
-	reuse := b.reuse != nil && b.dec.done() && len(b.stash) == 0 && !b.extra && b.fd == u.fd
+	reuse := b.reuse != nil && b.dec.Done() && len(b.stash) == 0 && !b.extra && b.fd == u.fd
 	if reuse {
 		b.closed, b.fd = true, -1
 	}
@@ -250,7 +250,7 @@ func (l *requestLoop) streamOnGoroutine(c *loopConn, u *loopConn, r *loopReq, rl
 		open = b.owns(u.fd)
 	}
 	l.unhost(u, open)
-	pc := newPrefetchConn(newFileConn(c.fd, c.addrs.laddr, c.addrs.raddr), &s.conns)
+	pc := newPrefetchConn(newFileConn(c.fd, c.addrs.laddr, c.addrs.raddr), &s.conns, s.door)
 	c.fd, c.r, c.req = -1, nil, nil
 	closing := r.closing
 	if c.in != nil {

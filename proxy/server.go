@@ -95,6 +95,7 @@ type Server struct {
 	pumps    []*streamPump  // the stream loops, run by Serve (pump_linux.go)
 	nextPump atomic.Uint64  // the loop the last stream went to
 	reqLoops []*requestLoop // the request loops, run by Serve (reqloop_linux.go)
+	door     *frontDoor     // the request grammar in front of fasthttp's reads (frontdoor.go)
 	nextLoop atomic.Uint64  // the request loop the last connection went to
 	batchLog sync.Once      // batchOff's
 
@@ -204,12 +205,13 @@ func New(o Options) (*Server, error) {
 	if err := s.SetRoutes(o.Routes); err != nil {
 		return nil, err
 	}
+	s.door = newFrontDoor(s.cfg, serverName, s.m.refused)
 	s.srv = &fasthttp.Server{
 		Handler:            s.handle,
 		ErrorHandler:       s.handleParseError,
-		Name:               "gpurouter",
+		Name:               serverName,
 		MaxRequestBodySize: s.cfg.MaxBodyBytes,
-		ReadBufferSize:     s.cfg.MaxHeaderBytes, // bounds the request line + headers: more is a 431 (handleParseError)
+		ReadBufferSize:     s.cfg.MaxHeaderBytes, // holds any head the front door lets through (a longer one is its 431)
 		ReadTimeout:        s.cfg.ReadTimeout,    // a client must send its request within this (slowloris)
 		Concurrency:        s.cfg.MaxConnections, // connections over it get fasthttp's 503 and are closed
 		IdleTimeout:        2 * time.Minute,
@@ -243,6 +245,9 @@ func New(o Options) (*Server, error) {
 	return s, nil
 }
 
+// serverName is the Server field of the router's answers.
+const serverName = "gpurouter"
+
 // serverWriteBufferSize is a client connection's write buffer, which a
 // stream holds until its last event (each event is flushed as it is
 // written, so the buffer only ever holds one). A quarter of fasthttp's
@@ -253,7 +258,8 @@ func New(o Options) (*Server, error) {
 const serverWriteBufferSize = 1 << 10
 
 // Handler is the router's request handler, for callers that run their own
-// fasthttp.Server (tests, embedding).
+// fasthttp.Server (tests, embedding). Such a server has no front door: the
+// request grammar (frontdoor.go) guards the connections Serve accepts.
 func (s *Server) Handler() fasthttp.RequestHandler { return s.handle }
 
 // Serve accepts connections on ln until Shutdown, and runs the stream
@@ -270,7 +276,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	s.lnMu.Unlock()
 	ctx, stop := context.WithCancel(context.Background())
 	looped := s.runStreamLoops(ctx)
-	pl := prefetchListener{Listener: ol, max: s.cfg.MaxConnections, open: &s.conns}
+	pl := prefetchListener{Listener: ol, max: s.cfg.MaxConnections, open: &s.conns, door: s.door}
 	var served <-chan struct{}
 	if served = s.runRequestLoops(ctx); len(s.reqLoops) > 0 {
 		pl.take = s.takeConn
@@ -326,10 +332,10 @@ func (s *Server) runRequestLoops(ctx context.Context) <-chan struct{} {
 }
 
 // batchOff logs, once, that loops make a system call for each stream
-// read and write: the kernel refused io_uring (err).
+// read and write: the kernel refused io_uring, or a ring failed (err).
 func (s *Server) batchOff(err error) {
 	s.batchLog.Do(func() {
-		s.log.Info("loops' reads and writes are not batched: io_uring refused, each is a system call", zap.Error(err))
+		s.log.Info("loops' reads and writes are not batched: io_uring refused or failed, each is a system call", zap.Error(err))
 	})
 }
 

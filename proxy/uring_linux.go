@@ -4,6 +4,7 @@ package proxy
 
 import (
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"unsafe"
 
@@ -43,6 +44,13 @@ type uring struct {
 	cqMask   uint32
 	cqes     []uringCQE
 	prepared uint32 // entries prepared since the last run
+	// The operations of the batch in progress: their callers' indexes,
+	// and the buffers they were given, held until they complete — for
+	// good once the ring has failed (err), since the kernel may still
+	// hold an operation that writes to one.
+	ops  [uringBatchMax]int
+	bufs [uringBatchMax][]byte
+	err  error // why the ring failed; it is not to be used again
 }
 
 // The kernel's ABI (include/uapi/linux/io_uring.h).
@@ -156,6 +164,7 @@ func (u *uring) prepare(op uint8, fd int, b []byte, i int) {
 	}
 	u.sqes[slot] = uringSQE{opcode: op, fd: int32(fd), addr: uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b)))), len: uint32(len(b)), msgFlags: flags, userData: uint64(i)}
 	u.sqArray[slot] = slot
+	u.ops[u.prepared], u.bufs[u.prepared] = i, b
 	u.prepared++
 }
 
@@ -165,12 +174,25 @@ func (u *uring) prepare(op uint8, fd int, b []byte, i int) {
 // operation the kernel did not take (io_uring_enter failed: out of memory)
 // is given EAGAIN, which a loop takes as "try again at the next
 // readiness": a read not made, or a client's socket full.
-func (u *uring) run(yield func(i int, n int, err error)) {
+//
+// An error means the ring failed — waiting for the completions failed
+// with an errno the kernel is not documented to return — and is not to
+// be used again: each operation whose completion was not seen is given
+// the error, as a failed system call's would be, and its buffer stays
+// held by the ring (the kernel may still write to it), so the caller
+// keeps the ring, never closes it, and makes its system calls one by one.
+func (u *uring) run(yield func(i int, n int, err error)) error {
 	n := u.prepared
-	if n == 0 {
-		return
-	}
 	u.prepared = 0
+	if u.err != nil {
+		for k := range n {
+			yield(u.ops[k], 0, u.err) // none was submitted
+		}
+		return u.err
+	}
+	if n == 0 {
+		return nil
+	}
 	// The entries are written before the tail that publishes them (a Go
 	// atomic store is a release).
 	atomic.StoreUint32(u.sqTail, *u.sqTail+n)
@@ -195,23 +217,34 @@ func (u *uring) run(yield func(i int, n int, err error)) {
 		}
 		submitted += uint32(r)
 	}
-	for done := u.reap(yield); done < submitted; done += u.reap(yield) {
+	var seen uint64 // the operations yielded, by their callers' indexes
+	for done := u.reap(yield, &seen); done < submitted; done += u.reap(yield, &seen) {
 		// An operation the kernel finished outside the call (none
 		// should: each is non-blocking): wait for it, so that no buffer
 		// stays the kernel's.
 		_, _, e := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(u.fd), 0, uintptr(submitted-done), uringEnterGetEvents, 0, 0)
 		if e != 0 && e != unix.EINTR && e != unix.EAGAIN && e != unix.EBUSY {
-			panic("proxy: io_uring_enter waiting for completions: " + e.Error())
+			u.err = fmt.Errorf("io_uring_enter waiting for completions: %w", e)
+			for k := range submitted {
+				if i := u.ops[k]; seen&(1<<uint(i)) == 0 {
+					yield(i, 0, u.err)
+				}
+			}
+			return u.err
 		}
 	}
+	clear(u.bufs[:n])
+	return nil
 }
 
-// reap gives yield the completions posted since the last reap.
-func (u *uring) reap(yield func(i int, n int, err error)) uint32 {
+// reap gives yield the completions posted since the last reap, and
+// marks each in seen (bit i for the caller's index i).
+func (u *uring) reap(yield func(i int, n int, err error), seen *uint64) uint32 {
 	head, tail := *u.cqHead, atomic.LoadUint32(u.cqTail)
 	var got uint32
 	for ; head != tail; head++ {
 		c := u.cqes[head&u.cqMask]
+		*seen |= 1 << (c.userData & 63)
 		if c.res < 0 {
 			yield(int(c.userData), 0, unix.Errno(-c.res))
 		} else {

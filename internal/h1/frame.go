@@ -1,26 +1,33 @@
-// Package h1 finds where HTTP/1.1 messages end in a byte stream, for a
-// relay that passes the bytes on untouched: it reads the framing (the
-// status line, Content-Length, Transfer-Encoding: chunked) and nothing
-// else, and copies no bytes but those of a line split between reads.
+// Package h1 reads HTTP/1.1 framing for the router, strictly, in one
+// place:
+//
+//   - ParseRequest is the grammar every request passes before anything
+//     acts on it, whichever path serves it (RFC 9112's request head, in
+//     one pass, without allocation): a request that breaks it is refused
+//     with the status its error says, and its connection closed;
+//   - Chunked is the one reader of chunked bodies: a request's, which the
+//     front door decodes, and a response's;
+//   - ResponseEnd finds where a response ends in an upstream's byte
+//     stream, for a relay that passes the bytes on untouched, and Head
+//     reads the fields of a response head it has accepted, for a relay
+//     that passes on a head with a few fields changed.
 //
 // It is strict where a laxer reading could put a message's end somewhere
-// other than where the client behind the relay puts it — a lone CR or LF
+// other than where the reader behind the relay puts it — a lone CR or LF
 // as a line end, a folded or space-broken field line, Content-Length
 // beside Transfer-Encoding, a repeated length — because a relay that
-// ends a response early or late desynchronises every exchange after it
-// on that connection. Such messages are refused (ErrFraming), never
-// guessed at; so are those a keep-alive relay cannot carry at all: a body
-// that runs to the connection's close, and 101 Switching Protocols.
-//
-// Head reads the fields of a response head it has accepted, for a relay
-// that passes on a head with a few fields changed.
+// ends a message early or late desynchronises every exchange after it
+// on that connection, and lets a request hide in another's bytes. Such
+// messages are refused, never guessed at; so are the responses a
+// keep-alive relay cannot carry at all: a body that runs to the
+// connection's close, and 101 Switching Protocols. It copies no bytes
+// but those of a response line split between reads.
 package h1
 
 import (
 	"bytes"
 	"errors"
 	"fmt"
-	"math"
 )
 
 // DefaultMaxHead bounds a head (a status or request line and its fields)
@@ -29,7 +36,9 @@ const DefaultMaxHead = 64 << 10
 
 // ErrFraming says a message's end cannot be found with certainty, or its
 // body would run to the connection's close: the connection cannot carry
-// another exchange. Every error from this package wraps it.
+// another exchange. Every error of ResponseEnd and Chunked wraps it; a
+// request's refusals wrap ErrMalformed and the others ParseRequest
+// names.
 var ErrFraming = errors.New("h1: unsupported or broken HTTP/1.1 framing")
 
 // ErrToClose says a response is well formed but ends only where its
@@ -58,47 +67,6 @@ var (
 
 func wrap(why string) error { return fmt.Errorf("%w: %s", ErrFraming, why) }
 
-// RequestLen is the length of the request at the start of b once its
-// head is complete — head plus Content-Length, which is more than len(b)
-// while the body is still coming; 0 while the head is incomplete; -1 for
-// a request a Content-Length relay cannot carry: a body framed by
-// Transfer-Encoding, a malformed field line or length, or a head over
-// maxHead bytes (maxHead <= 0 means DefaultMaxHead). The request line
-// itself is not checked: the upstream judges it.
-func RequestLen(b []byte, maxHead int) int {
-	if maxHead <= 0 {
-		maxHead = DefaultMaxHead
-	}
-	i := bytes.Index(b, []byte("\r\n\r\n"))
-	if i < 0 {
-		if len(b) > maxHead {
-			return -1
-		}
-		return 0
-	}
-	if i+4 > maxHead {
-		return -1
-	}
-	head := b[:i+2] // every line with its CRLF
-	head = head[bytes.IndexByte(head, '\n')+1:]
-	var f fields
-	for len(head) > 0 {
-		j := bytes.IndexByte(head, '\n')
-		l, err := lineBody(head[:j+1])
-		if err == nil {
-			err = f.take(l)
-		}
-		if err != nil {
-			return -1
-		}
-		head = head[j+1:]
-	}
-	if f.te || f.length > int64(math.MaxInt-(i+4)) {
-		return -1
-	}
-	return i + 4 + int(f.length) // may be past len(b): the body is still coming
-}
-
 // ResponseEnd follows one response through the bytes an upstream sends,
 // read by read, to find where it ends; a relay knows then that the
 // connection is free for the next request, and, from what a read held
@@ -121,22 +89,15 @@ type ResponseEnd struct {
 	line    []byte // a head or trailer line begun in an earlier Feed
 	headLen int    // bytes of the current head or trailer section so far
 	status  int
-	f       fields // what the current head says of the body
-	// the chunk-size line so far
-	digits   uint8
-	ows, ext bool
+	f       fields  // what the current head says of the body
+	chunks  Chunked // a chunked body's progress
 }
 
 const (
-	stStatus  uint8 = iota // awaiting a status line
-	stField                // in the head's field lines
-	stBody                 // f.length bytes of a Content-Length body to come
-	stSize                 // in a chunk-size line
-	stSizeLF               // the chunk-size line's CR seen: its LF must follow
-	stData                 // f.length bytes of chunk data to come
-	stDataCR               // the CR after chunk data to come
-	stDataLF               // the LF after chunk data to come
-	stTrailer              // in the trailer section
+	stStatus uint8 = iota // awaiting a status line
+	stField               // in the head's field lines
+	stBody                // f.length bytes of a Content-Length body to come
+	stChunks              // in a chunked body, its trailer section included
 	stDone
 	stFailed
 )
@@ -149,6 +110,14 @@ const maxChunkDigits = 15
 // it held lines in.
 func (r *ResponseEnd) Reset() {
 	*r = ResponseEnd{MaxHead: r.MaxHead, line: r.line[:0]}
+}
+
+// maxHead is MaxHead with its default.
+func (r *ResponseEnd) maxHead() int {
+	if r.MaxHead <= 0 {
+		return DefaultMaxHead
+	}
+	return r.MaxHead
 }
 
 // Feed takes the next bytes the upstream sent. n is how many of them
@@ -167,49 +136,27 @@ func (r *ResponseEnd) Feed(b []byte) (n int, done bool, err error) {
 	}
 	for n < len(b) {
 		switch r.state {
-		case stStatus, stField, stTrailer:
+		case stStatus, stField:
 			k, err := r.lines(b[n:])
 			n += k
 			if err != nil {
 				return r.fail(err)
 			}
-		case stBody, stData:
+		case stBody:
 			k := int(min(r.f.length, int64(len(b)-n)))
 			r.f.length -= int64(k)
 			n += k
 			if r.f.length == 0 {
-				if r.state == stBody {
-					r.state = stDone
-				} else {
-					r.state = stDataCR
-				}
+				r.state = stDone
 			}
-		case stDataCR:
-			if b[n] != '\r' {
-				return r.fail(errChunk)
-			}
-			n++
-			r.state = stDataLF
-		case stDataLF:
-			if b[n] != '\n' {
-				return r.fail(errChunk)
-			}
-			n++
-			r.state, r.digits, r.ows, r.ext = stSize, 0, false, false
-		case stSize:
-			if err := r.sizeByte(b[n]); err != nil {
+		case stChunks:
+			k, err := r.chunks.Skip(b[n:])
+			n += k
+			if err != nil {
 				return r.fail(err)
 			}
-			n++
-		case stSizeLF:
-			if b[n] != '\n' {
-				return r.fail(errChunk)
-			}
-			n++
-			if r.f.length > 0 {
-				r.state = stData
-			} else {
-				r.state, r.headLen = stTrailer, 0 // the last chunk
+			if r.chunks.Done() {
+				r.state = stDone
 			}
 		case stDone:
 			return n, true, nil
@@ -223,49 +170,13 @@ func (r *ResponseEnd) fail(err error) (int, bool, error) {
 	return 0, false, err
 }
 
-// sizeByte takes one byte of a chunk-size line: hex digits, optional
-// whitespace, an optional extension (skipped, up to the line's CR). The
-// grammar is fasthttp's, a little narrower than RFC 9112's (no whitespace
-// before ';'); no server this relays for sends extensions at all.
-func (r *ResponseEnd) sizeByte(c byte) error {
-	switch {
-	case r.ext && c != '\r':
-		if c == '\n' { // a line end to some readers: a way to smuggle
-			return errChunk
-		}
-	case c == '\r':
-		if r.digits == 0 {
-			return errChunk
-		}
-		r.state = stSizeLF
-	case !r.ows && isHex(c):
-		if r.digits == maxChunkDigits {
-			return errChunk
-		}
-		r.f.length = r.f.length<<4 | int64(hexVal(c))
-		r.digits++
-	case r.digits == 0:
-		return errChunk
-	case c == ' ' || c == '\t':
-		r.ows = true
-	case c == ';' && !r.ows:
-		r.ext = true
-	default:
-		return errChunk
-	}
-	return nil
-}
-
-// lines takes head or trailer lines from b while the state is one of
-// theirs; k is the bytes taken. A line that b ends in the middle of is
+// lines takes head lines from b while the state is one of theirs; k is
+// the bytes taken. A line that b ends in the middle of is
 // kept in r.line until a later Feed completes it; a complete one is read
 // where it lies.
 func (r *ResponseEnd) lines(b []byte) (k int, err error) {
-	maxHead := r.MaxHead
-	if maxHead <= 0 {
-		maxHead = DefaultMaxHead
-	}
-	for k < len(b) && (r.state == stStatus || r.state == stField || r.state == stTrailer) {
+	maxHead := r.maxHead()
+	for k < len(b) && (r.state == stStatus || r.state == stField) {
 		i := bytes.IndexByte(b[k:], '\n')
 		if i < 0 {
 			if r.headLen += len(b) - k; r.headLen > maxHead {
@@ -292,25 +203,18 @@ func (r *ResponseEnd) lines(b []byte) (k int, err error) {
 	return k, nil
 }
 
-// takeLine takes one complete head or trailer line, LF included.
+// takeLine takes one complete head line, LF included.
 func (r *ResponseEnd) takeLine(l []byte) error {
 	l, err := lineBody(l)
-	if err != nil {
-		return err
-	}
 	switch {
+	case err != nil:
+		return err
 	case r.state == stStatus:
 		return r.statusLine(l)
-	case len(l) == 0 && r.state == stField:
+	case len(l) == 0:
 		return r.headEnd()
-	case len(l) == 0: // the trailer section's end
-		r.state = stDone
-		return nil
-	case r.state == stField:
-		return r.f.take(l)
 	}
-	_, _, err = splitField(l) // a trailer: its name matters to no framing
-	return err
+	return r.f.take(l)
 }
 
 // statusLine reads "HTTP/1.1 NNN[ reason]". Other versions are refused:
@@ -353,7 +257,7 @@ func (r *ResponseEnd) headEnd() error {
 	case s == 204 || s == 304:
 		r.state = stDone
 	case r.f.te:
-		r.state, r.f.length, r.digits, r.ows, r.ext = stSize, 0, 0, false, false
+		r.state, r.chunks = stChunks, Chunked{MaxTrailer: r.maxHead()}
 	case r.f.cl && r.f.length == 0:
 		r.state = stDone
 	case r.f.cl:

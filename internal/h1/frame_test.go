@@ -12,41 +12,6 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-func TestRequestLen(t *testing.T) {
-	head := "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n"
-	long := "GET / HTTP/1.1\r\nX: " + strings.Repeat("y", 100) + "\r\n\r\n"
-	for _, tc := range []struct {
-		in      string
-		maxHead int
-		want    int
-	}{
-		{head[:20], 0, 0},                                    // head incomplete
-		{head, 0, len(head) + 5},                             // body still coming: past len(b)
-		{head + "hello", 0, len(head) + 5},                   // whole
-		{head + "helloGET / HTTP/1.1\r\n", 0, len(head) + 5}, // the next pipelined behind it
-		{"GET / HTTP/1.1\r\nhost: x\r\n\r\n", 0, 27},         // no body
-		{"GET / HTTP/1.1\r\n\r\n", 0, 18},                    // no fields
-		{strings.Replace(head, "Content-Length: 5", "content-LENGTH:\t5 ", 1) + "hello", 0, len(head) + 6},
-		{"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", 0, -1},
-		{"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", 0, -1},
-		{"POST / HTTP/1.1\r\nContent-Length: x\r\n\r\n", 0, -1},
-		{"POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n", 0, -1},
-		{"POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\n", 0, -1},
-		{"POST / HTTP/1.1\r\nContent-Length : 1\r\n\r\n", 0, -1},
-		{"POST / HTTP/1.1\r\nX: y\nContent-Length: 1\r\n\r\n", 0, -1}, // a lone LF
-		{"POST / HTTP/1.1\r\nX: y\r\n folded\r\n\r\n", 0, -1},
-		{"POST / HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n", 0, -1},
-		{long, len(long), len(long)},
-		{long, len(long) - 1, -1},            // complete, but over the limit
-		{long[:60], 50, -1},                  // incomplete and already over it
-		{strings.Repeat("x", 70<<10), 0, -1}, // over DefaultMaxHead
-	} {
-		if got := RequestLen([]byte(tc.in), tc.maxHead); got != tc.want {
-			t.Errorf("RequestLen(%.80q, %d) = %d, want %d", tc.in, tc.maxHead, got, tc.want)
-		}
-	}
-}
-
 // endCase is a stream of upstream bytes and the verdict on it: the
 // response ends at end (the stream may go on past it), or it is refused
 // with err, or (end -1, err nil) it is not complete.
@@ -223,14 +188,12 @@ func TestResponseEndMaxHead(t *testing.T) {
 
 func TestNoAllocations(t *testing.T) {
 	resp, chunked := benchResponses()
-	req := []byte("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello")
 	var r ResponseEnd
 	if a := testing.AllocsPerRun(100, func() {
 		r.Reset()
 		r.Feed(resp)
 		r.Reset()
 		r.Feed(chunked)
-		RequestLen(req, 0)
 	}); a != 0 {
 		t.Errorf("%v allocations per run, want 0", a)
 	}
@@ -261,8 +224,10 @@ func truncated(err error) bool {
 
 // stricter is what ResponseEnd refuses by design where fasthttp reads on
 // (a lone LF as a line end, leading blank lines, folding, whitespace
-// before a colon, both lengths, HTTP/1.0, a body to the close, 101).
-var stricter = []error{errHeadTooLong, errStatusLine, errLineEnd, errObsFold, errFieldName, errBothLengths, errNoLength, errHTTP10, errUpgrade}
+// before a colon, both lengths, HTTP/1.0, a body to the close, 101, a
+// chunk extension over its bound or with a control character, a control
+// character in a trailer value).
+var stricter = []error{errHeadTooLong, errStatusLine, errLineEnd, errObsFold, errFieldName, errBothLengths, errNoLength, errHTTP10, errUpgrade, errChunkExt, errFieldText}
 
 // laxer is what fasthttp refuses and ResponseEnd lets through by design:
 // field values it does not read, trailer names no framing depends on.

@@ -1,4 +1,4 @@
-package proxy
+package h1
 
 import (
 	"bufio"
@@ -7,22 +7,23 @@ import (
 	"io"
 	"net/http/httputil"
 	"strconv"
+	"strings"
 	"testing"
 )
 
-// decodeAll runs body through a chunkDecoder in pieces of step bytes with a
+// decodeAll runs body through a Chunked in pieces of step bytes with a
 // dst of room bytes, as reads off a socket would come.
 func decodeAll(t *testing.T, body []byte, step, room int) ([]byte, int, error) {
 	t.Helper()
-	var d chunkDecoder
+	var d Chunked
 	var out []byte
 	dst := make([]byte, room)
 	pos := 0
-	for pos < len(body) && !d.done() {
+	for pos < len(body) && !d.Done() {
 		end := min(pos+step, len(body))
 		src := body[pos:end]
-		for len(src) > 0 && !d.done() {
-			n, used, err := d.decode(dst, src)
+		for len(src) > 0 && !d.Done() {
+			n, used, err := d.Decode(dst, src)
 			out = append(out, dst[:n]...)
 			pos += used
 			src = src[used:]
@@ -34,13 +35,13 @@ func decodeAll(t *testing.T, body []byte, step, room int) ([]byte, int, error) {
 			}
 		}
 	}
-	if !d.done() {
+	if !d.Done() {
 		return out, pos, io.ErrUnexpectedEOF
 	}
 	return out, pos, nil
 }
 
-func TestChunkDecoderMatchesTheStandardLibrary(t *testing.T) {
+func TestChunkedMatchesTheStandardLibrary(t *testing.T) {
 	events := [][]byte{
 		[]byte("data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n"),
 		bytes.Repeat([]byte("x"), 5000),
@@ -78,7 +79,7 @@ func TestChunkDecoderMatchesTheStandardLibrary(t *testing.T) {
 	}
 }
 
-func TestChunkDecoderExtensionsAndTrailers(t *testing.T) {
+func TestChunkedExtensionsAndTrailers(t *testing.T) {
 	body := []byte("5;name=value\r\nhello\r\n0\r\nX-Trailer: 1\r\nY: 2\r\n\r\n")
 	got, used, err := decodeAll(t, body, 1, 16)
 	if err != nil || string(got) != "hello" || used != len(body) {
@@ -86,34 +87,55 @@ func TestChunkDecoderExtensionsAndTrailers(t *testing.T) {
 	}
 }
 
-func TestChunkDecoderRejectsBrokenFraming(t *testing.T) {
-	for _, body := range []string{
-		"\r\n",                      // no size
-		"zz\r\n",                    // not hex
-		"5\r\nhello!\r\n",           // data longer than its size
-		"5\rxhello\r\n",             // CR without LF
-		"5\r\nhello\rx",             // CR without LF after data
-		"11111111111111111\r\n",     // seventeen digits
-		"5;ext\nhello\r\n0\r\n\r\n", // bare LF
+func TestChunkedRefusesBrokenFraming(t *testing.T) {
+	for body, want := range map[string]error{
+		"\r\n":                      errChunk, // no size
+		"zz\r\n":                    errChunk, // not hex
+		"5\r\nhello!\r\n":           errChunk, // data longer than its size
+		"5\rxhello\r\n":             errChunk, // CR without LF
+		"5\r\nhello\rx":             errChunk, // CR without LF after data
+		"1111111111111111\r\n":      errChunk, // sixteen digits
+		"5 ;ext\r\nhello\r\n":       errChunk, // whitespace before an extension
+		"5;ext\nhello\r\n0\r\n\r\n": errChunk, // bare LF
+		"5;a\x01b\r\nhello\r\n":     errChunkExt,
+		"5;" + strings.Repeat("a", MaxChunkExt+1) + "\r\nhello\r\n":     errChunkExt,
+		"0\r\nX: a\x00b\r\n\r\n":                                        errFieldText,
+		"0\r\nX a: b\r\n\r\n":                                           errFieldName,
+		"0\r\nX: a\r\n b\r\n\r\n":                                       errObsFold,
+		"0\r\nX: a\nY: b\r\n\r\n":                                       errLineEnd,
+		"0\r\nX: a\r\n\n":                                               errLineEnd,
+		"0\r\n" + strings.Repeat("X: y\r\n", DefaultMaxHead/5) + "\r\n": errHeadTooLong,
 	} {
 		_, _, err := decodeAll(t, []byte(body), 3, 64)
-		if !errors.Is(err, errChunked) || !errors.Is(err, ErrUpstream) {
-			t.Errorf("%q: err %v, want errChunked", body, err)
+		if err != want || !errors.Is(err, ErrFraming) {
+			t.Errorf("%.40q: err %v, want %v", body, err, want)
 		}
 	}
 }
 
-// BenchmarkChunkDecode takes the framing off one SSE event per chunk, as
-// the stream loop does for each read; ns/op and allocs/op are per event.
-func BenchmarkChunkDecode(b *testing.B) {
+// A refusal is for good: the body cannot be followed past it.
+func TestChunkedRefusalSticks(t *testing.T) {
+	var d Chunked
+	if _, _, err := d.Decode(make([]byte, 8), []byte("x\r\n")); err != errChunk {
+		t.Fatalf("err %v", err)
+	}
+	if n, used, err := d.Decode(make([]byte, 8), []byte("1\r\na\r\n0\r\n\r\n")); n != 0 || used != 0 || err != errChunk {
+		t.Fatalf("after the refusal: %d, %d, %v", n, used, err)
+	}
+}
+
+// BenchmarkChunkedDecode takes the framing off one SSE event per chunk,
+// as the stream loop does for each read; ns/op and allocs/op are per
+// event.
+func BenchmarkChunkedDecode(b *testing.B) {
 	ev := `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"tok "}}]}` + "\n\n"
 	framed := []byte(strconv.FormatInt(int64(len(ev)), 16) + "\r\n" + ev + "\r\n")
 	dst := make([]byte, 4096)
-	var d chunkDecoder
+	var d Chunked
 	b.ReportAllocs()
 	b.SetBytes(int64(len(ev)))
 	for b.Loop() {
-		if n, used, err := d.decode(dst, framed); err != nil || n != len(ev) || used != len(framed) {
+		if n, used, err := d.Decode(dst, framed); err != nil || n != len(ev) || used != len(framed) {
 			b.Fatalf("decoded %d of %d bytes: %v", n, used, err)
 		}
 	}
