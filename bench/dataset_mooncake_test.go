@@ -184,22 +184,13 @@ func TestMooncakePromptsHitSimPrefixCache(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hits, queries := counterSum(snap, "vllm:prefix_cache_hits_total"), counterSum(snap, "vllm:prefix_cache_queries_total")
+	hits, _ := snap.sum(metricPrefixHits)
+	queries, _ := snap.sum(metricPrefixQueries)
 	// One at a time: [1 2 4] finds [1 2] (1024 tokens); [1 2 3 5] finds
 	// the full 16-token blocks of [1 2 3]'s 1500 tokens (1488); [9] none.
 	if hits != 1024+1488 || queries != 1500+1100+2000+300 {
 		t.Fatalf("prefix cache hits %v of %v queried tokens, want 2512 of 4900", hits, queries)
 	}
-}
-
-func counterSum(s Snapshot, name string) float64 {
-	var v float64
-	if fam := s[name]; fam != nil {
-		for _, m := range fam.GetMetric() {
-			v += m.GetCounter().GetValue()
-		}
-	}
-	return v
 }
 
 // The shared trace is outside the module; skip when it is absent.
