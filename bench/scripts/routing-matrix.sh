@@ -223,7 +223,7 @@ engine_counts() {
     curl -fsS "http://127.0.0.1:$((BASE_PORT + i))/metrics" >"$work/metrics"
     awk '/^vllm:request_success_total/ {s += $NF} END {printf "%d ", s}' "$work/metrics" >>"$out/$1.counts"
     awk '/^gpurouter_sim_step_lag_seconds_sum/ {l = $NF} /^gpurouter_sim_step_duration_seconds_sum/ {d = $NF}
-      END {printf "%.4f ", d > 0 ? l / d : 0}' "$work/metrics" >>"$out/$1.lag"
+      END {printf "%.4f ", (d > 0 ? l / d : 0)}' "$work/metrics" >>"$out/$1.lag"
   done
 }
 
