@@ -19,11 +19,12 @@ const (
 	DatasetAzureTrace        = "azure-trace"
 	DatasetUseCase           = "usecase"
 	DatasetCustom            = "custom"
+	DatasetMooncake          = "mooncake"
 )
 
 // DatasetNames lists every dataset LoadDataset knows, for help texts.
 func DatasetNames() []string {
-	return []string{DatasetRandom, DatasetShareGPT, DatasetShareGPTSynthetic, DatasetAzureTrace, DatasetUseCase, DatasetCustom}
+	return []string{DatasetRandom, DatasetShareGPT, DatasetShareGPTSynthetic, DatasetAzureTrace, DatasetUseCase, DatasetCustom, DatasetMooncake}
 }
 
 // ErrDataset is wrapped by every error about a dataset's options or content.
@@ -35,10 +36,11 @@ var ErrDataset = errors.New("bench: dataset")
 type DatasetConfig struct {
 	// Name is one of DatasetNames.
 	Name string
-	// Path is the file for sharegpt, azure-trace and custom.
+	// Path is the file for sharegpt, azure-trace, custom and mooncake.
 	Path string
 	// NumPrompts is how many requests to produce. 0 means 1000 (vllm bench's
-	// default), except for azure-trace where 0 means the whole trace.
+	// default), except for the traces (azure-trace, mooncake), where it is
+	// the first NumPrompts rows and 0 means the whole trace.
 	NumPrompts int
 	// Seed makes sampling deterministic: the same seed gives the same
 	// requests and the same prompts.
@@ -51,6 +53,9 @@ type DatasetConfig struct {
 	// (integers, floor and ceil, output at least 1), as vllm bench does. It
 	// must be in [0, 1). Applies to random and usecase.
 	RandomRangeRatio float64
+	// RandomOutputRangeRatio, when > 0, is the output lengths' range ratio
+	// instead of RandomRangeRatio (e.g. prompts 8k-32k, outputs 100-800).
+	RandomOutputRangeRatio float64
 
 	// ShareGPTOutputLen, when > 0, replaces each sharegpt completion's token
 	// count as the output length (vllm's --sharegpt-output-len).
@@ -63,6 +68,10 @@ type DatasetConfig struct {
 	// divided by it, so 2 replays twice as fast (twice the request rate) and
 	// 0.5 at half speed. 0 means 1.
 	TimeScale float64
+
+	// MaxModelLen, when > 0, drops the requests whose prompt plus output
+	// is longer (Dataset.Dropped counts them), as vLLM refuses them.
+	MaxModelLen int
 
 	// Estimator counts and synthesises tokens. Required.
 	Estimator *tokens.Estimator
@@ -85,18 +94,20 @@ func (c DatasetConfig) Validate() error {
 	if !known {
 		errs = append(errs, fmt.Errorf("%w: unknown dataset %q (want one of %s)", ErrDataset, c.Name, strings.Join(DatasetNames(), ", ")))
 	}
-	needsPath := c.Name == DatasetShareGPT || c.Name == DatasetAzureTrace || c.Name == DatasetCustom
+	needsPath := c.Name == DatasetShareGPT || c.Name == DatasetAzureTrace || c.Name == DatasetCustom || c.Name == DatasetMooncake
 	if needsPath && c.Path == "" {
 		errs = append(errs, fmt.Errorf("%w: %s needs a dataset path", ErrDataset, c.Name))
 	}
-	if c.NumPrompts < 0 {
-		errs = append(errs, fmt.Errorf("%w: num prompts %d < 0", ErrDataset, c.NumPrompts))
+	if c.NumPrompts < 0 || c.MaxModelLen < 0 {
+		errs = append(errs, fmt.Errorf("%w: num prompts %d and max model len %d must not be negative", ErrDataset, c.NumPrompts, c.MaxModelLen))
 	}
 	if c.RandomInputLen < 0 || c.RandomOutputLen < 0 || c.ShareGPTOutputLen < 0 || c.CustomOutputLen < 0 {
 		errs = append(errs, fmt.Errorf("%w: lengths must not be negative", ErrDataset))
 	}
-	if c.RandomRangeRatio < 0 || c.RandomRangeRatio >= 1 || math.IsNaN(c.RandomRangeRatio) {
-		errs = append(errs, fmt.Errorf("%w: random range ratio %v not in [0, 1)", ErrDataset, c.RandomRangeRatio))
+	for _, r := range []float64{c.RandomRangeRatio, c.RandomOutputRangeRatio} {
+		if r < 0 || r >= 1 || math.IsNaN(r) {
+			errs = append(errs, fmt.Errorf("%w: random range ratio %v not in [0, 1)", ErrDataset, r))
+		}
 	}
 	if c.TimeScale < 0 || math.IsNaN(c.TimeScale) || math.IsInf(c.TimeScale, 0) {
 		errs = append(errs, fmt.Errorf("%w: time scale %v must be a positive number", ErrDataset, c.TimeScale))
@@ -108,11 +119,20 @@ func (c DatasetConfig) Validate() error {
 }
 
 // LoadDataset builds the dataset c describes, reading c.Path where the
-// dataset needs a file.
+// dataset needs a file, and drops what c.MaxModelLen cannot take.
 func LoadDataset(c DatasetConfig) (*Dataset, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
+	d, err := loadDataset(c)
+	if err != nil {
+		return nil, err
+	}
+	d.dropLongerThan(c.MaxModelLen)
+	return d, nil
+}
+
+func loadDataset(c DatasetConfig) (*Dataset, error) {
 	rng := newRand(c.Seed)
 	switch c.Name {
 	case DatasetRandom:
@@ -140,6 +160,12 @@ func LoadDataset(c DatasetConfig) (*Dataset, error) {
 			return nil, fmt.Errorf("%s: %w", c.Path, err)
 		}
 		return TraceDataset(rows, c, rng), nil
+	case DatasetMooncake:
+		rows, err := ParseMooncake(f)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", c.Path, err)
+		}
+		return MooncakeDataset(rows, c, rng), nil
 	default: // DatasetCustom
 		recs, err := ParseCustom(f)
 		if err != nil {

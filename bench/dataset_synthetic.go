@@ -17,12 +17,16 @@ func RandomDataset(c DatasetConfig, rng *rand.Rand) *Dataset {
 	if out == 0 {
 		out = 128
 	}
+	outRatio := c.RandomRangeRatio
+	if c.RandomOutputRangeRatio > 0 {
+		outRatio = c.RandomOutputRangeRatio
+	}
 	n := c.numPrompts()
 	d := &Dataset{Name: DatasetRandom, Requests: make([]Request, n)}
 	for i := range d.Requests {
 		d.Requests[i] = Request{
 			PromptTokens: rangeLen(rng, in, c.RandomRangeRatio, 1),
-			OutputTokens: rangeLen(rng, out, c.RandomRangeRatio, 1),
+			OutputTokens: rangeLen(rng, out, outRatio, 1),
 			PromptSeed:   rng.Uint64(),
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -56,11 +57,32 @@ func TestRandomDatasetLengths(t *testing.T) {
 			}
 			again, _ := LoadDataset(c)
 			for i := range d.Requests {
-				if d.Requests[i] != again.Requests[i] {
+				if !reflect.DeepEqual(d.Requests[i], again.Requests[i]) {
 					t.Fatalf("request %d differs between runs with the same seed", i)
 				}
 			}
 		})
+	}
+}
+
+// The long-context row's lengths: prompts 8k-32k and outputs 100-800 need
+// a ratio each (0.6 around 20000, 0.7777 around 450).
+func TestRandomOutputRangeRatio(t *testing.T) {
+	d, err := LoadDataset(DatasetConfig{Name: DatasetRandom, NumPrompts: 2000, Seed: 1, RandomInputLen: 20000, RandomOutputLen: 450,
+		RandomRangeRatio: 0.6, RandomOutputRangeRatio: 0.7777, Estimator: newEstimator(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inLo, inHi, outLo, outHi := 1<<30, 0, 1<<30, 0
+	for _, r := range d.Requests {
+		inLo, inHi = min(inLo, r.PromptTokens), max(inHi, r.PromptTokens)
+		outLo, outHi = min(outLo, r.OutputTokens), max(outHi, r.OutputTokens)
+	}
+	if inLo < 8000 || inHi > 32000 || inLo > 8100 || inHi < 31900 {
+		t.Errorf("prompts span %d-%d, want 8000-32000", inLo, inHi)
+	}
+	if outLo < 100 || outHi > 800 || outLo > 105 || outHi < 795 {
+		t.Errorf("outputs span %d-%d, want 100-800", outLo, outHi)
 	}
 }
 
@@ -73,6 +95,9 @@ func TestDatasetConfigValidate(t *testing.T) {
 	}{
 		{"unknown name", DatasetConfig{Name: "nope", Estimator: est}, "unknown dataset"},
 		{"ratio 1", DatasetConfig{Name: DatasetRandom, RandomRangeRatio: 1, Estimator: est}, "range ratio"},
+		{"output ratio 1", DatasetConfig{Name: DatasetRandom, RandomOutputRangeRatio: 1, Estimator: est}, "range ratio"},
+		{"mooncake without path", DatasetConfig{Name: DatasetMooncake, Estimator: est}, "needs a dataset path"},
+		{"negative max model len", DatasetConfig{Name: DatasetRandom, MaxModelLen: -1, Estimator: est}, "max model len"},
 		{"file dataset without path", DatasetConfig{Name: DatasetShareGPT, Estimator: est}, "needs a dataset path"},
 		{"negative time scale", DatasetConfig{Name: DatasetAzureTrace, Path: "x", TimeScale: -1, Estimator: est}, "time scale"},
 		{"no estimator", DatasetConfig{Name: DatasetRandom}, "estimator"},

@@ -157,6 +157,10 @@ func (o *Observer) Before(ctx context.Context) error {
 	return ctx.Err()
 }
 
+// EngineMetricsURLs are the engines' /metrics pages Before found (nil
+// before Before).
+func (o *Observer) EngineMetricsURLs() []string { return o.metricsURLs }
+
 // MetricsURL is u's /metrics page: u itself when it already ends so.
 func MetricsURL(u string) string {
 	u = strings.TrimRight(u, "/")

@@ -1,6 +1,9 @@
 package bench
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // Request is one request a benchmark sends: what to ask for and, in a trace
 // replay, when. The zero value is an empty prompt with no output length,
@@ -13,6 +16,11 @@ type Request struct {
 	// PromptSeed seeds the synthesised prompt when Prompt is empty; distinct
 	// seeds give prompts that share no prefix.
 	PromptSeed uint64
+	// PromptBlocks, when set (and Prompt empty), make the synthesised
+	// prompt out of MooncakeBlockTokens-token blocks of text, one per id,
+	// the same text for the same id, so requests that start with the same
+	// ids share that prefix token for token (a Mooncake trace's hash_ids).
+	PromptBlocks []uint64
 	// PromptTokens is the prompt length in tokens (counted with
 	// bench/tokens, or given by the trace).
 	PromptTokens int
@@ -34,6 +42,21 @@ type Dataset struct {
 	// Timed is true when every Request carries its own Arrival (trace
 	// replay); otherwise arrivals come from a rate and a burstiness.
 	Timed bool
+	// Dropped counts the requests left out because prompt plus output was
+	// longer than DatasetConfig.MaxModelLen.
+	Dropped int
+}
+
+// dropLongerThan removes the requests whose prompt plus output exceeds
+// maxLen tokens, as vLLM refuses them, and counts them in Dropped.
+// maxLen 0 keeps everything.
+func (d *Dataset) dropLongerThan(maxLen int) {
+	if maxLen <= 0 {
+		return
+	}
+	n := len(d.Requests)
+	d.Requests = slices.DeleteFunc(d.Requests, func(r Request) bool { return r.PromptTokens+r.OutputTokens > maxLen })
+	d.Dropped += n - len(d.Requests)
 }
 
 // Arrivals returns the requests' own arrival offsets, for timed datasets.

@@ -28,7 +28,11 @@ func (g *generator) send(ctx context.Context, r *Request, rec *Record, start, sc
 	rec.ClientQueue = ready.Sub(sched)
 
 	prompt := r.Prompt
-	if prompt == "" {
+	switch {
+	case prompt != "":
+	case r.PromptBlocks != nil:
+		prompt = blockPrompt(g.cfg.Estimator, r.PromptBlocks, r.PromptTokens, r.PromptSeed)
+	default:
 		prompt = g.cfg.Estimator.Synthesize(r.PromptTokens, r.PromptSeed)
 	}
 	req := fasthttp.AcquireRequest()

@@ -105,3 +105,52 @@ func (e *Estimator) Synthesize(n int, seed uint64) string {
 	}
 	return b.String()
 }
+
+// Encode returns the token ids of text, for checks that need the token
+// sequence rather than its length. Invalid UTF-8 gives nil.
+func (e *Estimator) Encode(text string) []uint {
+	ids, _, err := e.codec.Encode(text)
+	if err != nil {
+		return nil
+	}
+	return ids
+}
+
+// blockIDWords is how many leading filler words spell a block's id: 64
+// words, 6 bits each, so 11 of them tell any two 64-bit ids apart.
+const blockIDWords = 11
+
+// AppendBlock appends the first n tokens of the text of block id: a
+// deterministic run of one-token filler words (so n of them are exactly n
+// tokens, and blocks appended one after another are the sum of their
+// tokens). The same id always gives the same words, and a shorter n a
+// prefix of a longer one. The first 11 words spell a bijective mix of the
+// id in base 64, so two different ids differ within their first 11 tokens
+// (usually at the first) — less than one 16-token KV block — and a prefix
+// cache that hashes blocks of tokens sees exactly the ids two prompts share.
+func (e *Estimator) AppendBlock(dst []byte, id uint64, n int) []byte {
+	m := mixBlockID(id)
+	x := m | 1 // xorshift state for the words after the id's; never 0
+	for i := 0; i < n; i++ {
+		var w uint64
+		if i < blockIDWords {
+			w = (m >> (6 * i)) & 63
+		} else {
+			x ^= x << 13
+			x ^= x >> 7
+			x ^= x << 17
+			w = x % uint64(len(fillerWords))
+		}
+		dst = append(dst, fillerWords[w]...)
+	}
+	return dst
+}
+
+// mixBlockID is a bijection of uint64 (splitmix64's finaliser), so
+// neighbouring ids differ in their first words as often as unrelated ones.
+func mixBlockID(id uint64) uint64 {
+	id += 0x9E3779B97F4A7C15
+	id = (id ^ id>>30) * 0xBF58476D1CE4E5B9
+	id = (id ^ id>>27) * 0x94D049BB133111EB
+	return id ^ id>>31
+}

@@ -1,6 +1,9 @@
 package tokens
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func newEstimator(t testing.TB) *Estimator {
 	t.Helper()
@@ -59,6 +62,45 @@ func TestSynthesizeExact(t *testing.T) {
 	}
 	if e.Synthesize(50, 7) != e.Synthesize(50, 7) {
 		t.Fatal("same seed gave different text")
+	}
+}
+
+func TestAppendBlock(t *testing.T) {
+	e := newEstimator(t)
+	if len(fillerWords) != 64 {
+		t.Fatalf("%d filler words: a block id is spelled in base 64", len(fillerWords))
+	}
+	full := string(e.AppendBlock(nil, 42, 512))
+	if n := e.Count(full); n != 512 {
+		t.Fatalf("block of 512 counts %d tokens", n)
+	}
+	if got := string(e.AppendBlock(nil, 42, 512)); got != full {
+		t.Fatal("same id gave different text")
+	}
+	for _, n := range []int{0, 1, 11, 100, 511} {
+		part := string(e.AppendBlock(nil, 42, n))
+		if !strings.HasPrefix(full, part) || e.Count(part) != n {
+			t.Fatalf("block cut to %d tokens is not the full block's first %d tokens", n, n)
+		}
+	}
+	// Blocks side by side are the sum of their tokens.
+	two := e.AppendBlock(e.AppendBlock(nil, 1, 512), 2, 300)
+	if n := e.Count(string(two)); n != 812 {
+		t.Fatalf("two blocks count %d tokens, want 812", n)
+	}
+	// Any two ids differ within the first 11 words, so within one KV block.
+	seen := map[string]uint64{}
+	for id := range uint64(20000) {
+		head := string(e.AppendBlock(nil, id, blockIDWords))
+		if other, ok := seen[head]; ok {
+			t.Fatalf("ids %d and %d start with the same %d words", other, id, blockIDWords)
+		}
+		seen[head] = id
+	}
+	for _, id := range []uint64{1 << 63, 1<<64 - 1} {
+		if e.Count(string(e.AppendBlock(nil, id, 512))) != 512 {
+			t.Fatalf("id %d: not 512 tokens", id)
+		}
 	}
 }
 

@@ -127,8 +127,10 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	cfg, mopts, meta, ps := s.cfg, s.mopts, s.meta, s.ps
 
 	// Client vs router vs engine (bench_observe.go): the router through
-	// GET /debug/pools and /debug/requests, engines' /metrics before/after.
+	// GET /debug/pools and /debug/requests, engines' /metrics before/after,
+	// and every second in between (KV use, prefix cache).
 	obs := newObserver(cfg, engineURLs, match)
+	var sampler engineSampling
 
 	rateText := "inf"
 	if !math.IsInf(cfg.RequestRate, 1) {
@@ -162,9 +164,13 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "bench: %d base URLs: no router or engine column (each router saw 1/%d of the run)\n", 1+len(cfg.MoreBaseURLs), 1+len(cfg.MoreBaseURLs))
 		obs = nil
 	} else {
-		cfg.OnMeasureStart = func(ctx context.Context) { _ = obs.Before(ctx) }
+		cfg.OnMeasureStart = func(ctx context.Context) {
+			_ = obs.Before(ctx)
+			sampler.start(ctx, obs.EngineMetricsURLs())
+		}
 	}
 	res, runErr := bench.Run(ctx, cfg)
+	usage := sampler.stop(ctx)
 	if res == nil {
 		fmt.Fprintln(stderr, "bench:", runErr)
 		return 1
@@ -186,6 +192,13 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	extra := side.extra
+	for k, v := range s.datasetExtra {
+		extra[k] = v
+	}
+	if engineUsageRead(usage) {
+		printEngineUsage(stdout, usage)
+		extra["gpurouter_engine_usage"] = bench.EngineUsageJSON(usage)
+	}
 	if *f.saveResult {
 		name := *f.resultFilename
 		if name == "" {

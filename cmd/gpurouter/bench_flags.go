@@ -30,6 +30,8 @@ type benchFlags struct {
 	datasetName, datasetPath                  *string
 	randomInputLen, randomOutputLen           *int
 	randomRangeRatio, timeScale               *float64
+	randomOutputRangeRatio                    *float64
+	maxModelLen                               *int
 	sharegptOutputLen, customOutputLen        *int
 	ignoreEOS, saveResult, countEmpty         *bool
 	disableTqdm                               *bool
@@ -59,19 +61,21 @@ func newBenchFlags(name string, stderr io.Writer, usage string) *benchFlags {
 	f.endpoint = fs.String("endpoint", "", "API path: /v1/completions (default) or /v1/chat/completions")
 	f.backend = fs.String("backend", "openai", "openai (completions) or openai-chat (chat completions); sets the default --endpoint")
 	f.model = fs.String("model", "", "model name; default: the first id of GET /v1/models")
-	f.numPrompts = fs.Int("num-prompts", 1000, "number of requests (azure-trace: default the whole trace)")
+	f.numPrompts = fs.Int("num-prompts", 1000, "number of requests (azure-trace, mooncake: the first N rows; default the whole trace)")
 	f.requestRate = fs.Float64("request-rate", math.Inf(1), "mean request rate in req/s; inf sends all at once")
 	f.burstiness = fs.Float64("burstiness", 1, "gamma shape of inter-arrival gaps: 1 Poisson, <1 burstier, >1 more regular")
 	f.maxConcurrency = fs.Int("max-concurrency", 0, "cap on requests in flight (0: none)")
 	f.datasetName = fs.String("dataset-name", bench.DatasetRandom, "dataset: "+strings.Join(bench.DatasetNames(), ", "))
-	f.datasetPath = fs.String("dataset-path", "", "dataset file (sharegpt JSON, azure-trace CSV, custom JSONL)")
+	f.datasetPath = fs.String("dataset-path", "", "dataset file (sharegpt JSON, azure-trace CSV, custom JSONL, mooncake JSONL)")
 	f.randomInputLen = fs.Int("random-input-len", 1024, "random dataset: input tokens")
 	f.randomOutputLen = fs.Int("random-output-len", 128, "random dataset: output tokens")
 	f.randomRangeRatio = fs.Float64("random-range-ratio", 0, "random/usecase: lengths uniform in [L(1-r), L(1+r)], 0 <= r < 1")
+	f.randomOutputRangeRatio = fs.Float64("random-output-range-ratio", 0, "random: the output lengths' range ratio, when > 0 (default: --random-range-ratio)")
+	f.maxModelLen = fs.Int("max-model-len", 0, "drop requests whose prompt + output exceed this many tokens, as vLLM refuses them (0: keep all)")
 	f.sharegptOutputLen = fs.Int("sharegpt-output-len", 0, "sharegpt: fixed output length instead of the reference completion's")
 	f.customOutputLen = fs.Int("custom-output-len", 256, "custom: output tokens of records without output_tokens")
-	f.timeScale = fs.Float64("time-scale", 1, "azure-trace: replay speed-up; arrival offsets are divided by it (2 = twice as fast)")
-	f.ignoreEOS = fs.Bool("ignore-eos", false, "send ignore_eos so the engine generates exactly max_tokens (default on for azure-trace and the profiles)")
+	f.timeScale = fs.Float64("time-scale", 1, "azure-trace, mooncake: replay speed-up; arrival offsets are divided by it (2 = twice as fast)")
+	f.ignoreEOS = fs.Bool("ignore-eos", false, "send ignore_eos so the engine generates exactly max_tokens (default on for azure-trace, mooncake and the profiles)")
 	fs.Var(&f.goodput, "goodput", "SLOs in ms for goodput, KEY:VALUE with keys ttft, tpot, e2el (\"ttft:500 tpot:50\"; repeatable)")
 	f.percentileMetrics = fs.String("percentile-metrics", "ttft,tpot,itl", "metrics to print percentiles of: ttft,tpot,itl,e2el")
 	f.metricPercentiles = fs.String("metric-percentiles", "99", "percentiles to report, e.g. 50,90,99")
@@ -112,6 +116,8 @@ type benchSetup struct {
 	ps    []float64
 	// headers are the --header values (and OPENAI_API_KEY).
 	headers map[string]string
+	// datasetExtra are result-file keys about the dataset (set by load).
+	datasetExtra map[string]any
 }
 
 // resolve applies --profile and the dataset defaults, then validates every
@@ -132,10 +138,11 @@ func (f *benchFlags) resolve(stderr io.Writer) (*benchSetup, []string) {
 		}
 		f.applyProfile(p)
 	}
-	if *f.datasetName == bench.DatasetAzureTrace && !f.set["ignore-eos"] {
+	trace := *f.datasetName == bench.DatasetAzureTrace || *f.datasetName == bench.DatasetMooncake
+	if trace && !f.set["ignore-eos"] {
 		*f.ignoreEOS = true // a replay must generate the trace's lengths (data/README.md)
 	}
-	if *f.datasetName == bench.DatasetAzureTrace && !f.set["num-prompts"] {
+	if trace && !f.set["num-prompts"] {
 		*f.numPrompts = 0 // the whole trace
 	}
 	if len(f.baseURLs) == 0 {
@@ -151,7 +158,7 @@ func (f *benchFlags) resolve(stderr io.Writer) (*benchSetup, []string) {
 			errs = append(errs, fmt.Sprintf("--backend %q: want openai or openai-chat", *f.backend))
 		}
 	}
-	if *f.numPrompts < 0 || (*f.numPrompts == 0 && *f.datasetName != bench.DatasetAzureTrace) {
+	if *f.numPrompts < 0 || (*f.numPrompts == 0 && !trace) {
 		errs = append(errs, fmt.Sprintf("--num-prompts %d: want at least 1", *f.numPrompts))
 	}
 	if !(*f.requestRate > 0) {
@@ -198,7 +205,8 @@ func (f *benchFlags) resolve(stderr io.Writer) (*benchSetup, []string) {
 	dcfg := bench.DatasetConfig{
 		Name: *f.datasetName, Path: *f.datasetPath, NumPrompts: *f.numPrompts, Seed: *f.seed,
 		RandomInputLen: *f.randomInputLen, RandomOutputLen: *f.randomOutputLen, RandomRangeRatio: *f.randomRangeRatio,
-		ShareGPTOutputLen: *f.sharegptOutputLen, CustomOutputLen: *f.customOutputLen, TimeScale: *f.timeScale, Estimator: est,
+		RandomOutputRangeRatio: *f.randomOutputRangeRatio, ShareGPTOutputLen: *f.sharegptOutputLen, CustomOutputLen: *f.customOutputLen,
+		TimeScale: *f.timeScale, MaxModelLen: *f.maxModelLen, Estimator: est,
 	}
 	if err := dcfg.Validate(); err != nil {
 		for _, e := range strings.Split(err.Error(), "\n") {
@@ -262,6 +270,21 @@ func (f *benchFlags) load(ctx context.Context, s *benchSetup, modelURL string, s
 	}
 	s.cfg.Requests, s.cfg.Timed = ds.Requests, ds.Timed
 	s.meta.NumPrompts, s.meta.Dataset = len(ds.Requests), ds.Name
+	if ds.Dropped > 0 {
+		fmt.Fprintf(stderr, "bench: dropped %d of %d requests longer than --max-model-len %d (prompt + output), as vLLM would refuse them\n",
+			ds.Dropped, ds.Dropped+len(ds.Requests), *f.maxModelLen)
+	}
+	if len(ds.Requests) == 0 {
+		fmt.Fprintln(stderr, "bench: no requests left to send")
+		return 1
+	}
+	s.datasetExtra = map[string]any{"gpurouter_dataset_dropped": ds.Dropped}
+	if r, ok := ds.IdealPrefixHitRate(); ok {
+		// What one shared cache of unbounded size would hit: the ceiling
+		// of every replica's prefix-cache hit rate together.
+		fmt.Fprintf(stderr, "bench: ideal prefix-cache hit rate of these %d requests (one shared unbounded cache): %.3f\n", len(ds.Requests), r)
+		s.datasetExtra["gpurouter_ideal_prefix_cache_hit_rate"] = r
+	}
 	if s.cfg.Model == "" {
 		if s.cfg.Model, err = bench.FirstModel(ctx, modelURL, s.headers); err != nil {
 			fmt.Fprintf(stderr, "bench: no --model and %v\n", err)

@@ -68,3 +68,57 @@ func breakdownOf(d bench.Decomposition) *bench.LatencyBreakdown {
 	}
 	return bench.NewLatencyBreakdown(d.ClientE2E, parts...)
 }
+
+// engineSampling runs a bench.EngineSampler over the engines while the
+// measured requests run. The zero value samples nothing until start.
+type engineSampling struct {
+	s      *bench.EngineSampler
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// start samples urls from now until stop; none means nothing to do.
+func (e *engineSampling) start(ctx context.Context, urls []string) {
+	if len(urls) == 0 {
+		return
+	}
+	var sctx context.Context
+	sctx, e.cancel = context.WithCancel(ctx)
+	e.s, e.done = &bench.EngineSampler{URLs: urls}, make(chan struct{})
+	go func() {
+		defer close(e.done)
+		e.s.Run(sctx)
+	}()
+}
+
+// stop ends the sampling and returns each engine's usage over the run
+// (nil when it never started).
+func (e *engineSampling) stop(ctx context.Context) []bench.EngineUsage {
+	if e.s == nil {
+		return nil
+	}
+	e.cancel()
+	<-e.done
+	return e.s.Finish(context.WithoutCancel(ctx))
+}
+
+// printEngineUsage prints the engines' mean KV use and prefix-cache hits
+// over the run, one line each.
+func printEngineUsage(w io.Writer, us []bench.EngineUsage) {
+	fmt.Fprintln(w, "Engines over the run (read every second): mean KV cache usage, prefix-cache hits / queried tokens, preemptions")
+	for _, u := range us {
+		fmt.Fprintf(w, "  %-40s KV %5.1f%% (%d reads)  prefix cache %.0f / %.0f (%.1f%%)  preempted %.0f\n", u.URL,
+			100*u.MeanKVUsage, u.KVSamples, u.PrefixCacheHits, u.PrefixCacheQueries, 100*u.PrefixCacheHitRate(), u.Preemptions)
+	}
+}
+
+// engineUsageRead reports whether any engine answered a read with a KV
+// gauge (a target that is no vLLM engine gives nothing worth printing).
+func engineUsageRead(us []bench.EngineUsage) bool {
+	for _, u := range us {
+		if u.KVSamples > 0 {
+			return true
+		}
+	}
+	return false
+}
