@@ -38,6 +38,7 @@ const (
 	DefaultReplayTimeout = 2 * time.Second
 	DefaultMinBackoff    = 100 * time.Millisecond
 	DefaultMaxBackoff    = 5 * time.Second
+	DefaultIdleReplay    = time.Second
 )
 
 // SubscriberConfig configures one replica's Subscriber. Endpoint and Sink
@@ -64,6 +65,13 @@ type SubscriberConfig struct {
 	// MinBackoff and MaxBackoff bound the wait between connection
 	// attempts, doubling from one to the other; 0 = the defaults.
 	MinBackoff, MaxBackoff time.Duration
+	// IdleReplay is how long the PUB socket may stay silent before the
+	// subscriber asks the replay socket whether it missed anything: the
+	// last batches before a pause show no gap until the next one arrives
+	// (a batch sent while the subscription was still on its way is dropped
+	// by PUB; so is one lost on the way). 0 = DefaultIdleReplay; negative =
+	// never.
+	IdleReplay time.Duration
 }
 
 // Subscriber follows one replica's KV events: it subscribes to the
@@ -120,6 +128,9 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 	}
 	if cfg.MaxBackoff <= 0 {
 		cfg.MaxBackoff = DefaultMaxBackoff
+	}
+	if cfg.IdleReplay == 0 {
+		cfg.IdleReplay = DefaultIdleReplay
 	}
 	s := &Subscriber{cfg: cfg, clock: cfg.Clock, log: cfg.Log, resync: make(chan struct{}, 1), next: -1}
 	if s.clock == nil {
@@ -208,13 +219,27 @@ func (s *Subscriber) follow(ctx context.Context, sub zmq4.Socket) {
 	// What was missed while not connected: everything buffered the first
 	// time, what came after the last applied batch on a reconnect.
 	s.catchUp(ctx, max(s.next, 0), -1)
+	// One timer per idle period, not per message: heard says whether a
+	// message came since it was armed.
+	var idle <-chan time.Time
+	heard := false
+	if s.cfg.IdleReplay > 0 && s.cfg.ReplayEndpoint != "" {
+		idle = s.clock.After(s.cfg.IdleReplay)
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-s.resync:
 			s.restart(ctx, "asked to resync")
+		case <-idle:
+			if !heard {
+				s.catchUp(ctx, max(s.next, 0), -1)
+			}
+			heard = false
+			idle = s.clock.After(s.cfg.IdleReplay)
 		case r := <-msgs:
+			heard = true
 			if r.err != nil {
 				s.m.err("disconnect")
 				s.log.Info("KV events: connection lost; reconnecting", zap.Error(r.err))
