@@ -6,6 +6,18 @@
 // one replica's ZMQ PUB socket with gap detection and replay (Subscriber),
 // and publishes the same stream for the simulator (Publisher), so the
 // router's prefix index can know what each engine holds instead of guessing.
+//
+// Wiring, per pool (a proposal for the router's configuration):
+//
+//	kv_events:
+//	  endpoint: "tcp://{host}:5557"        # ExpandEndpoint fills {host} from each replica's URL
+//	  replay_endpoint: "tcp://{host}:5558" # "" = no replay: every gap drops the replica's entries
+//	  topic: ""                            # subscription prefix
+//	  data_parallel_size: 1                # rank r publishes on port+r (OffsetPort)
+//
+// and per replica: a prefixcache.Tracker on the pool's prefixcache.Index as
+// the Sink of a Subscriber, whose Run(ctx) lives as long as the replica is
+// in the pool (discovery included).
 package kvevents
 
 import "errors"
