@@ -4,12 +4,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
-	"strconv"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
 	"github.com/gpurouter/gpurouter/bench/tokens"
+	"github.com/gpurouter/gpurouter/prefixcache"
 )
 
 // Handler returns the replica's HTTP API as a fasthttp handler, for mounting
@@ -198,20 +198,27 @@ func (m chatMessage) text() (string, error) {
 }
 
 // promptInfo is a parsed prompt: its size, its prefix-cache block hashes,
-// its last token (where the generated text starts from) and, for a prompt
-// of token ids, the ids.
+// its last token (where the generated text starts from), for a prompt of
+// token ids the ids, and with prefix caching on, the token ids the engine
+// caches.
 type promptInfo struct {
 	tokens int
 	hashes []uint64
 	end    contextEnd
 	ids    []int
+	toks   []uint32
 }
 
-// parsePrompt counts the prompt of a chat or completion request with the
-// shared estimator and hashes its full blocks for prefix caching.
+// parsePrompt sizes the prompt of a chat or completion request and, with
+// prefix caching on, hashes its full blocks. With prefix caching on it
+// tokenizes for real (cl100k_base; chat messages rendered ChatML-style by
+// prefixcache.CL100KChat, exactly as long as the shared estimator counts
+// them) and hashes blocks over the token ids, chained as vLLM does, so a
+// router that keys blocks by the same tokens (package prefixcache) sees
+// what the engine caches. Without it, it only counts.
 func (r *Replica) parsePrompt(req *inferenceRequest, chat bool) (promptInfo, error) {
 	var pi promptInfo
-	var hasher func(n int) []uint64
+	caching := r.cfg.Profile.Engine.EnablePrefixCaching
 	if chat {
 		if len(req.Messages) == 0 {
 			return pi, fmt.Errorf("messages is required")
@@ -230,50 +237,50 @@ func (r *Replica) parsePrompt(req *inferenceRequest, chat bool) (promptInfo, err
 				pi.end = contextEnd{word: w}
 			}
 		}
-		pi.tokens = r.est.CountChat(msgs)
-		hasher = func(n int) []uint64 {
-			h := newPrefixHasher(r.d.blockSize, n)
-			for _, m := range msgs {
-				h.sep()
-				h.write(m.Role)
-				h.sep()
-				h.write(m.Content)
+		if caching {
+			pm := make([]prefixcache.Message, len(msgs))
+			for i, m := range msgs {
+				pm[i] = prefixcache.Message{Role: m.Role, Content: m.Content}
 			}
-			return h.sum()
+			pi.toks = prefixcache.CL100KChat().AppendChat(nil, r.bpe, pm)
+			pi.tokens = len(pi.toks)
+		} else {
+			pi.tokens = r.est.CountChat(msgs)
 		}
 	} else {
 		text, ids, err := parseCompletionPrompt(req.Prompt)
 		if err != nil {
 			return pi, err
 		}
-		if ids != nil {
+		switch {
+		case ids != nil:
 			pi.tokens, pi.ids = len(ids), ids
 			if len(ids) > 0 {
 				pi.end = contextEnd{id: ids[len(ids)-1], isID: true}
 			}
-			hasher = func(n int) []uint64 {
-				h := newPrefixHasher(r.d.blockSize, n)
-				for _, id := range ids {
-					h.write(strconv.Itoa(id))
-					h.endWord()
+			if caching {
+				pi.toks = make([]uint32, len(ids))
+				for i, id := range ids {
+					pi.toks[i] = uint32(id)
 				}
-				return h.sum()
 			}
-		} else {
+		case caching:
+			pi.toks = r.bpe.AppendTokens(nil, text)
+			pi.tokens = len(pi.toks)
+			pi.end = contextEnd{word: lastWord(text)}
+		default:
 			pi.tokens = r.est.Count(text)
 			pi.end = contextEnd{word: lastWord(text)}
-			hasher = func(n int) []uint64 {
-				h := newPrefixHasher(r.d.blockSize, n)
-				h.write(text)
-				return h.sum()
-			}
 		}
 	}
 	if pi.tokens == 0 {
 		pi.tokens = 1 // the BOS token: an empty prompt is still one token to vLLM
 	}
-	if r.cfg.Profile.Engine.EnablePrefixCaching {
-		pi.hashes = hasher(pi.tokens / r.d.blockSize)
+	if caching {
+		pi.hashes = prefixcache.AppendKeys(nil, r.hashSeed, pi.toks, r.d.blockSize)
+		for i, h := range pi.hashes {
+			pi.hashes[i] = nonzero(h) // 0 marks an uncached block in kvCache
+		}
 	}
 	return pi, nil
 }

@@ -19,6 +19,7 @@ func (r *Replica) Crash(d time.Duration) {
 	r.downUntil.Store(now.Add(d).UnixNano())
 	r.mu.Lock()
 	r.eng.reset(now)
+	r.eng.clearCache(now) // a restarted process's cache is empty
 	r.mu.Unlock()
 	select {
 	case r.crashCh <- d:

@@ -94,6 +94,15 @@ type Faults struct {
 	// RetryAfterSeconds is the Retry-After header of those 429s. 0 = 1;
 	// -1 = no Retry-After header.
 	RetryAfterSeconds int `json:"retry_after_seconds,omitempty"`
+	// KVEventsDropRate is the fraction of KV event batches not sent on the
+	// PUB socket but kept for replay: lost on the way, and recoverable (a
+	// subscriber sees the gap and replays). KVEventsLoseRate is the
+	// fraction lost for good, from the replay buffer too (a subscriber must
+	// resync). KVEventsReorderRate is the fraction sent after the batch
+	// that follows them. They need KV events on.
+	KVEventsDropRate    float64 `json:"kv_events_drop_rate,omitempty"`
+	KVEventsLoseRate    float64 `json:"kv_events_lose_rate,omitempty"`
+	KVEventsReorderRate float64 `json:"kv_events_reorder_rate,omitempty"`
 	// XidErrors and ThrottleReasons are reported by /v1/gpus; throttling
 	// also lowers the reported SM clock. They don't change timing: use
 	// Speed for that.
@@ -120,6 +129,10 @@ func (f Faults) validate() error {
 		f.CrashEverySeconds < 0 || f.CrashDownSeconds < 0 || f.KeepAliveTimeoutSeconds < 0 || f.MaxWaitingQueueLength < 0 ||
 		f.CloseLagSeconds < 0 {
 		errs = append(errs, errors.New("durations, factors, speed and lengths must be >= 0"))
+	}
+	if r := f.KVEventsDropRate + f.KVEventsLoseRate + f.KVEventsReorderRate; f.KVEventsDropRate < 0 ||
+		f.KVEventsLoseRate < 0 || f.KVEventsReorderRate < 0 || r > 1 {
+		errs = append(errs, fmt.Errorf("kv_events_{drop,lose,reorder}_rate must be >= 0 and sum to at most 1"))
 	}
 	if f.RetryAfterSeconds < -1 {
 		errs = append(errs, fmt.Errorf("retry_after_seconds %d: want >= 0, or -1 for no header", f.RetryAfterSeconds))

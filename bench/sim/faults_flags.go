@@ -19,6 +19,9 @@ type FaultFlags struct {
 	retryAfter  *int
 	crashEvery  *time.Duration
 	crashDown   *time.Duration
+	kvDrop      *float64
+	kvLose      *float64
+	kvReorder   *float64
 }
 
 // RegisterFaultFlags defines the fault flags on fs. The vLLM and uvicorn
@@ -42,6 +45,12 @@ func RegisterFaultFlags(fs *flag.FlagSet) *FaultFlags {
 			"crash (as kill -9: connects refused, connections reset) this long after start and after each restart; 0 = never (fault crash_every_seconds)"),
 		crashDown: fs.Duration("crash-down", time.Second,
 			"how long each crash of --crash-every lasts before the replica listens again (fault crash_down_seconds)"),
+		kvDrop: fs.Float64("kv-events-drop-rate", 0,
+			"fraction of KV event batches not sent but kept for replay: a subscriber sees the gap and replays (fault kv_events_drop_rate)"),
+		kvLose: fs.Float64("kv-events-lose-rate", 0,
+			"fraction of KV event batches lost for good, from the replay buffer too: a subscriber must resync (fault kv_events_lose_rate)"),
+		kvReorder: fs.Float64("kv-events-reorder-rate", 0,
+			"fraction of KV event batches sent after the next one (fault kv_events_reorder_rate)"),
 	}
 }
 
@@ -65,6 +74,12 @@ func (ff *FaultFlags) Apply(f *Faults) {
 			f.CrashEverySeconds = ff.crashEvery.Seconds()
 		case "crash-down":
 			f.CrashDownSeconds = ff.crashDown.Seconds()
+		case "kv-events-drop-rate":
+			f.KVEventsDropRate = *ff.kvDrop
+		case "kv-events-lose-rate":
+			f.KVEventsLoseRate = *ff.kvLose
+		case "kv-events-reorder-rate":
+			f.KVEventsReorderRate = *ff.kvReorder
 		}
 	})
 }

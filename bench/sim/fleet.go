@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gpurouter/gpurouter/bench/tokens"
+	"github.com/gpurouter/gpurouter/prefixcache"
 )
 
 // FleetConfig describes N replicas on loopback ports, one process. Only
@@ -33,6 +34,11 @@ type FleetConfig struct {
 	Estimator *tokens.Estimator
 	// SpinWait tunes the shared real-time loop (see ReplicaConfig.SpinWait).
 	SpinWait time.Duration
+	// KVEvents, when set, makes every replica publish its KV-cache events;
+	// replica i's sockets listen on the given ports + i.
+	KVEvents *KVEventsConfig
+	// Tokenizer is shared by the replicas; nil = prefixcache.NewBPE("").
+	Tokenizer *prefixcache.BPE
 }
 
 // Fleet is a set of replicas served on consecutive loopback ports, each with
@@ -72,6 +78,13 @@ func NewFleet(cfg FleetConfig) (*Fleet, error) {
 			return nil, err
 		}
 	}
+	bpe := cfg.Tokenizer
+	if bpe == nil {
+		var err error
+		if bpe, err = prefixcache.NewBPE(""); err != nil {
+			return nil, err
+		}
+	}
 	f := &Fleet{host: cfg.Host, basePort: cfg.BasePort}
 	if f.host == "" {
 		f.host = "127.0.0.1"
@@ -80,7 +93,14 @@ func NewFleet(cfg FleetConfig) (*Fleet, error) {
 		rc := ReplicaConfig{
 			Profile: cfg.Profiles[min(i, len(cfg.Profiles)-1)], ServedModelNames: cfg.ServedModelNames,
 			Index: i, Estimator: est, LegacyMetrics: cfg.LegacyMetrics, Faults: cfg.Faults, Seed: cfg.Seed + uint64(i),
-			SpinWait: cfg.SpinWait,
+			SpinWait: cfg.SpinWait, Tokenizer: bpe,
+		}
+		if cfg.KVEvents != nil {
+			kc, err := cfg.KVEvents.forReplica(i)
+			if err != nil {
+				return nil, fmt.Errorf("sim: replica %d: %w", i, err)
+			}
+			rc.KVEvents = &kc
 		}
 		if len(cfg.Speeds) > 0 {
 			rc.Speed = cfg.Speeds[min(i, len(cfg.Speeds)-1)]
@@ -118,6 +138,17 @@ func (f *Fleet) Listen() error {
 		}
 		lns = append(lns, ln)
 		urls = append(urls, "http://"+ln.Addr().String())
+	}
+	for i, r := range f.replicas {
+		if r.pub == nil {
+			continue
+		}
+		if err := r.pub.Listen(); err != nil {
+			for _, l := range lns {
+				_ = l.Close()
+			}
+			return fmt.Errorf("sim: replica %d: KV events: %w", i, err)
+		}
 	}
 	f.lns, f.urls = lns, urls
 	return nil

@@ -20,6 +20,9 @@ type kvCache struct {
 	tail   int32
 	nfree  int
 	cached map[uint64]int32 // hash → block; nil when prefix caching is off
+	// evicted, when set, hears of every cache entry an allocation evicts
+	// (the KV events' BlockRemoved).
+	evicted func(h uint64)
 }
 
 func newKVCache(numBlocks int, prefixCaching bool) *kvCache {
@@ -88,6 +91,9 @@ func (c *kvCache) alloc() int32 {
 	if h := c.hash[b]; h != 0 {
 		if c.cached[h] == b {
 			delete(c.cached, h)
+			if c.evicted != nil {
+				c.evicted(h)
+			}
 		}
 		c.hash[b] = 0
 	}
@@ -108,14 +114,26 @@ func (c *kvCache) release(blocks []int32) {
 }
 
 // seal records that block b is full with content hash h, making it findable
-// by later requests. A hash already cached keeps its first block.
-func (c *kvCache) seal(b int32, h uint64) {
+// by later requests, and reports whether it became a cache entry. A hash
+// already cached keeps its first block.
+func (c *kvCache) seal(b int32, h uint64) bool {
 	if c.cached == nil || c.hash[b] != 0 {
-		return
+		return false
 	}
 	if _, ok := c.cached[h]; ok {
-		return
+		return false
 	}
 	c.hash[b] = h
 	c.cached[h] = b
+	return true
+}
+
+// clear forgets every cache entry (blocks in use stay in use): a restarted
+// engine's cache, or vLLM's reset_prefix_cache.
+func (c *kvCache) clear() {
+	if c.cached == nil {
+		return
+	}
+	clear(c.cached)
+	clear(c.hash)
 }

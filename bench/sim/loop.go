@@ -58,6 +58,15 @@ func runReplicas(ctx context.Context, rs []*Replica) error {
 		defer wg.Done()
 		housekeeping(hctx, rs)
 	}()
+	for _, r := range rs {
+		if r.pub != nil {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_ = r.pub.Run(hctx) // binds first unless the fleet did
+			}()
+		}
+	}
 	defer func() {
 		cancel()
 		wg.Wait()

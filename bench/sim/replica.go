@@ -15,6 +15,8 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/gpurouter/gpurouter/bench/tokens"
+	"github.com/gpurouter/gpurouter/kvevents"
+	"github.com/gpurouter/gpurouter/prefixcache"
 )
 
 // ReplicaConfig configures one simulated vLLM replica. Only Profile is
@@ -47,6 +49,13 @@ type ReplicaConfig struct {
 	Faults Faults
 	// Seed makes output lengths and error-rate draws reproducible.
 	Seed uint64
+	// Tokenizer tokenizes prompts when prefix caching is on (blocks are
+	// hashed over real token ids). nil = prefixcache.NewBPE("")
+	// (cl100k_base); share one across replicas.
+	Tokenizer *prefixcache.BPE
+	// KVEvents, when set, publishes the engine's KV-cache events as vLLM
+	// does when started with --kv-events-config (needs prefix caching).
+	KVEvents *KVEventsConfig
 	// SpinWait is how long before a step's intended end the real-time loop
 	// stops sleeping and busy-waits, trading CPU for timing precision (Go's
 	// timers wake with about 1 ms granularity). 0 = 1ms; negative = never
@@ -72,6 +81,9 @@ type Replica struct {
 	cfg      ReplicaConfig
 	names    []string // served model names, first = primary
 	est      *tokens.Estimator
+	bpe      *prefixcache.BPE
+	pub      *kvevents.Publisher // nil: KV events off
+	hashSeed uint64              // the engine's block-hash seed (random per vLLM process)
 	reg      *prometheus.Registry
 	m        *engineMetrics
 	expo     *exposition
@@ -128,6 +140,13 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 			return nil, err
 		}
 	}
+	bpe := cfg.Tokenizer
+	if bpe == nil {
+		var err error
+		if bpe, err = prefixcache.NewBPE(""); err != nil {
+			return nil, err
+		}
+	}
 	reg := cfg.Registry
 	if reg == nil {
 		reg = prometheus.NewRegistry()
@@ -148,6 +167,12 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 		eng: eng, rng: rand.New(rand.NewPCG(cfg.Seed, uint64(cfg.Index))),
 		stopped: make(chan struct{}), crashCh: make(chan time.Duration, 1),
 		faultsChanged: make(chan struct{}, 1),
+		bpe:           bpe, hashSeed: mix64(cfg.Seed, uint64(cfg.Index)+0x6b76),
+	}
+	if cfg.KVEvents != nil {
+		if err := r.setupKVEvents(*cfg.KVEvents); err != nil {
+			return nil, fmt.Errorf("sim: replica %d: %w", cfg.Index, err)
+		}
 	}
 	f := cfg.Faults
 	f.CrashSeconds = 0

@@ -31,6 +31,7 @@ type engine struct {
 	maxModelLen int
 	chunked     bool
 	m           *engineMetrics
+	events      *kvEventLog // nil: KV events off
 
 	waiting deque
 	running []*seq
@@ -124,6 +125,7 @@ func (e *engine) schedule(now time.Time) time.Duration {
 	for !preempted && budget > 0 && e.waiting.len() > 0 && len(e.running) < e.maxNumSeqs {
 		s := e.waiting.front()
 		hits := e.cachedBlocks(s)
+		e.countPrefixQuery(s, hits)
 		need := s.numTokens() - hits*e.blockSize
 		if !e.chunked && need > budget {
 			break
@@ -138,12 +140,6 @@ func (e *engine) schedule(now time.Time) time.Duration {
 			s.blocks = append(s.blocks, e.kv.touch(s.blockHash(i)))
 		}
 		s.computed, s.sealed = hits*e.blockSize, hits
-		if e.kv.cached != nil {
-			e.prefixQueries += s.numTokens()
-			e.prefixHits += hits * e.blockSize
-			e.m.prefixQueries.Add(float64(s.numTokens()))
-			e.m.prefixHits.Add(float64(hits * e.blockSize))
-		}
 		e.grow(s, need)
 		s.state = stateRunning
 		if s.scheduled.IsZero() {
@@ -163,6 +159,23 @@ func (e *engine) schedule(now time.Time) time.Duration {
 }
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
+
+// countPrefixQuery counts a prefix-cache lookup as vLLM's metrics do
+// (KVCacheManager.get_computed_blocks, PrefixCacheStats.record): in tokens,
+// queries the request's whole context and hits the tokens found cached,
+// every time the scheduler looks — a request at the head of the queue
+// that does not fit yet is counted again at the next step — and
+// vllm:prefix_cache_{queries,hits}_total leave out requests resumed after
+// a preemption (vLLM counts those apart, as preempted_queries).
+func (e *engine) countPrefixQuery(s *seq, hits int) {
+	if e.kv.cached == nil || s.preempts > 0 {
+		return
+	}
+	e.prefixQueries += s.numTokens()
+	e.prefixHits += hits * e.blockSize
+	e.m.prefixQueries.Add(float64(s.numTokens()))
+	e.m.prefixHits.Add(float64(hits * e.blockSize))
+}
 
 // cachedBlocks is how many leading blocks of s are cached; never all of its
 // tokens (the last one must be computed to sample from).
@@ -233,9 +246,18 @@ func (e *engine) complete(now time.Time) {
 		}
 		s.computed += b.n
 		if e.kv.cached != nil {
+			run := 0 // blocks just cached, not yet reported
 			for s.sealed < s.computed/e.blockSize {
-				e.kv.seal(s.blocks[s.sealed], s.blockHash(s.sealed))
+				if e.kv.seal(s.blocks[s.sealed], s.blockHash(s.sealed)) {
+					run++
+				} else if run > 0 && e.events != nil {
+					e.events.stored(s, s.sealed-run, run)
+					run = 0
+				}
 				s.sealed++
+			}
+			if run > 0 && e.events != nil {
+				e.events.stored(s, s.sealed-run, run)
 			}
 		}
 		if s.computed < s.numTokens() {
@@ -271,6 +293,24 @@ func (e *engine) complete(now time.Time) {
 		e.compactRunning()
 	}
 	e.gauges()
+	e.flushEvents(now)
+}
+
+// flushEvents publishes the KV events since the last flush.
+func (e *engine) flushEvents(now time.Time) {
+	if e.events != nil {
+		e.events.flush(now)
+	}
+}
+
+// clearCache drops every cache entry, as a restarted engine starts with
+// none, and says so (AllBlocksCleared).
+func (e *engine) clearCache(now time.Time) {
+	e.kv.clear()
+	if e.events != nil {
+		e.events.cleared()
+	}
+	e.flushEvents(now)
 }
 
 func (e *engine) compactRunning() {
@@ -307,6 +347,7 @@ func (e *engine) abort(s *seq, now time.Time) bool {
 	e.finish(s, reasonAbort, now)
 	s.sink.emit(0, reasonAbort, now)
 	e.gauges()
+	e.flushEvents(now)
 	return true
 }
 

@@ -7,6 +7,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/gpurouter/gpurouter/prefixcache"
 )
 
 // Property tests of the engine model, in virtual time: deterministic and
@@ -196,10 +198,12 @@ func TestPrefixCacheSharing(t *testing.T) {
 	}
 	est := testEstimator(t)
 	shared := est.Synthesize(1000, 1)
-	hash := func(text string, tokens int) []uint64 {
-		h := newPrefixHasher(16, tokens/16)
-		h.write(text)
-		return h.sum()
+	bpe, err := prefixcache.NewBPE("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hash := func(text string, _ int) []uint64 {
+		return prefixcache.AppendKeys(nil, 1, bpe.AppendTokens(nil, text), 16)
 	}
 	a := shared + est.Synthesize(100, 2)
 	b := shared + est.Synthesize(100, 3)

@@ -48,6 +48,7 @@ type seq struct {
 	target    int      // output tokens this sequence will produce
 	maxTokens int      // the request's cap: reaching it finishes with "length"
 	hashes    []uint64 // content hashes of the full prompt blocks (prefix caching)
+	ids       []uint32 // the prompt's token ids, kept only for KV events
 	salt      uint64   // makes generated blocks' hashes unique to this request
 	sink      sink
 
@@ -106,69 +107,4 @@ func nonzero(h uint64) uint64 {
 		return 1
 	}
 	return h
-}
-
-// prefixHasher turns prompt text into chained block hashes so that prompts
-// with the same leading text share their leading blocks. It works on words
-// (whitespace-separated) as a stand-in for tokens: text from the shared
-// estimator's Synthesize is exactly one token per word, and for other text
-// the word sequence is as prefix-stable as the token sequence. Blocks past
-// the last word (text has fewer words than tokens) hash as "more of the
-// same text", which only identical texts share.
-type prefixHasher struct {
-	blockSize int
-	limit     int // full blocks wanted
-	out       []uint64
-	h         uint64
-	words     int
-	inWord    bool
-}
-
-func newPrefixHasher(blockSize, fullBlocks int) *prefixHasher {
-	return &prefixHasher{blockSize: blockSize, limit: fullBlocks, h: fnvOffset, out: make([]uint64, 0, fullBlocks)}
-}
-
-func (p *prefixHasher) done() bool { return len(p.out) >= p.limit }
-
-// write feeds text.
-func (p *prefixHasher) write(text string) {
-	for i := 0; i < len(text) && !p.done(); i++ {
-		c := text[i]
-		if c == ' ' || c == '\n' || c == '\t' || c == '\r' {
-			p.endWord()
-			continue
-		}
-		p.h = (p.h ^ uint64(c)) * fnvPrime
-		p.inWord = true
-	}
-}
-
-// sep marks a boundary (between chat messages or role and content).
-func (p *prefixHasher) sep() {
-	p.endWord()
-	p.h = (p.h ^ 0x1F) * fnvPrime
-}
-
-func (p *prefixHasher) endWord() {
-	if !p.inWord || p.done() {
-		return
-	}
-	p.inWord = false
-	p.h = (p.h ^ ' ') * fnvPrime
-	p.words++
-	if p.words == p.blockSize {
-		p.out = append(p.out, nonzero(p.h))
-		p.words = 0
-		p.h = mix64(p.h, fnvOffset)
-	}
-}
-
-// sum returns the block hashes, one per full block.
-func (p *prefixHasher) sum() []uint64 {
-	p.endWord()
-	for !p.done() {
-		p.h = mix64(p.h, uint64(len(p.out))+0xB10C)
-		p.out = append(p.out, nonzero(p.h))
-	}
-	return p.out
 }

@@ -331,6 +331,9 @@ func (inc *incarnation) inference(ctx *fasthttp.RequestCtx, chat bool) {
 	q.usage = req.StreamOptions != nil && (req.StreamOptions.IncludeUsage == nil || *req.StreamOptions.IncludeUsage)
 	q.model, _ = json.Marshal(r.names[0])
 	s := &seq{prompt: pi.tokens, maxTokens: maxTokens, hashes: pi.hashes, sink: q, arrival: arrival}
+	if r.pub != nil {
+		s.ids = pi.toks // what BlockStored events report
+	}
 	q.s = s
 
 	// The frontend's own time (HTTP, template, tokenisation) before the

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gpurouter/gpurouter/bench/sim"
+	"github.com/gpurouter/gpurouter/kvevents"
 )
 
 // simList is a repeatable, comma-splitting string flag.
@@ -55,6 +56,12 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 	faults := fs.String("faults", "", `initial faults of every replica, as JSON (the POST /sim/faults document), e.g. '{"error_rate":0.05}'`)
 	seed := fs.Uint64("seed", 0, "seed for output lengths and error draws")
 	spin := fs.Duration("spin-wait", time.Millisecond, "busy-wait this long before each step's end for timing precision (negative = never)")
+	kvEndpoint := fs.String("kv-events-endpoint", "",
+		"publish KV-cache events as vLLM's --kv-events-config does: the PUB socket, tcp://HOST:PORT; replica i listens on PORT+i (needs prefix caching; empty = off)")
+	kvReplay := fs.String("kv-events-replay-endpoint", "",
+		"the replay ROUTER socket, tcp://HOST:PORT; replica i listens on PORT+i (empty = no replay)")
+	kvTopic := fs.String("kv-events-topic", "", "topic: the first frame of every KV event message")
+	kvEncoding := fs.String("kv-events-encoding", "array", "KV event layout: array (vLLM up to 0.23) or map (0.24 and later)")
 	engine := sim.RegisterEngineFlags(fs)
 	faultFlags := sim.RegisterFaultFlags(fs)
 	fs.Usage = func() {
@@ -64,7 +71,8 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "       gpurouter sim predict [flags]      one replica, virtual time: what a workload would measure")
 		fmt.Fprintln(stderr, "\nEach replica serves vLLM's API, /metrics, /health, /v1/gpus and GET|POST /sim/faults.")
 		fmt.Fprintln(stderr, "Fault flags (--close-after-response, --close-lag, --timeout-keep-alive, --max-waiting-queue-length, --rate-limited,")
-		fmt.Fprintln(stderr, "--retry-after, --crash-every, --crash-down) set fields of the initial faults and win over --faults.")
+		fmt.Fprintln(stderr, "--retry-after, --crash-every, --crash-down, --kv-events-drop-rate, --kv-events-lose-rate, --kv-events-reorder-rate)")
+		fmt.Fprintln(stderr, "set fields of the initial faults and win over --faults.")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -104,6 +112,17 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	faultFlags.Apply(&cfg.Faults)
+	if *kvEndpoint != "" {
+		enc, err := kvevents.ParseEncoding(*kvEncoding)
+		if err != nil {
+			fmt.Fprintln(stderr, "gpurouter sim: --kv-events-encoding:", err)
+			return 2
+		}
+		cfg.KVEvents = &sim.KVEventsConfig{Endpoint: *kvEndpoint, ReplayEndpoint: *kvReplay, Topic: *kvTopic, Encoding: enc}
+	} else if *kvReplay != "" {
+		fmt.Fprintln(stderr, "gpurouter sim: --kv-events-replay-endpoint needs --kv-events-endpoint")
+		return 2
+	}
 	fleet, err := sim.NewFleet(cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, "gpurouter sim:", err)
@@ -117,6 +136,9 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		p := r.Profile()
 		fmt.Fprintf(stdout, "replica %d ready: %s model=%s profile=%s speed=%s num_gpu_blocks=%d max_num_seqs=%d\n",
 			i, fleet.URLs()[i], r.ModelName(), p.Name, speedOf(cfg.Speeds, i), r.NumGPUBlocks(), p.Engine.MaxNumSeqs)
+		if pub, replay := r.KVEventsAddr(); pub != "" {
+			fmt.Fprintf(stdout, "replica %d KV events: %s replay=%s encoding=%s\n", i, pub, orNone(replay), cfg.KVEvents.Encoding)
+		}
 	}
 	fmt.Fprintln(stdout, "timing error of the simulator itself: gpurouter_sim_step_lag_seconds on each /metrics")
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -134,6 +156,13 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	return 0
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
 }
 
 func speedOf(speeds []float64, i int) string {

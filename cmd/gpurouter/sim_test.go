@@ -17,6 +17,11 @@ func TestSimFaultFlagsValidated(t *testing.T) {
 		{"retry-after", []string{"--retry-after", "-2"}, "retry_after_seconds"},
 		{"max-waiting-queue-length", []string{"--max-waiting-queue-length", "-1"}, ">= 0"},
 		{"flag over --faults", []string{"--faults", `{"retry_after_seconds":3}`, "--retry-after=-5"}, "retry_after_seconds -5"},
+		{"kv-events-lose-rate", []string{"--kv-events-lose-rate", "2"}, "kv_events_"},
+		{"kv-events-encoding", []string{"--kv-events-endpoint", "tcp://127.0.0.1:0", "--kv-events-encoding", "json"}, "array or map"},
+		{"kv-events-replay-endpoint alone", []string{"--kv-events-replay-endpoint", "tcp://127.0.0.1:0"}, "needs --kv-events-endpoint"},
+		{"kv-events-endpoint not tcp", []string{"--kv-events-endpoint", "ipc:///tmp/x"}, "tcp://host:port"},
+		{"kv events without prefix caching", []string{"--kv-events-endpoint", "tcp://127.0.0.1:0", "--no-enable-prefix-caching"}, "prefix caching"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

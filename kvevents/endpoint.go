@@ -1,0 +1,60 @@
+package kvevents
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+)
+
+// ExpandEndpoint fills an endpoint template from a replica's base URL:
+// "{host}" becomes the URL's host (bracketed when it is an IPv6 address),
+// so one pool setting (kv_events.endpoint: "tcp://{host}:5557") serves
+// every replica, those found by discovery included. A template without
+// "{host}" is returned as it is (one replica, or an explicit address).
+func ExpandEndpoint(template, replicaURL string) (string, error) {
+	if !strings.Contains(template, "{host}") {
+		return checkEndpoint(template)
+	}
+	u, err := url.Parse(replicaURL)
+	if err != nil || u.Hostname() == "" {
+		return "", fmt.Errorf("%w: replica URL %q has no host", ErrEndpoint, replicaURL)
+	}
+	host := u.Hostname()
+	if strings.Contains(host, ":") {
+		host = "[" + host + "]"
+	}
+	return checkEndpoint(strings.ReplaceAll(template, "{host}", host))
+}
+
+// OffsetPort adds n to a tcp endpoint's port, as vLLM offsets each
+// data-parallel rank's sockets (rank r publishes on port+r).
+func OffsetPort(endpoint string, n int) (string, error) {
+	if _, err := checkEndpoint(endpoint); err != nil {
+		return "", err
+	}
+	i := strings.LastIndexByte(endpoint, ':')
+	port, err := strconv.Atoi(endpoint[i+1:])
+	if err != nil || port+n <= 0 || port+n > 65535 {
+		return "", fmt.Errorf("%w: %q: port out of range after +%d", ErrEndpoint, endpoint, n)
+	}
+	return endpoint[:i+1] + strconv.Itoa(port+n), nil
+}
+
+// checkEndpoint accepts tcp://HOST:PORT, the only transport that reaches
+// another machine (and the one the router and simulator use).
+func checkEndpoint(ep string) (string, error) {
+	rest, ok := strings.CutPrefix(ep, "tcp://")
+	if !ok {
+		return "", fmt.Errorf("%w: %q: want tcp://host:port", ErrEndpoint, ep)
+	}
+	host, port, err := net.SplitHostPort(rest)
+	if err != nil || host == "" {
+		return "", fmt.Errorf("%w: %q: want tcp://host:port", ErrEndpoint, ep)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
+		return "", fmt.Errorf("%w: %q: bad port", ErrEndpoint, ep)
+	}
+	return ep, nil
+}
