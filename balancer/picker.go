@@ -28,6 +28,14 @@ type Request struct {
 	// SLOTTFT and SLOTPOT are the request's latency objectives (its SLO
 	// headers); zero means the pool's defaults (ScoreConfig.SLOTTFT, SLOTPOT).
 	SLOTTFT, SLOTPOT time.Duration
+	// Prefix is the request's prompt as prefix-cache block keys
+	// (prefixcache.AppendKeys over its tokens in the pool's block size),
+	// computed once by the proxy; nil when unknown. With the pool's
+	// PrefixCache, the policies count only the tokens a replica does not
+	// hold as its prefill (CachedTokens).
+	Prefix []uint64
+	prefix prefixMatch // the pool's lookup of Prefix, once per request
+
 	// Room, when set, is the admission rule that let the request in: the
 	// pool first picks only among replicas where it Fits, so a request
 	// admitted because some replica had room goes to one that has room,
@@ -65,7 +73,7 @@ func eligible(c *Replica, r *Request) bool {
 		if r.roomButPrefill {
 			l.PrefillWait = 0
 		}
-		return r.Room.FitsReplica(l, r.PromptTokens, r.OutputTokens, r.SLOTPOT)
+		return r.Room.FitsReplica(l, r.uncached(c), r.OutputTokens, r.SLOTPOT)
 	}
 	return true
 }
@@ -133,7 +141,7 @@ func NewPickerWith(name string, o PickerOptions) (Picker, error) {
 	case "p2c":
 		return &P2C{cfg: &cfg, rand: rnd, fallback: scanPicker{s: loadScorer{&cfg}}}, nil
 	case "prefix_affinity":
-		return newAffinity(&cfg, prefixKey), nil
+		return newPrefixAffinity(&cfg), nil
 	case "session_affinity":
 		return newAffinity(&cfg, sessionKey), nil
 	}

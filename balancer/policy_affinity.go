@@ -83,7 +83,11 @@ func (p *affinity) Prepare(rs []*Replica) {
 
 // bound is the most in-flight requests (per unit of capacity) a replica
 // may hold and still take an affine request.
-func (p *affinity) bound(candidates []*Replica) float64 {
+func (p *affinity) bound(candidates []*Replica) float64 { return loadBound(p.cfg, candidates) }
+
+// loadBound is the bounded-load limit over candidates: (1+ε) times the
+// mean in-flight requests with one more, rounded up.
+func loadBound(cfg *ScoreConfig, candidates []*Replica) float64 {
 	var total int64
 	if g := candidates[0].group.Load(); g != nil {
 		total = g.Load()
@@ -92,7 +96,7 @@ func (p *affinity) bound(candidates []*Replica) float64 {
 			total += c.inFlight.Load()
 		}
 	}
-	return math.Ceil((1 + p.cfg.Epsilon) * float64(total+1) / float64(len(candidates)))
+	return math.Ceil((1 + cfg.Epsilon) * float64(total+1) / float64(len(candidates)))
 }
 
 func (p *affinity) fits(c *Replica, r *Request, bound float64) bool {

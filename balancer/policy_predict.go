@@ -96,9 +96,13 @@ func (p *Predictive) pick(r *Request, candidates []*Replica) (*Replica, int) {
 	}
 	st, sp := sloT.Seconds(), sloP.Seconds()
 	r.soonest = p.soonest(r, candidates, &pr) // for rate, within this pick
+	bound := -1.0                             // no cache affinity
+	if r.prefix.looked && r.prefix.blockSize > 0 {
+		bound = loadBound(p.cfg, candidates)
+	}
 	start := p.next.Add(1) - 1
 	var best *Replica
-	var bestMiss int
+	var bestMiss, bestCached int
 	var bestCost, bestLoad float64
 	var bestAt uint64
 	for i := uint64(0); i < n; i++ {
@@ -107,14 +111,21 @@ func (p *Predictive) pick(r *Request, candidates []*Replica) (*Replica, int) {
 			continue
 		}
 		miss, cost, load := p.rate(c, r, &pr, st, sp)
-		if best == nil || better(miss, cost, load, bestMiss, bestCost, bestLoad) {
-			best, bestMiss, bestCost, bestLoad, bestAt = c, miss, cost, load, i
+		cached := 0
+		if bound >= 0 && float64(c.inFlight.Load()+1)/c.capacity() <= bound {
+			cached = r.CachedTokens(c)
+		}
+		if best == nil || better(miss, cost, load, cached, bestMiss, bestCost, bestLoad, bestCached) {
+			best, bestMiss, bestCost, bestLoad, bestCached, bestAt = c, miss, cost, load, cached, i
 		}
 	}
 	if best == nil {
 		return nil, 0
 	}
 	advancePast(&p.next, start, bestAt)
+	if bestCached > 0 {
+		return best, bestMiss // chosen for its cache: no spreading it away
+	}
 	return p.spread(r, candidates, &pr, st, sp, best, bestMiss, bestCost), bestMiss
 }
 
@@ -135,7 +146,7 @@ func (p *Predictive) soonest(r *Request, candidates []*Replica, pr *prior) float
 		if stale && !p.cfg.FailOpen {
 			continue
 		}
-		ttft, tpot := c.predict(r.PromptTokens, e, r.Now, pr)
+		ttft, tpot := c.predict(r.uncached(c), e, r.Now, pr)
 		if f := ttft + float64(r.OutputTokens)*tpot; s == 0 || f < s {
 			s = f
 		}
@@ -160,7 +171,7 @@ func (p *Predictive) soonest(r *Request, candidates []*Replica, pr *prior) float
 // decides; 0 when the output is unknown.
 func (p *Predictive) rate(c *Replica, r *Request, pr *prior, st, sp float64) (miss int, cost, load float64) {
 	e, stale := p.cfg.freshEngine(c, r.Now)
-	ttft, tpot := c.predict(r.PromptTokens, e, r.Now, pr)
+	ttft, tpot := c.predict(r.uncached(c), e, r.Now, pr)
 	if ttft > st {
 		miss++
 	}
@@ -170,7 +181,7 @@ func (p *Predictive) rate(c *Replica, r *Request, pr *prior, st, sp float64) (mi
 	if r.soonest > 0 && ttft+float64(r.OutputTokens)*tpot-r.soonest > lateSlack*st {
 		miss++ // late
 	}
-	if c.stalls(r.PromptTokens, r.Now, pr) {
+	if c.stalls(r.uncached(c), r.Now, pr) {
 		miss++ // another request's TPOT
 	}
 	cost = ttft/st + tpot/sp
@@ -185,7 +196,11 @@ func (p *Predictive) rate(c *Replica, r *Request, pr *prior, st, sp float64) (mi
 }
 
 // better orders two ratings: fewer predicted misses; among replicas
-// predicted to meet both objectives, less load — they share the requests
+// predicted to meet both objectives, the one holding more of the prompt
+// in its prefix cache (cached: 0 for a replica over the bounded-load
+// limit, loadBound, so a hot prefix spreads instead of making a hot
+// spot) — there its prefill is shorter and the fleet's prefill work
+// less — then less load — they share the requests
 // instead of the fastest taking every one until it too nears an
 // objective, which left a half-speed replica idle in calm periods and
 // handed it the requests of a burst, whose prefills then stretched every
@@ -193,9 +208,12 @@ func (p *Predictive) rate(c *Replica, r *Request, pr *prior, st, sp float64) (mi
 // takes requests only while they predict both objectives met there);
 // among replicas predicted to miss, a cost lower by more than tieMargin,
 // then less load.
-func better(miss int, cost, load float64, bMiss int, bCost, bLoad float64) bool {
+func better(miss int, cost, load float64, cached int, bMiss int, bCost, bLoad float64, bCached int) bool {
 	if miss != bMiss {
 		return miss < bMiss
+	}
+	if miss == 0 && cached != bCached {
+		return cached > bCached
 	}
 	if miss == 0 && load != bLoad {
 		return load < bLoad

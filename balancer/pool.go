@@ -45,6 +45,7 @@ type Pool struct {
 	arms     atomic.Pointer[armSet]
 	replicas atomic.Pointer[[]*Replica]
 	group    atomic.Int64 // requests in flight on the pool's replicas
+	prefix   atomic.Pointer[PrefixCache]
 }
 
 // armSet is the pool's current policy: one arm, or an experiment.
@@ -216,6 +217,7 @@ func (p *Pool) Pick(r *Request) *Replica {
 // pick runs the policy over candidates: first among those where the
 // request's Room says it fits, then, if none does, among all of them.
 func (p *Pool) pick(pk Picker, r *Request, candidates []*Replica) *Replica {
+	p.lookupPrefix(r)
 	if r.Room != nil {
 		r.roomOn, r.poolScore = true, &p.score
 		c := pk.Pick(r, candidates)

@@ -116,6 +116,9 @@ type Replica struct {
 	longPrefills atomic.Int64 // requests with a long prompt not yet past their first token
 
 	idHash uint64 // hash of name, for rendezvous hashing
+	// prefixSlot is the replica's slot in its pool's prefix index plus
+	// one; 0: none (prefix.go).
+	prefixSlot atomic.Int32
 
 	// gpuErrs and faultSince belong to StoreGPU (one caller at a time).
 	gpuErrs    uint64
@@ -333,7 +336,10 @@ type LeaseCost struct {
 	Work         int64 // weighted prompt plus expected output, in decode-token equivalents (see AcquireCost)
 	KV           int64 // KV-cache footprint to reserve, in tokens (see AcquireCostKV)
 	Long         bool  // counted as a long prefill until PrefillDone
-	PromptTokens int64 // prefill work queued on the replica until the first token; 0 = unknown
+	PromptTokens int64 // prefill work queued on the replica until the first token — the prompt less what the replica has cached (Request.CachedTokens); 0 = unknown
+	// Prefix is the request's prompt blocks (Request.Prefix): recorded as
+	// held by the replica when its pool's prefix index is approximate.
+	Prefix       []uint64
 	OutputTokens int64 // expected output tokens, for the replica's decode headroom; 0 = unknown
 	// TPOTObjective is the request's TPOT objective (its SLO header); 0
 	// means the pool's (ScoreConfig.SLOTPOT).
@@ -381,6 +387,7 @@ func (r *Replica) AcquireRequest(c LeaseCost) (Lease, error) {
 	if c.Long {
 		r.longPrefills.Add(1)
 	}
+	r.recordPlacement(c.Prefix)
 	if c.PromptTokens > 0 || st.output > 1 {
 		now := r.now() // one reading for the send and what it is judged by
 		if c.PromptTokens > 0 {

@@ -1,0 +1,122 @@
+package balancer
+
+import (
+	"github.com/gpurouter/gpurouter/prefixcache"
+)
+
+// PrefixCache is what a pool knows of its engines' prefix caches: which
+// replica holds which of a prompt's blocks (prefixcache.Index, keyed by
+// the router's chained hash over the prompt's tokens in the engines'
+// block size). The predictive policy predicts a request's prefill on each
+// replica from the tokens that replica does not hold, prefix_affinity
+// sends it where its longest prefix is, and a lease queues only the
+// uncached part as prefill work. Set it with Pool.SetPrefixCache; a pool
+// without one routes as if nothing were cached.
+type PrefixCache struct {
+	Index *prefixcache.Index
+	// BlockSize is the engines' block size in tokens (vllm:cache_config_info).
+	BlockSize int
+	// Approximate says the index is fed by the router's own placements:
+	// each request's blocks are recorded on the replica it goes to
+	// (AcquireRequest) and age out as its KV capacity says they must.
+	// False: the engines' KV-cache events feed it, and placements don't.
+	Approximate bool
+}
+
+// SetPrefixCache gives the pool its prefix cache (nil: none). Replicas
+// are tied to their index slots with Replica.SetPrefixSlot.
+func (p *Pool) SetPrefixCache(pc *PrefixCache) {
+	if pc != nil && (pc.Index == nil || pc.BlockSize <= 0) {
+		pc = nil
+	}
+	p.prefix.Store(pc)
+}
+
+// PrefixCache is the pool's prefix cache, nil when it has none.
+func (p *Pool) PrefixCache() *PrefixCache { return p.prefix.Load() }
+
+// SetPrefixSlot ties the replica to its slot in its pool's prefix index
+// (prefixcache.Index.Add); a negative slot unties it.
+func (r *Replica) SetPrefixSlot(slot int) {
+	if slot < 0 || slot >= prefixcache.MaxReplicas {
+		r.prefixSlot.Store(0)
+		return
+	}
+	r.prefixSlot.Store(int32(slot) + 1)
+}
+
+// PrefixSlot is the replica's slot in its pool's prefix index; false when
+// it has none.
+func (r *Replica) PrefixSlot() (int, bool) {
+	s := r.prefixSlot.Load()
+	return int(s) - 1, s > 0
+}
+
+// prefixMatch is a request's lookup in its pool's prefix index, done once
+// per request (retries reuse it): per index slot, how many of the
+// prompt's leading blocks that replica holds.
+type prefixMatch struct {
+	held      [prefixcache.MaxReplicas]uint16
+	blockSize int32
+	looked    bool
+}
+
+// lookupPrefix fills r's match from the pool's index, once.
+func (p *Pool) lookupPrefix(r *Request) {
+	if r.prefix.looked || len(r.Prefix) == 0 {
+		return
+	}
+	r.prefix.looked = true
+	pc := p.prefix.Load()
+	if pc == nil {
+		return
+	}
+	var held [prefixcache.MaxReplicas]int
+	pc.Index.Lookup(r.Prefix, held[:])
+	for i, n := range held {
+		r.prefix.held[i] = uint16(min(n, 1<<16-1))
+	}
+	r.prefix.blockSize = int32(pc.BlockSize)
+}
+
+// CachedTokens is how many of r's prompt tokens replica c holds in its
+// prefix cache, as the pool's index says (0 without one): its longest
+// prefix match in blocks, in tokens, never the whole prompt — an engine
+// computes at least the last prompt token to produce the first output
+// token.
+func (r *Request) CachedTokens(c *Replica) int {
+	if c == nil || !r.prefix.looked || r.prefix.blockSize == 0 {
+		return 0
+	}
+	s, ok := c.PrefixSlot()
+	if !ok {
+		return 0
+	}
+	n := int(r.prefix.held[s]) * int(r.prefix.blockSize)
+	return max(min(n, r.PromptTokens-1), 0)
+}
+
+// uncached is r's prompt tokens c would have to prefill.
+func (r *Request) uncached(c *Replica) int {
+	return max(r.PromptTokens-r.CachedTokens(c), 0)
+}
+
+// recordPlacement stores a placed request's blocks on the replica in an
+// approximate index (PrefixCache.Approximate): the engine will hold them
+// once it has prefilled the prompt.
+func (r *Replica) recordPlacement(keys []uint64) {
+	if len(keys) == 0 {
+		return
+	}
+	p := r.pool.Load()
+	if p == nil {
+		return
+	}
+	pc := p.prefix.Load()
+	if pc == nil || !pc.Approximate {
+		return
+	}
+	if s, ok := r.PrefixSlot(); ok {
+		pc.Index.Store(s, keys)
+	}
+}

@@ -1,0 +1,175 @@
+package balancer_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/gpurouter/gpurouter/prefixcache"
+)
+
+// prefixPool is a pool of n replicas under policy with a prefix index,
+// each replica in the slot of its position, whose fits are learned alike:
+// 50 µs a prefill token (20,000 tokens a second), 30 ms a decode step.
+func prefixPool(t testing.TB, policy string, n int, approx bool) (*balancer.Pool, []*balancer.Replica, *prefixcache.Index, *fakeClock) {
+	t.Helper()
+	c := newFakeClock()
+	rs := replicas(t, c, n)
+	for _, r := range rs {
+		for k := range 12 {
+			prompt := int64(1000 + 700*k)
+			l, _ := r.AcquireRequest(balancer.LeaseCost{PromptTokens: prompt})
+			c.advance(time.Duration(prompt) * 50 * time.Microsecond)
+			l.PrefillDone()
+			l.ObserveDecode(20, 19*30*time.Millisecond)
+			l.Done(nil)
+		}
+	}
+	pool, err := balancer.NewPool(balancer.PoolConfig{Model: "m", Policy: policy}, rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx := prefixcache.NewIndex()
+	for i, r := range rs {
+		s, err := idx.Add(r.Name(), 1<<16)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s != i {
+			t.Fatalf("slot %d for replica %d", s, i)
+		}
+		r.SetPrefixSlot(s)
+	}
+	pool.SetPrefixCache(&balancer.PrefixCache{Index: idx, BlockSize: 16, Approximate: approx})
+	return pool, rs, idx, c
+}
+
+// keys are a prompt of n blocks: the first shared blocks of conversation
+// conv, then its own.
+func keys(conv, n int) []uint64 {
+	out := make([]uint64, n)
+	for i := range out {
+		out[i] = uint64(conv)<<32 | uint64(i) | 1<<63
+	}
+	return out
+}
+
+// A 16,000-token prompt (1,000 blocks) whose first 15,000 tokens one
+// replica holds: there it prefills 1,000 tokens (50 ms), elsewhere 16,000
+// (0.8 s). The predictive policy sends it there — until the prefill
+// queued there outweighs what the cache saves.
+func TestPredictiveGoesWhereThePromptIsCached(t *testing.T) {
+	pool, rs, idx, c := prefixPool(t, "predictive", 4, false)
+	prompt := keys(7, 1000)
+	idx.Store(2, prompt[:window(15000)])
+	req := &balancer.Request{Now: c.now(), PromptTokens: 16000, OutputTokens: 200, Prefix: prompt}
+	if got := pool.Pick(req); got != rs[2] {
+		t.Fatalf("picked %s, want r2 (holds 15,000 of the 16,000 tokens)", got.Name())
+	}
+	if got := req.CachedTokens(rs[2]); got != window(15000)*16 {
+		t.Errorf("CachedTokens(r2) = %d, want %d", got, window(15000)*16)
+	}
+	if got := req.CachedTokens(rs[0]); got != 0 {
+		t.Errorf("CachedTokens(r0) = %d, want 0", got)
+	}
+	// 2 s of prefill queued on r2 (40,000 tokens): the cache saves 0.75 s
+	// there, so another replica is sooner.
+	rs[2].AcquireRequest(balancer.LeaseCost{PromptTokens: 40000}) //nolint:errcheck // held: queued prefill
+	req = &balancer.Request{Now: c.now(), PromptTokens: 16000, OutputTokens: 200, Prefix: prompt}
+	if got := pool.Pick(req); got == rs[2] {
+		t.Fatal("cache affinity did not yield to 2 s of prefill queued on the cached replica")
+	}
+}
+
+// window is the blocks of a 16-token block size in n tokens.
+func window(n int) int { return n / 16 }
+
+// prefix_affinity sends a prompt to the replica with its longest cached
+// prefix while that replica's load is within the bound, and spreads a hot
+// prefix once it is not; a prompt nothing holds goes to the least loaded.
+func TestPrefixAffinityFollowsTheLongestMatchWithinTheLoadBound(t *testing.T) {
+	pool, rs, idx, c := prefixPool(t, "prefix_affinity", 4, false)
+	conv := keys(3, 100)
+	idx.Store(1, conv[:40])
+	idx.Store(3, conv[:90])
+	got := map[string]int{}
+	for range 40 {
+		req := &balancer.Request{Now: c.now(), PromptTokens: 1600, Prefix: conv}
+		r := pool.Pick(req)
+		got[r.Name()]++
+		r.Acquire() //nolint:errcheck // held: load builds up
+	}
+	if got["r3"] == 0 || got["r3"] > 15 {
+		t.Errorf("r3 (the longest match) took %d of 40 requests: want some, and at most the bound (1.25× the mean of 10)", got["r3"])
+	}
+	if len(got) < 3 {
+		t.Errorf("a hot prefix stayed on %d replicas: %v", len(got), got)
+	}
+	// Nothing cached anywhere: the least loaded.
+	fresh := &balancer.Request{Now: c.now(), PromptTokens: 1600, Prefix: keys(9, 100)}
+	r := pool.Pick(fresh)
+	for _, o := range rs {
+		if o.InFlight() < r.InFlight() {
+			t.Fatalf("uncached prompt went to %s (%d in flight), %s has %d", r.Name(), r.InFlight(), o.Name(), o.InFlight())
+		}
+	}
+}
+
+// With an approximate index (no KV events), a placed request's blocks are
+// recorded on its replica, so the next turn of the conversation finds
+// them there.
+func TestApproximateIndexRecordsPlacements(t *testing.T) {
+	pool, rs, idx, c := prefixPool(t, "predictive", 4, true)
+	turn1 := keys(5, 300)
+	req := &balancer.Request{Now: c.now(), PromptTokens: 4800, OutputTokens: 50, Prefix: turn1}
+	r := pool.Pick(req)
+	l, err := r.AcquireRequest(balancer.LeaseCost{PromptTokens: int64(req.PromptTokens - req.CachedTokens(r)), Prefix: req.Prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.PrefillDone()
+	l.Done(nil)
+	s, _ := r.PrefixSlot()
+	var held [prefixcache.MaxReplicas]int
+	if n := idx.Lookup(turn1, held[:]); n != 300 || held[s] != 300 {
+		t.Fatalf("after placement on %s: longest match %d, its %d; want 300", r.Name(), n, held[s])
+	}
+	turn2 := append(append([]uint64{}, turn1...), keys(6, 100)...)
+	req = &balancer.Request{Now: c.now(), PromptTokens: 6400, OutputTokens: 50, Prefix: turn2}
+	if got := pool.Pick(req); got != r {
+		t.Errorf("turn 2 went to %s, turn 1 to %s", got.Name(), r.Name())
+	}
+	if got := req.CachedTokens(r); got != 4800 {
+		t.Errorf("turn 2 cached on %s: %d tokens, want 4800", r.Name(), got)
+	}
+	_ = rs
+}
+
+// BenchmarkPickPrefix is a routing decision with the prefix index: one
+// lookup of a 32,000-token prompt (2,000 blocks, 1,500 held by one
+// replica) and the policy over it, as a new request makes it. It must not
+// allocate.
+func BenchmarkPickPrefix(b *testing.B) {
+	for _, policy := range []string{"predictive", "prefix_affinity"} {
+		for _, n := range []int{4, 16} {
+			b.Run(fmt.Sprintf("%s/%d", policy, n), func(b *testing.B) {
+				pool, _, idx, c := prefixPool(b, policy, n, false)
+				prompt := keys(1, 2000)
+				idx.Store(n/2, prompt[:1500])
+				idx.Store(0, prompt[:100])
+				now := c.now()
+				req := &balancer.Request{}
+				b.ReportAllocs()
+				var picked *balancer.Replica
+				for b.Loop() {
+					*req = balancer.Request{Now: now, PromptTokens: 32000, OutputTokens: 200, Prefix: prompt}
+					picked = pool.Pick(req)
+				}
+				if picked == nil {
+					b.Fatal("no pick")
+				}
+			})
+		}
+	}
+}
