@@ -97,7 +97,7 @@ func (p *Predictive) pick(r *Request, candidates []*Replica) (*Replica, int) {
 	st, sp := sloT.Seconds(), sloP.Seconds()
 	r.soonest = p.soonest(r, candidates, &pr) // for rate, within this pick
 	bound := -1.0                             // no cache affinity
-	if r.prefix.looked && r.prefix.blockSize > 0 {
+	if r.prefix.found {
 		bound = loadBound(p.cfg, candidates)
 	}
 	start := p.next.Add(1) - 1

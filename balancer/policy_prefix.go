@@ -29,7 +29,7 @@ func (p *prefixAffinity) Pick(r *Request, candidates []*Replica) *Replica {
 	if len(candidates) == 0 {
 		return nil
 	}
-	if !r.prefix.looked || r.prefix.blockSize == 0 {
+	if !r.prefix.looked || !r.prefix.indexed {
 		return p.hash.Pick(r, candidates)
 	}
 	bound := p.hash.bound(candidates)

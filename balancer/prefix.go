@@ -56,9 +56,10 @@ func (r *Replica) PrefixSlot() (int, bool) {
 // per request (retries reuse it): per index slot, how many of the
 // prompt's leading blocks that replica holds.
 type prefixMatch struct {
-	held      [prefixcache.MaxReplicas]uint16
-	blockSize int32
-	looked    bool
+	held   [prefixcache.MaxReplicas]uint16
+	looked  bool
+	indexed bool // the pool has an index: held says what it holds
+	found   bool // some replica holds a block of it
 }
 
 // lookupPrefix fills r's match from the pool's index, once.
@@ -72,27 +73,29 @@ func (p *Pool) lookupPrefix(r *Request) {
 		return
 	}
 	var held [prefixcache.MaxReplicas]int
-	pc.Index.Lookup(r.Prefix, held[:])
+	r.prefix.indexed = true
+	r.prefix.found = pc.Index.Lookup(r.Prefix, held[:]) > 0
 	for i, n := range held {
 		r.prefix.held[i] = uint16(min(n, 1<<16-1))
 	}
-	r.prefix.blockSize = int32(pc.BlockSize)
 }
 
 // CachedTokens is how many of r's prompt tokens replica c holds in its
-// prefix cache, as the pool's index says (0 without one): its longest
-// prefix match in blocks, in tokens, never the whole prompt — an engine
-// computes at least the last prompt token to produce the first output
-// token.
+// prefix cache, as the pool's index says (0 without one): the share of
+// the prompt's blocks in its longest prefix match, of the prompt's
+// tokens — blocks of the engine's block size when the keys come from its
+// tokens, of a fixed number of bytes when they come from the text (an
+// approximate index) — and never the whole prompt: an engine computes at
+// least the last prompt token to produce the first output token.
 func (r *Request) CachedTokens(c *Replica) int {
-	if c == nil || !r.prefix.looked || r.prefix.blockSize == 0 {
+	if c == nil || !r.prefix.looked || len(r.Prefix) == 0 {
 		return 0
 	}
 	s, ok := c.PrefixSlot()
 	if !ok {
 		return 0
 	}
-	n := int(r.prefix.held[s]) * int(r.prefix.blockSize)
+	n := int(int64(r.PromptTokens) * int64(r.prefix.held[s]) / int64(len(r.Prefix)))
 	return max(min(n, r.PromptTokens-1), 0)
 }
 
