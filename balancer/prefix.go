@@ -56,7 +56,7 @@ func (r *Replica) PrefixSlot() (int, bool) {
 // per request (retries reuse it): per index slot, how many of the
 // prompt's leading blocks that replica holds.
 type prefixMatch struct {
-	held   [prefixcache.MaxReplicas]uint16
+	held    [prefixcache.MaxReplicas]uint16
 	looked  bool
 	indexed bool // the pool has an index: held says what it holds
 	found   bool // some replica holds a block of it
