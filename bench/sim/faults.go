@@ -103,6 +103,12 @@ type Faults struct {
 	KVEventsDropRate    float64 `json:"kv_events_drop_rate,omitempty"`
 	KVEventsLoseRate    float64 `json:"kv_events_lose_rate,omitempty"`
 	KVEventsReorderRate float64 `json:"kv_events_reorder_rate,omitempty"`
+	// LoRALoadRefuse fails every POST /v1/load_lora_adapter as a load
+	// that vLLM's engine could not do (400 BadRequestError);
+	// LoRALoadDelaySeconds answers each that much later, as a load from a
+	// slow store does. They need AllowRuntimeLoRAUpdating.
+	LoRALoadRefuse       bool    `json:"lora_load_refuse,omitempty"`
+	LoRALoadDelaySeconds float64 `json:"lora_load_delay_seconds,omitempty"`
 	// XidErrors and ThrottleReasons are reported by /v1/gpus; throttling
 	// also lowers the reported SM clock. They don't change timing: use
 	// Speed for that.
@@ -127,7 +133,7 @@ func (f Faults) validate() error {
 	}
 	if f.StaleMetricsSeconds < 0 || f.SlowStartSeconds < 0 || f.SlowStartFactor < 0 || f.Speed < 0 || f.CrashSeconds < 0 ||
 		f.CrashEverySeconds < 0 || f.CrashDownSeconds < 0 || f.KeepAliveTimeoutSeconds < 0 || f.MaxWaitingQueueLength < 0 ||
-		f.CloseLagSeconds < 0 {
+		f.CloseLagSeconds < 0 || f.LoRALoadDelaySeconds < 0 {
 		errs = append(errs, errors.New("durations, factors, speed and lengths must be >= 0"))
 	}
 	if r := f.KVEventsDropRate + f.KVEventsLoseRate + f.KVEventsReorderRate; f.KVEventsDropRate < 0 ||

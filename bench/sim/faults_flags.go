@@ -22,6 +22,8 @@ type FaultFlags struct {
 	kvDrop      *float64
 	kvLose      *float64
 	kvReorder   *float64
+	loraRefuse  *bool
+	loraDelay   *time.Duration
 }
 
 // RegisterFaultFlags defines the fault flags on fs. The vLLM and uvicorn
@@ -51,6 +53,10 @@ func RegisterFaultFlags(fs *flag.FlagSet) *FaultFlags {
 			"fraction of KV event batches lost for good, from the replay buffer too: a subscriber must resync (fault kv_events_lose_rate)"),
 		kvReorder: fs.Float64("kv-events-reorder-rate", 0,
 			"fraction of KV event batches sent after the next one (fault kv_events_reorder_rate)"),
+		loraRefuse: fs.Bool("lora-load-refuse", false,
+			"fail every POST /v1/load_lora_adapter as a load the engine could not do, 400 BadRequestError (fault lora_load_refuse)"),
+		loraDelay: fs.Duration("lora-load-delay", 0,
+			"answer every POST /v1/load_lora_adapter this much later, as a load from a slow store (fault lora_load_delay_seconds)"),
 	}
 }
 
@@ -80,6 +86,10 @@ func (ff *FaultFlags) Apply(f *Faults) {
 			f.KVEventsLoseRate = *ff.kvLose
 		case "kv-events-reorder-rate":
 			f.KVEventsReorderRate = *ff.kvReorder
+		case "lora-load-refuse":
+			f.LoRALoadRefuse = *ff.loraRefuse
+		case "lora-load-delay":
+			f.LoRALoadDelaySeconds = ff.loraDelay.Seconds()
 		}
 	})
 }

@@ -39,6 +39,10 @@ type FleetConfig struct {
 	KVEvents *KVEventsConfig
 	// Tokenizer is shared by the replicas; nil = prefixcache.NewBPE("").
 	Tokenizer *prefixcache.BPE
+	// LoRAModules and AllowRuntimeLoRAUpdating apply to every replica
+	// (see ReplicaConfig).
+	LoRAModules              []LoRAModule
+	AllowRuntimeLoRAUpdating bool
 }
 
 // Fleet is a set of replicas served on consecutive loopback ports, each with
@@ -94,6 +98,7 @@ func NewFleet(cfg FleetConfig) (*Fleet, error) {
 			Profile: cfg.Profiles[min(i, len(cfg.Profiles)-1)], ServedModelNames: cfg.ServedModelNames,
 			Index: i, Estimator: est, LegacyMetrics: cfg.LegacyMetrics, Faults: cfg.Faults, Seed: cfg.Seed + uint64(i),
 			SpinWait: cfg.SpinWait, Tokenizer: bpe,
+			LoRAModules: cfg.LoRAModules, AllowRuntimeLoRAUpdating: cfg.AllowRuntimeLoRAUpdating,
 		}
 		if cfg.KVEvents != nil {
 			kc, err := cfg.KVEvents.forReplica(i)

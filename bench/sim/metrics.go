@@ -68,6 +68,7 @@ type engineMetrics struct {
 	iterationTokens, maxTokensParam        prometheus.Observer
 	stepLag, stepDuration                  prometheus.Observer
 	steps                                  prometheus.Counter
+	lora                                   *loraMetrics // nil without LoRA
 }
 
 // metricsOptions says what newEngineMetrics labels and how.
@@ -76,6 +77,7 @@ type metricsOptions struct {
 	maxModelLen int
 	legacyKV    bool // vllm:gpu_cache_usage_perc instead of vllm:kv_cache_usage_perc
 	cacheInfo   map[string]string
+	maxLoRAs    int // > 0: LoRA is on, with this max_loras
 }
 
 func newEngineMetrics(reg prometheus.Registerer, o metricsOptions) *engineMetrics {
@@ -150,6 +152,9 @@ func newEngineMetrics(reg prometheus.Registerer, o metricsOptions) *engineMetric
 	m.stepDuration = f.NewHistogram(prometheus.HistogramOpts{Name: "gpurouter_sim_step_duration_seconds",
 		Help: "Modelled duration of each engine step.", Buckets: ttftBuckets()})
 	m.steps = f.NewCounter(prometheus.CounterOpts{Name: "gpurouter_sim_steps_total", Help: "Engine steps run."})
+	if o.maxLoRAs > 0 {
+		m.lora = newLoRAMetrics(f, o.maxLoRAs)
+	}
 	return m
 }
 

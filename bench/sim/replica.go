@@ -56,6 +56,14 @@ type ReplicaConfig struct {
 	// KVEvents, when set, publishes the engine's KV-cache events as vLLM
 	// does when started with --kv-events-config (needs prefix caching).
 	KVEvents *KVEventsConfig
+	// LoRAModules are the adapters served from the start, as vLLM's
+	// --lora-modules; they need Profile.Engine.EnableLoRA. A request
+	// names its adapter as its model.
+	LoRAModules []LoRAModule
+	// AllowRuntimeLoRAUpdating serves POST /v1/load_lora_adapter and
+	// /v1/unload_lora_adapter, as vLLM does with
+	// VLLM_ALLOW_RUNTIME_LORA_UPDATING=True; without it they are 404.
+	AllowRuntimeLoRAUpdating bool
 	// SpinWait is how long before a step's intended end the real-time loop
 	// stops sleeping and busy-waits, trading CPU for timing precision (Go's
 	// timers wake with about 1 ms granularity). 0 = 1ms; negative = never
@@ -115,6 +123,13 @@ type Replica struct {
 	gpuMeter  gpuMeter
 
 	waiting waitSet // requests that have written nothing yet
+
+	// adapters are the LoRA adapters served (never nil after NewReplica);
+	// loads and unloads replace the set under loraMu, which also guards
+	// nextLoRAID.
+	adapters   atomic.Pointer[adapterSet]
+	loraMu     sync.Mutex
+	nextLoRAID int
 }
 
 // NewReplica builds a replica. It starts nothing and binds nothing.
@@ -156,7 +171,7 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 		names = []string{p.Model.Name}
 	}
 	m := newEngineMetrics(reg, metricsOptions{modelName: names[0], maxModelLen: d.maxModelLen,
-		legacyKV: cfg.LegacyMetrics, cacheInfo: cacheInfo(p, d)})
+		legacyKV: cfg.LegacyMetrics, cacheInfo: cacheInfo(p, d), maxLoRAs: d.lora.maxLoRAs})
 	eng, err := newEngine(p, m)
 	if err != nil {
 		return nil, err
@@ -168,6 +183,9 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 		stopped: make(chan struct{}), crashCh: make(chan time.Duration, 1),
 		faultsChanged: make(chan struct{}, 1),
 		bpe:           bpe, hashSeed: mix64(cfg.Seed, uint64(cfg.Index)+0x6b76),
+	}
+	if err := r.setupLoRA(cfg.LoRAModules); err != nil {
+		return nil, fmt.Errorf("sim: replica %d: %w", cfg.Index, err)
 	}
 	if cfg.KVEvents != nil {
 		if err := r.setupKVEvents(*cfg.KVEvents); err != nil {
@@ -198,6 +216,11 @@ type EngineState struct {
 	KVUsage          float64 // as vllm:kv_cache_usage_perc
 	UsedBlocks       int     // blocks referenced by live sequences
 	Preemptions      int
+	// LoRAInGPU and LoRAInCPU are the adapters in GPU slots and in the CPU
+	// cache, least recently used first; LoRASwapsCPU and LoRASwapsDisk
+	// count the swaps into GPU slots by where from. Empty without LoRA.
+	LoRAInGPU, LoRAInCPU        []string
+	LoRASwapsCPU, LoRASwapsDisk int
 }
 
 // State reports the engine's current state.
@@ -211,8 +234,13 @@ func (r *Replica) State() EngineState {
 			used++
 		}
 	}
-	return EngineState{Running: len(e.running), Waiting: e.waiting.len(), KVUsage: e.kv.usage(),
+	st := EngineState{Running: len(e.running), Waiting: e.waiting.len(), KVUsage: e.kv.usage(),
 		UsedBlocks: used, Preemptions: e.preemptions}
+	if le := e.lora; le != nil {
+		st.LoRAInGPU, st.LoRAInCPU = names(le.gpu), names(le.cpu)
+		st.LoRASwapsCPU, st.LoRASwapsDisk = le.swaps[swapFromCPU], le.swaps[swapFromDisk]
+	}
+	return st
 }
 
 // speedFactor is the divisor of modelled step time right now.

@@ -19,7 +19,9 @@ import (
 // blocks freed, back to the front of the waiting queue). Then, unless
 // something was preempted, waiting sequences are admitted FCFS while there is
 // budget, a free seat under max_num_seqs and room for their blocks (after
-// prefix-cache hits). The head of the queue blocks the rest (no skipping).
+// prefix-cache hits). The head of the queue blocks the rest (no skipping),
+// except for LoRA: a request whose adapter would make the step's distinct
+// adapters exceed max_loras is skipped and keeps its place (lora.go).
 //
 // Not safe for concurrent use: a Replica guards it with its mutex.
 type engine struct {
@@ -32,8 +34,10 @@ type engine struct {
 	chunked     bool
 	m           *engineMetrics
 	events      *kvEventLog // nil: KV events off
+	lora        *loraEngine // nil: LoRA off
 
 	waiting deque
+	skipped []*seq // waiting requests skipped this step for max_loras, reused
 	running []*seq
 	batch   []batchEntry
 	load    stepLoad
@@ -64,6 +68,9 @@ func newEngine(p Profile, m *engineMetrics) (*engine, error) {
 		chunked:     p.Engine.EnableChunkedPrefill,
 		m:           m,
 	}
+	if p.Engine.EnableLoRA {
+		e.lora = newLoRAEngine(d.lora, m.lora)
+	}
 	return e, nil
 }
 
@@ -83,7 +90,10 @@ func (e *engine) add(s *seq, now time.Time) {
 	s.state = stateWaiting
 	s.queued = now
 	e.waiting.pushBack(s)
-	e.gauges()
+	if e.lora != nil {
+		e.lora.move(s.lora, +1, 0)
+	}
+	e.gauges(now)
 }
 
 // idle reports whether there is nothing to schedule.
@@ -97,11 +107,20 @@ func (e *engine) schedule(now time.Time) time.Duration {
 	e.load = stepLoad{}
 	budget := e.budget
 	preempted := false
+	if e.lora != nil {
+		e.lora.startStep()
+	}
 
 	for i := 0; i < len(e.running) && budget > 0; i++ {
 		s := e.running[i]
 		need := min(s.numTokens()-s.computed, budget)
 		if need <= 0 {
+			continue
+		}
+		if e.lora != nil && !e.lora.admits(s.lora) {
+			// Running sequences left out of an earlier step for lack of
+			// budget may not all fit with those admitted since: vLLM
+			// asserts they do; the simulator lets them wait a step.
 			continue
 		}
 		for !e.fits(s, need) {
@@ -124,6 +143,10 @@ func (e *engine) schedule(now time.Time) time.Duration {
 
 	for !preempted && budget > 0 && e.waiting.len() > 0 && len(e.running) < e.maxNumSeqs {
 		s := e.waiting.front()
+		if e.lora != nil && !e.lora.admits(s.lora) {
+			e.skipped = append(e.skipped, e.waiting.popFront())
+			continue
+		}
 		hits := e.cachedBlocks(s)
 		e.countPrefixQuery(s, hits)
 		need := s.numTokens() - hits*e.blockSize
@@ -146,16 +169,31 @@ func (e *engine) schedule(now time.Time) time.Duration {
 			s.scheduled = now
 		}
 		e.running = append(e.running, s)
+		if e.lora != nil {
+			e.lora.move(s.lora, -1, +1)
+		}
 		e.take(s, need)
 		budget -= need
 	}
+	for i := len(e.skipped) - 1; i >= 0; i-- {
+		e.waiting.pushFront(e.skipped[i]) // back at the head, in order, as vLLM's skipped queue
+	}
+	clear(e.skipped)
+	e.skipped = e.skipped[:0]
 
-	e.gauges()
+	e.gauges(now)
 	if len(e.batch) == 0 {
+		if e.lora != nil {
+			e.lora.idle()
+		}
 		return 0
 	}
 	e.m.iterationTokens.Observe(float64(e.load.tokens))
-	return e.cost.stepTime(e.load)
+	d := e.cost.stepTime(e.load)
+	if e.lora != nil {
+		d = e.lora.stepTime(d)
+	}
+	return d
 }
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
@@ -220,6 +258,9 @@ func (e *engine) grow(s *seq, need int) {
 func (e *engine) take(s *seq, need int) {
 	e.batch = append(e.batch, batchEntry{s: s, n: need})
 	e.load.add(s.computed, need)
+	if e.lora != nil {
+		e.lora.use(s.lora)
+	}
 }
 
 // preempt frees s's blocks and requeues it at the front (recompute).
@@ -230,6 +271,9 @@ func (e *engine) preempt(s *seq) {
 	s.state = stateWaiting
 	s.preempts++
 	e.waiting.pushFront(s)
+	if e.lora != nil {
+		e.lora.move(s.lora, +1, -1)
+	}
 	e.preemptions++
 	e.m.preemptions.Inc()
 }
@@ -283,6 +327,9 @@ func (e *engine) complete(now time.Time) {
 			reason = reasonStop
 		}
 		if reason != reasonNone {
+			if e.lora != nil {
+				e.lora.move(s.lora, 0, -1)
+			}
 			e.finish(s, reason, now)
 			finished = true
 		}
@@ -292,7 +339,7 @@ func (e *engine) complete(now time.Time) {
 	if finished {
 		e.compactRunning()
 	}
-	e.gauges()
+	e.gauges(now)
 	e.flushEvents(now)
 }
 
@@ -338,15 +385,21 @@ func (e *engine) abort(s *seq, now time.Time) bool {
 	switch s.state {
 	case stateWaiting:
 		e.waiting.remove(s)
+		if e.lora != nil {
+			e.lora.move(s.lora, -1, 0)
+		}
 	case stateRunning:
 		s.state = stateFinished // complete skips it
 		e.compactRunning()
+		if e.lora != nil {
+			e.lora.move(s.lora, 0, -1)
+		}
 	default:
 		return false
 	}
 	e.finish(s, reasonAbort, now)
 	s.sink.emit(0, reasonAbort, now)
-	e.gauges()
+	e.gauges(now)
 	e.flushEvents(now)
 	return true
 }
@@ -362,10 +415,13 @@ func (e *engine) reset(now time.Time) {
 	e.batch = e.batch[:0]
 }
 
-func (e *engine) gauges() {
+func (e *engine) gauges(now time.Time) {
 	e.m.running.Set(float64(len(e.running)))
 	e.m.waiting.Set(float64(e.waiting.len()))
 	e.m.kvUsage.Set(e.kv.usage())
+	if e.lora != nil {
+		e.lora.publish(now)
+	}
 }
 
 // deque is a FIFO of sequences with cheap push at both ends.

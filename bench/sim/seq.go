@@ -44,12 +44,13 @@ type sink interface {
 // seq is one request inside the engine.
 type seq struct {
 	id        uint64
-	prompt    int      // prompt tokens
-	target    int      // output tokens this sequence will produce
-	maxTokens int      // the request's cap: reaching it finishes with "length"
-	hashes    []uint64 // content hashes of the full prompt blocks (prefix caching)
-	ids       []uint32 // the prompt's token ids, kept only for KV events
-	salt      uint64   // makes generated blocks' hashes unique to this request
+	prompt    int          // prompt tokens
+	target    int          // output tokens this sequence will produce
+	maxTokens int          // the request's cap: reaching it finishes with "length"
+	hashes    []uint64     // content hashes of the full prompt blocks (prefix caching)
+	ids       []uint32     // the prompt's token ids, kept only for KV events
+	salt      uint64       // makes generated blocks' hashes unique to this request
+	lora      *loraAdapter // the adapter the request names; nil = the base model
 	sink      sink
 
 	state    seqState

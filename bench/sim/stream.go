@@ -287,7 +287,8 @@ func (inc *incarnation) inference(ctx *fasthttp.RequestCtx, chat bool) {
 		writeBadRequest(ctx, "invalid JSON body: "+err.Error())
 		return
 	}
-	if !r.knownModel(req.Model) {
+	adapter, ok := r.resolveModel(req.Model)
+	if !ok {
 		writeError(ctx, fasthttp.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", req.Model))
 		return
 	}
@@ -330,7 +331,10 @@ func (inc *incarnation) inference(ctx *fasthttp.RequestCtx, chat bool) {
 	q := &request{r: r, inc: inc, conn: ctx.Conn(), chat: chat, created: arrival.Unix(), notify: make(chan struct{}, 1)}
 	q.usage = req.StreamOptions != nil && (req.StreamOptions.IncludeUsage == nil || *req.StreamOptions.IncludeUsage)
 	q.model, _ = json.Marshal(r.names[0])
-	s := &seq{prompt: pi.tokens, maxTokens: maxTokens, hashes: pi.hashes, sink: q, arrival: arrival}
+	s := &seq{prompt: pi.tokens, maxTokens: maxTokens, hashes: pi.hashes, sink: q, arrival: arrival, lora: adapter}
+	if adapter != nil {
+		q.model, _ = json.Marshal(adapter.name) // vLLM answers with the adapter's name
+	}
 	if r.pub != nil {
 		s.ids = pi.toks // what BlockStored events report
 	}

@@ -28,6 +28,12 @@ type Workload struct {
 	// latency statistics (they see an empty engine fill up); they still
 	// count for throughput.
 	Warmup int
+	// Adapters, when > 0, makes every request name one of that many LoRA
+	// adapters (the profile needs enable_lora), drawn by a Zipf law of
+	// exponent AdapterZipf over their rank (0 = uniform). The adapters
+	// are preloaded as vLLM's --lora-modules are, in rank order.
+	Adapters    int
+	AdapterZipf float64
 }
 
 // RequestClass is one request shape in a Workload.
@@ -62,6 +68,11 @@ type Report struct {
 	PeakKVUsage          float64
 	Preemptions          int
 	PrefixCacheHitRate   float64 // hits / queries, tokens
+	// LoRASwapsCPU and LoRASwapsDisk count adapters swapped into GPU
+	// slots from the CPU cache and from disk; LoRASwapTime is the engine
+	// time they took.
+	LoRASwapsCPU, LoRASwapsDisk int
+	LoRASwapTime                time.Duration
 }
 
 // Simulate runs a workload against one replica of profile p in virtual time:
@@ -75,13 +86,21 @@ func Simulate(p Profile, w Workload) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
+	if w.Adapters < 0 || w.AdapterZipf < 0 || (w.Adapters > 0 && !p.Engine.EnableLoRA) {
+		return Report{}, errors.New("sim: workload adapters need a profile with enable_lora, and must be >= 0")
+	}
 	reg := prometheus.NewRegistry()
-	m := newEngineMetrics(reg, metricsOptions{modelName: p.Model.Name, maxModelLen: d.maxModelLen})
+	m := newEngineMetrics(reg, metricsOptions{modelName: p.Model.Name, maxModelLen: d.maxModelLen, maxLoRAs: d.lora.maxLoRAs})
 	eng, err := newEngine(p, m)
 	if err != nil {
 		return Report{}, err
 	}
 	v := &vdriver{eng: eng, p: p, w: w, rng: rand.New(rand.NewPCG(w.Seed, 0x5EED))}
+	for i := range w.Adapters {
+		a := &loraAdapter{id: i + 1, name: fmt.Sprintf("lora-%d", i), path: fmt.Sprintf("/adapters/%d", i)}
+		v.adapters = append(v.adapters, a)
+		eng.lora.preload(a)
+	}
 	if err := v.makeRequests(d.maxModelLen); err != nil {
 		return Report{}, err
 	}
@@ -97,7 +116,8 @@ type vdriver struct {
 	rng *rand.Rand
 
 	reqs     []*vreq
-	next     int // next request to arrive
+	adapters []*loraAdapter // by popularity rank
+	next     int            // next request to arrive
 	queue    []*vreq
 	frontend vheap
 	inflight int
@@ -172,6 +192,15 @@ func (v *vdriver) makeRequests(maxModelLen int) error {
 		r := &vreq{d: v, arrive: t, warmup: i < v.w.Warmup}
 		r.s = &seq{id: uint64(i + 1), prompt: in, target: target, maxTokens: out, salt: v.rng.Uint64(), sink: r}
 		v.reqs = append(v.reqs, r)
+	}
+	if len(v.adapters) > 0 {
+		// A stream of its own, so that the requests' shapes do not change
+		// with the adapters.
+		pick := zipfPicker(len(v.adapters), v.w.AdapterZipf)
+		arng := rand.New(rand.NewPCG(v.w.Seed, 0x10AA))
+		for _, r := range v.reqs {
+			r.s.lora = v.adapters[pick(arng.Float64())]
+		}
 	}
 	// Like vllm bench, stretch the arrivals so the last one is at
 	// NumPrompts/RequestRate and the offered rate is exact.
@@ -316,6 +345,10 @@ func (v *vdriver) report() Report {
 	}
 	rep.PeakKVUsage = v.kvPeak
 	rep.Preemptions = v.eng.preemptions
+	if le := v.eng.lora; le != nil {
+		rep.LoRASwapsCPU, rep.LoRASwapsDisk = le.swaps[swapFromCPU], le.swaps[swapFromDisk]
+		rep.LoRASwapTime = le.swapTime[swapFromCPU] + le.swapTime[swapFromDisk]
+	}
 	if v.eng.prefixQueries > 0 {
 		rep.PrefixCacheHitRate = float64(v.eng.prefixHits) / float64(v.eng.prefixQueries)
 	}
@@ -373,4 +406,19 @@ func (h *vheap) Pop() any {
 	x := old[len(old)-1]
 	*h = old[:len(old)-1]
 	return x
+}
+
+// zipfPicker maps a uniform draw in [0, 1) to a rank in [0, n), rank k
+// with weight 1/(k+1)^s (s = 0: uniform).
+func zipfPicker(n int, s float64) func(u float64) int {
+	cum := make([]float64, n)
+	total := 0.0
+	for k := range n {
+		total += math.Pow(float64(k+1), -s)
+		cum[k] = total
+	}
+	return func(u float64) int {
+		i, _ := slices.BinarySearch(cum, u*total)
+		return min(i, n-1)
+	}
 }

@@ -199,6 +199,10 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 		printEngineUsage(stdout, usage)
 		extra["gpurouter_engine_usage"] = bench.EngineUsageJSON(usage)
 	}
+	swaps := bench.TotalLoRASwaps(usage, len(res.Records))
+	if swaps != nil {
+		printLoRASwaps(stdout, swaps, extra)
+	}
 	if *f.saveResult {
 		name := *f.resultFilename
 		if name == "" {
@@ -214,7 +218,7 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	}
 	if *f.report != "" {
 		in := bench.ReportInput{Notes: []string{runNote(meta, cfg)}, Result: res, Summary: sum,
-			Router: side.router, Engine: side.engine, RouterMatch: side.match, Breakdown: side.breakdown}
+			Router: side.router, Engine: side.engine, RouterMatch: side.match, Breakdown: side.breakdown, LoRASwaps: swaps}
 		if code := writeReport(*f.report, in, stderr); code != 0 {
 			return code
 		}

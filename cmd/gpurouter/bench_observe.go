@@ -107,8 +107,12 @@ func (e *engineSampling) stop(ctx context.Context) []bench.EngineUsage {
 func printEngineUsage(w io.Writer, us []bench.EngineUsage) {
 	fmt.Fprintln(w, "Engines over the run (read every second): mean KV cache usage, prefix-cache hits / queried tokens, preemptions")
 	for _, u := range us {
-		fmt.Fprintf(w, "  %-40s KV %5.1f%% (%d reads)  prefix cache %.0f / %.0f (%.1f%%)  preempted %.0f\n", u.URL,
+		fmt.Fprintf(w, "  %-40s KV %5.1f%% (%d reads)  prefix cache %.0f / %.0f (%.1f%%)  preempted %.0f", u.URL,
 			100*u.MeanKVUsage, u.KVSamples, u.PrefixCacheHits, u.PrefixCacheQueries, 100*u.PrefixCacheHitRate(), u.Preemptions)
+		if u.LoRASwapsRead {
+			fmt.Fprintf(w, "  LoRA swaps %.0f cpu / %.0f disk", u.LoRASwapsCPU, u.LoRASwapsDisk)
+		}
+		fmt.Fprintln(w)
 	}
 }
 
