@@ -69,6 +69,7 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		"serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (default: VLLM_ALLOW_RUNTIME_LORA_UPDATING, as vLLM)")
 	engine := sim.RegisterEngineFlags(fs)
 	faultFlags := sim.RegisterFaultFlags(fs)
+	kvFlags := registerKVTransferFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: gpurouter sim --replicas N --base-port P [--profile NAME] [--speed F,F,...] [--served-model-name M] [vLLM engine flags] [fault flags]")
 		fmt.Fprintln(stderr, "       gpurouter sim calibrate            print calibration.md targets against the simulator")
@@ -77,8 +78,10 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "\nEach replica serves vLLM's API, /metrics, /health, /v1/gpus and GET|POST /sim/faults.")
 		fmt.Fprintln(stderr, "Fault flags (--close-after-response, --close-lag, --timeout-keep-alive, --max-waiting-queue-length, --rate-limited,")
 		fmt.Fprintln(stderr, "--retry-after, --crash-every, --crash-down, --kv-events-drop-rate, --kv-events-lose-rate, --kv-events-reorder-rate,")
-		fmt.Fprintln(stderr, "--lora-load-refuse, --lora-load-delay)")
+		fmt.Fprintln(stderr, "--lora-load-refuse, --lora-load-delay, --kv-transfer-stall, --kv-transfer-crash, --kv-transfer-fail-rate)")
 		fmt.Fprintln(stderr, "set fields of the initial faults and win over --faults.")
+		fmt.Fprintln(stderr, "--kv-transfer-role prefill|decode|both (or vLLM's --kv-transfer-config JSON) makes every replica a NixlConnector")
+		fmt.Fprintln(stderr, "replica of a prefill/decode split; run one `gpurouter sim` per role.")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(expandLoRAModules(args)); err != nil {
@@ -123,6 +126,10 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	faultFlags.Apply(&cfg.Faults)
+	if cfg.KVTransfer, err = kvFlags.connector(); err != nil {
+		fmt.Fprintln(stderr, "gpurouter sim:", err)
+		return 2
+	}
 	if *kvEndpoint != "" {
 		enc, err := kvevents.ParseEncoding(*kvEncoding)
 		if err != nil {
@@ -152,6 +159,7 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stdout, "replica %d LoRA: max_loras=%d max_cpu_loras=%d max_lora_rank=%d adapters=%d runtime_updating=%v\n",
 				i, slots, cached, rank, len(r.Adapters()), cfg.AllowRuntimeLoRAUpdating)
 		}
+		printKVTransfer(stdout, i, r)
 		if pub, replay := r.KVEventsAddr(); pub != "" {
 			fmt.Fprintf(stdout, "replica %d KV events: %s replay=%s encoding=%s\n", i, pub, orNone(replay), cfg.KVEvents.Encoding)
 		}
