@@ -128,4 +128,3 @@ func checkVLLMShapes(t *testing.T, files map[string]any) {
 		t.Errorf("decode request: %v", d)
 	}
 }
-

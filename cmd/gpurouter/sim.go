@@ -291,10 +291,21 @@ func runSimPredict(args []string, stdout, stderr io.Writer) int {
 	seed := fs.Uint64("seed", 0, "seed")
 	adapters := fs.Int("lora-adapters", 0, "requests name one of this many LoRA adapters (needs --enable-lora)")
 	zipf := fs.Float64("lora-zipf", 0, "adapter popularity: Zipf exponent over their rank (0 = uniform)")
+	replicas := fs.Int("replicas", 1, "colocated replicas, behind a router sending each request where the fewest are outstanding")
+	prefillN := fs.Int("prefill-replicas", 0, "a prefill/decode split instead: this many prefill replicas (with --decode-replicas)")
+	decodeN := fs.Int("decode-replicas", 0, "a prefill/decode split: this many decode replicas")
+	bandwidth := fs.Float64("kv-transfer-bandwidth", sim.DefaultKVTransferBandwidthGBps, "a split's KV transfer bandwidth, GB/s")
+	goodput := fs.String("goodput", "", `SLOs judging goodput, in ms, as vllm bench's --goodput: "ttft:2000 tpot:50"`)
 	engine := sim.RegisterEngineFlags(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := fs.Parse(expandGoodput(args)); err != nil {
 		return 2
 	}
+	slos, err := parsePredictSLOs(*goodput)
+	if err != nil {
+		fmt.Fprintln(stderr, "gpurouter sim predict: --goodput:", err)
+		return 2
+	}
+	shape := sim.FleetShape{Replicas: *replicas, Prefill: *prefillN, Decode: *decodeN, BandwidthGBps: *bandwidth}
 	p, err := sim.ResolveProfile(*profile)
 	if err == nil {
 		err = engine.Apply(&p)
@@ -303,9 +314,9 @@ func runSimPredict(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "gpurouter sim predict:", err)
 		return 2
 	}
-	rep, err := sim.Simulate(p, sim.Workload{NumPrompts: *n, RequestRate: *rate, MaxConcurrency: *conc, IgnoreEOS: *ignoreEOS,
+	rep, err := sim.SimulateFleet(p, sim.Workload{NumPrompts: *n, RequestRate: *rate, MaxConcurrency: *conc, IgnoreEOS: *ignoreEOS,
 		Seed: *seed, Classes: []sim.RequestClass{{InputLen: *in, OutputLen: *out, RangeRatio: *ratio}},
-		Adapters: *adapters, AdapterZipf: *zipf})
+		Adapters: *adapters, AdapterZipf: *zipf, SLOTTFT: slos[0], SLOTPOT: slos[1]}, shape)
 	if err != nil {
 		fmt.Fprintln(stderr, "gpurouter sim predict:", err)
 		return 2
@@ -313,12 +324,16 @@ func runSimPredict(args []string, stdout, stderr io.Writer) int {
 	ms := func(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d)/1e6) }
 	w := stdout
 	fmt.Fprintf(w, "%s\n", center(" Simulated Benchmark Result ("+p.Name+") ", 50, '='))
+	fmt.Fprintf(w, "%-40s %v\n", "Fleet:", fleetText(shape))
 	row := func(k string, v any) { fmt.Fprintf(w, "%-40s %v\n", k, v) }
 	row("Successful requests:", rep.Completed)
 	row("Benchmark duration (s):", fmt.Sprintf("%.2f", rep.Duration.Seconds()))
 	row("Total input tokens:", rep.InputTokens)
 	row("Total generated tokens:", rep.OutputTokens)
 	row("Request throughput (req/s):", fmt.Sprintf("%.2f", rep.RequestThroughput))
+	if *goodput != "" {
+		row("Request goodput (req/s):", fmt.Sprintf("%.2f", rep.RequestGoodput))
+	}
 	row("Output token throughput (tok/s):", fmt.Sprintf("%.2f", rep.OutputThroughput))
 	row("Total token throughput (tok/s):", fmt.Sprintf("%.2f", rep.TotalTokenThroughput))
 	row("Peak concurrent requests:", rep.PeakConcurrency)
@@ -337,6 +352,10 @@ func runSimPredict(args []string, stdout, stderr io.Writer) int {
 	row("Mean / peak KV cache usage:", fmt.Sprintf("%.2f / %.2f", rep.MeanKVUsage, rep.PeakKVUsage))
 	row("Preemptions:", rep.Preemptions)
 	row("Prefix cache hit rate:", fmt.Sprintf("%.3f", rep.PrefixCacheHitRate))
+	if shape.Split() {
+		row("KV reads:", rep.KVTransfers)
+		row("Mean / P99 KV read (ms):", ms(rep.KVTransferTime.Mean)+" / "+ms(rep.KVTransferTime.P99))
+	}
 	if *adapters > 0 {
 		row("LoRA swaps from CPU / disk:", fmt.Sprintf("%d / %d", rep.LoRASwapsCPU, rep.LoRASwapsDisk))
 		row("LoRA swap time (s):", fmt.Sprintf("%.2f", rep.LoRASwapTime.Seconds()))

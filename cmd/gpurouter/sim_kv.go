@@ -124,3 +124,34 @@ func envSeconds(name string, def time.Duration) time.Duration {
 	}
 	return def
 }
+
+// fleetText describes a predicted fleet in one line.
+func fleetText(f sim.FleetShape) string {
+	if f.Split() {
+		return fmt.Sprintf("%dP+%dD split, KV reads at %g GB/s", f.Prefill, f.Decode, f.BandwidthGBps)
+	}
+	return fmt.Sprintf("%d colocated", max(f.Replicas, 1))
+}
+
+// parsePredictSLOs reads `sim predict --goodput`: "ttft:MS tpot:MS"
+// (either, space- or comma-separated), as vllm bench's --goodput.
+func parsePredictSLOs(s string) ([2]time.Duration, error) {
+	var out [2]time.Duration
+	for _, kv := range strings.FieldsFunc(s, func(r rune) bool { return r == ' ' || r == ',' }) {
+		k, v, ok := strings.Cut(kv, ":")
+		ms, err := strconv.ParseFloat(v, 64)
+		if !ok || err != nil || ms <= 0 {
+			return out, fmt.Errorf("%q: want ttft:MS or tpot:MS", kv)
+		}
+		d := time.Duration(ms * float64(time.Millisecond))
+		switch k {
+		case "ttft":
+			out[0] = d
+		case "tpot":
+			out[1] = d
+		default:
+			return out, fmt.Errorf("%q: only ttft and tpot are judged here", kv)
+		}
+	}
+	return out, nil
+}

@@ -81,3 +81,21 @@ func TestSimKVTransferFlagsConfig(t *testing.T) {
 		t.Errorf("--kv-transfer-config: %+v", c)
 	}
 }
+
+// sim predict models a split fleet in virtual time and judges goodput on
+// vllm bench's --goodput form.
+func TestSimPredictSplitFleet(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	code := runSimPredict([]string{"--profile", "qwen3.5-9b-h100", "--prefill-replicas", "1", "--decode-replicas", "2",
+		"--num-prompts", "20", "--request-rate", "1", "--random-input-len", "4000", "--random-output-len", "50",
+		"--goodput", "ttft:2000", "tpot:50"}, &stdout, &stderr)
+	out := stdout.String()
+	for _, want := range []string{"1P+2D split", "Request goodput (req/s):", "KV reads:                                20"} {
+		if code != 0 || !strings.Contains(out, want) {
+			t.Errorf("exit %d, no %q in\n%s%s", code, want, out, stderr.String())
+		}
+	}
+	if code := runSimPredict([]string{"--goodput", "e2el:5"}, &stdout, &stderr); code != 2 {
+		t.Errorf("--goodput e2el: exit %d", code)
+	}
+}
