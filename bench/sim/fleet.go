@@ -168,6 +168,9 @@ func (f *Fleet) Listen() error {
 			for _, l := range lns {
 				_ = l.Close()
 			}
+			for _, r := range f.replicas[:i] {
+				r.closeKVSideChannel()
+			}
 			return fmt.Errorf("sim: replica %d: %w", i, err)
 		}
 	}

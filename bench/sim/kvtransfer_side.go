@@ -89,6 +89,16 @@ func (r *Replica) ListenKVSideChannel(bindHost string) error {
 	return nil
 }
 
+// closeKVSideChannel unbinds a side channel nothing serves yet (a fleet
+// whose Listen failed).
+func (r *Replica) closeKVSideChannel() {
+	if r.kvLn != nil {
+		_ = r.kvLn.Close()
+		r.kvLn = nil
+		r.kvAddr.Store(nil)
+	}
+}
+
 // KVSideChannelAddr is where the side channel listens ("" when the
 // replica has none or it is not bound).
 func (r *Replica) KVSideChannelAddr() string {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"maps"
+	"net"
 	"strings"
 	"testing"
 )
@@ -180,5 +181,35 @@ func TestPDNoConnectorIgnores(t *testing.T) {
 		if bytes.Contains(m, []byte(s)) {
 			t.Errorf("/metrics without a connector has %s", s)
 		}
+	}
+}
+
+// A fleet whose side channels cannot all be bound binds nothing: the
+// ports of the replicas before the one that failed are free again.
+func TestPDFleetListenFailureUnbinds(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	port := taken.Addr().(*net.TCPAddr).Port
+	if free, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", itoa(port-1))); err != nil {
+		t.Skipf("port %d, below an ephemeral one, is in use here", port-1)
+	} else {
+		free.Close()
+	}
+	f, err := NewFleet(FleetConfig{Replicas: 2, Profiles: []Profile{mustBuiltin(t, "qwen2.5-7b")}, Estimator: testEstimator(t),
+		KVTransfer: &KVTransferConfig{Role: KVProducer, SideChannelPort: port - 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Listen(); err == nil || !strings.Contains(err.Error(), "side channel") {
+		t.Fatalf("Listen with replica 1's side channel port taken: %v", err)
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", itoa(port-1)))
+	if err != nil {
+		t.Errorf("replica 0's side channel port still bound: %v", err)
+	} else {
+		ln.Close()
 	}
 }
