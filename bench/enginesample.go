@@ -50,6 +50,7 @@ type engineCounters struct {
 	hasKV                          bool
 	swapsCPU, swapsDisk            float64
 	hasSwaps                       bool
+	pd                             PDUsage
 }
 
 // EngineUsage is one engine over a run.
@@ -71,6 +72,9 @@ type EngineUsage struct {
 	// exposes that counter (a real vLLM does not).
 	LoRASwapsCPU, LoRASwapsDisk float64
 	LoRASwapsRead               bool
+	// PD is the engine's request phases and KV reads between the first
+	// and the last read, for a split fleet's PDPhases.
+	PD PDUsage
 }
 
 // PrefixCacheHitRate is hits over queries; NaN when nothing was queried.
@@ -127,6 +131,7 @@ func (s *EngineSampler) Finish(ctx context.Context) []EngineUsage {
 			out[i].PrefixCacheHits = l.hits - f.hits
 			out[i].PrefixCacheQueries = l.queries - f.queries
 			out[i].Preemptions = l.preemptions - f.preemptions
+			out[i].PD = l.pd.sub(f.pd)
 			if f.hasSwaps && l.hasSwaps {
 				out[i].LoRASwapsCPU, out[i].LoRASwapsDisk = l.swapsCPU-f.swapsCPU, l.swapsDisk-f.swapsDisk
 				out[i].LoRASwapsRead = true
@@ -169,6 +174,7 @@ func countersOf(snap Snapshot) engineCounters {
 	c.swapsCPU, nc = snap.sumWhere(metricLoRASwaps, "source", "cpu")
 	c.swapsDisk, nd = snap.sumWhere(metricLoRASwaps, "source", "disk")
 	c.hasSwaps = nc+nd > 0
+	c.pd = pdUsageOf(snap)
 	kv, n := snap.sum(metricKVUsage)
 	if n == 0 {
 		kv, n = snap.sum(metricKVUsageLegacy)

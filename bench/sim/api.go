@@ -172,6 +172,10 @@ type inferenceRequest struct {
 	// continued rather than answered.
 	ContinueFinalMessage bool  `json:"continue_final_message"`
 	AddGenerationPrompt  *bool `json:"add_generation_prompt"`
+	// KVTransferParams is vLLM's kv_transfer_params (prefill/decode
+	// disaggregation, kvtransfer.go); read only by a replica with a KV
+	// connector.
+	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
 }
 
 type streamOptions struct {

@@ -41,6 +41,7 @@
 //	GET  /v1/gpus                                 gpu.HostReport, as `gpurouter agent` serves
 //	GET|POST /sim/faults                          the Faults document (exempt from faults)
 //	POST /v1/load_lora_adapter, /v1/unload_lora_adapter   with AllowRuntimeLoRAUpdating only, as vLLM
+//	POST /sim/kv_transfer/pull (side channel port)  with a KV connector: a decode replica's KV read
 //
 // Generated text is a walk through a small vocabulary fixed by the request's
 // seed and the last word (or token id) of its context, so a continuation —
@@ -68,12 +69,34 @@
 // gpurouter_sim_lora_swaps_total{source="cpu"|"disk"}. Without
 // enable_lora nothing of this exists and nothing changes.
 //
+// # Prefill/decode disaggregation
+//
+// With a KV connector (ReplicaConfig.KVTransfer, `gpurouter sim
+// --kv-transfer-role prefill|decode|both` or vLLM's --kv-transfer-config
+// JSON) a replica takes part in a split as vLLM's NixlConnector does
+// (kvtransfer.go has the protocol and its sources): a request with
+// kv_transfer_params {"do_remote_decode": true} and max_tokens 1 is
+// prefilled, its blocks held and their whereabouts returned as the
+// response's kv_transfer_params; a request carrying those (do_remote_prefill)
+// parks, counted as waiting, while its replica reads the blocks from the
+// prefill replica's side channel (its own port, VLLM_NIXL_SIDE_CHANNEL_PORT's
+// 5600 by default, plain HTTP), then computes only the prompt's last token
+// and streams. The read takes the KV bytes (whole blocks × block_size ×
+// the profile's KV bytes per token) over the slower end's bandwidth
+// (--kv-transfer-bandwidth, 50 GB/s: one 400 Gb/s RDMA port), a prefill
+// replica frees held blocks nobody read after 480 s
+// (VLLM_NIXL_ABORT_REQUEST_TIMEOUT), and a read that fails is recomputed
+// (or fails the request: kv_load_failure_policy "fail"). Metrics: vLLM's
+// vllm:nixl_* and the simulator's gpurouter_sim_kv_transfer_*. A replica
+// without a connector ignores kv_transfer_params, as vLLM does, and nothing
+// of this exists on it.
+//
 // # Faults
 //
 // Faults (GET|POST /sim/faults, SetFaults, `gpurouter sim --faults JSON`)
 // imitate what real upstreams do to a router. Besides errors, hangs, a dead
-// engine, lying health, stale metrics and slow or throttled GPUs, four
-// families concern connections, admission and LoRA loads, each with a flag of
+// engine, lying health, stale metrics and slow or throttled GPUs, five
+// families concern connections, admission, LoRA loads and KV reads, each with a flag of
 // `gpurouter sim` as well:
 //
 //   - close_after_response (--close-after-response): llama.cpp's
@@ -96,6 +119,10 @@
 //   - lora_load_refuse and lora_load_delay_seconds (--lora-load-refuse,
 //     --lora-load-delay): POST /v1/load_lora_adapter fails as a load the
 //     engine could not do, or answers late, as a load from a slow store.
+//   - kv_transfer_stall, kv_transfer_crash_seconds, kv_transfer_fail_rate
+//     (--kv-transfer-stall, --kv-transfer-crash, --kv-transfer-fail-rate):
+//     a prefill replica whose KV reads never finish, that dies half-way
+//     through each, or that refuses them.
 //
 // # Simplifications
 //

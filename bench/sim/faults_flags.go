@@ -24,6 +24,9 @@ type FaultFlags struct {
 	kvReorder   *float64
 	loraRefuse  *bool
 	loraDelay   *time.Duration
+	kvStall     *bool
+	kvCrash     *time.Duration
+	kvFail      *float64
 }
 
 // RegisterFaultFlags defines the fault flags on fs. The vLLM and uvicorn
@@ -57,6 +60,12 @@ func RegisterFaultFlags(fs *flag.FlagSet) *FaultFlags {
 			"fail every POST /v1/load_lora_adapter as a load the engine could not do, 400 BadRequestError (fault lora_load_refuse)"),
 		loraDelay: fs.Duration("lora-load-delay", 0,
 			"answer every POST /v1/load_lora_adapter this much later, as a load from a slow store (fault lora_load_delay_seconds)"),
+		kvStall: fs.Bool("kv-transfer-stall", false,
+			"a prefill replica posts every KV read and never finishes it: the decode replica's read times out (fault kv_transfer_stall)"),
+		kvCrash: fs.Duration("kv-transfer-crash", 0,
+			"a prefill replica dies half-way through every KV read it serves, down this long (fault kv_transfer_crash_seconds)"),
+		kvFail: fs.Float64("kv-transfer-fail-rate", 0,
+			"fraction of KV reads a prefill replica refuses at once, as a failed NIXL transfer (fault kv_transfer_fail_rate)"),
 	}
 }
 
@@ -90,6 +99,12 @@ func (ff *FaultFlags) Apply(f *Faults) {
 			f.LoRALoadRefuse = *ff.loraRefuse
 		case "lora-load-delay":
 			f.LoRALoadDelaySeconds = ff.loraDelay.Seconds()
+		case "kv-transfer-stall":
+			f.KVTransferStall = *ff.kvStall
+		case "kv-transfer-crash":
+			f.KVTransferCrashSeconds = ff.kvCrash.Seconds()
+		case "kv-transfer-fail-rate":
+			f.KVTransferFailRate = *ff.kvFail
 		}
 	})
 }

@@ -43,6 +43,10 @@ type FleetConfig struct {
 	// (see ReplicaConfig).
 	LoRAModules              []LoRAModule
 	AllowRuntimeLoRAUpdating bool
+	// KVTransfer, when set, makes every replica a NixlConnector replica
+	// (see ReplicaConfig.KVTransfer); replica i's side channel listens on
+	// the given port + i.
+	KVTransfer *KVTransferConfig
 }
 
 // Fleet is a set of replicas served on consecutive loopback ports, each with
@@ -110,6 +114,10 @@ func NewFleet(cfg FleetConfig) (*Fleet, error) {
 		if len(cfg.Speeds) > 0 {
 			rc.Speed = cfg.Speeds[min(i, len(cfg.Speeds)-1)]
 		}
+		if cfg.KVTransfer != nil {
+			kc := cfg.KVTransfer.forReplica(i, n)
+			rc.KVTransfer = &kc
+		}
 		r, err := NewReplica(rc)
 		if err != nil {
 			return nil, fmt.Errorf("sim: replica %d: %w", i, err)
@@ -153,6 +161,17 @@ func (f *Fleet) Listen() error {
 				_ = l.Close()
 			}
 			return fmt.Errorf("sim: replica %d: KV events: %w", i, err)
+		}
+	}
+	for i, r := range f.replicas {
+		if err := r.ListenKVSideChannel(f.host); err != nil {
+			for _, l := range lns {
+				_ = l.Close()
+			}
+			for _, r := range f.replicas[:i] {
+				r.closeKVSideChannel()
+			}
+			return fmt.Errorf("sim: replica %d: %w", i, err)
 		}
 	}
 	f.lns, f.urls = lns, urls

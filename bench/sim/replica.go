@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -60,6 +61,10 @@ type ReplicaConfig struct {
 	// --lora-modules; they need Profile.Engine.EnableLoRA. A request
 	// names its adapter as its model.
 	LoRAModules []LoRAModule
+	// KVTransfer, when set, makes the replica a NixlConnector replica of a
+	// prefill/decode split (kvtransfer.go), as vLLM's --kv-transfer-config;
+	// nil = no connector: kv_transfer_params are ignored, as vLLM does.
+	KVTransfer *KVTransferConfig
 	// AllowRuntimeLoRAUpdating serves POST /v1/load_lora_adapter and
 	// /v1/unload_lora_adapter, as vLLM does with
 	// VLLM_ALLOW_RUNTIME_LORA_UPDATING=True; without it they are 404.
@@ -130,6 +135,16 @@ type Replica struct {
 	adapters   atomic.Pointer[adapterSet]
 	loraMu     sync.Mutex
 	nextLoRAID int
+
+	// The KV connector (kvtransfer*.go), with KVTransfer only: its
+	// effective config, the side channel's listener (bound once; a crash
+	// listens again at kvAddr), the decode side's client and its reads in
+	// flight.
+	kvc      KVTransferConfig
+	kvLn     net.Listener
+	kvAddr   atomic.Pointer[string]
+	kvClient *http.Client
+	pulls    sync.WaitGroup
 }
 
 // NewReplica builds a replica. It starts nothing and binds nothing.
@@ -171,7 +186,7 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 		names = []string{p.Model.Name}
 	}
 	m := newEngineMetrics(reg, metricsOptions{modelName: names[0], maxModelLen: d.maxModelLen,
-		legacyKV: cfg.LegacyMetrics, cacheInfo: cacheInfo(p, d), maxLoRAs: d.lora.maxLoRAs})
+		legacyKV: cfg.LegacyMetrics, cacheInfo: cacheInfo(p, d), maxLoRAs: d.lora.maxLoRAs, kvTransfer: cfg.KVTransfer != nil})
 	eng, err := newEngine(p, m)
 	if err != nil {
 		return nil, err
@@ -191,6 +206,12 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 		if err := r.setupKVEvents(*cfg.KVEvents); err != nil {
 			return nil, fmt.Errorf("sim: replica %d: %w", cfg.Index, err)
 		}
+	}
+	if cfg.KVTransfer != nil {
+		if err := r.setupKVTransfer(*cfg.KVTransfer); err != nil {
+			return nil, fmt.Errorf("sim: replica %d: %w", cfg.Index, err)
+		}
+		r.kvClient = newKVClient()
 	}
 	f := cfg.Faults
 	f.CrashSeconds = 0
@@ -343,19 +364,37 @@ func resetConn(c net.Conn) {
 	_ = c.Close()
 }
 
+// served is one server of an incarnation on its listener.
+type served struct {
+	srv  *fasthttp.Server
+	ln   net.Listener
+	errc chan error
+}
+
+// serve starts srv on ln.
+func (inc *incarnation) serve(srv *fasthttp.Server, ln net.Listener) served {
+	s := served{srv: srv, ln: ln, errc: make(chan error, 1)}
+	go func() { s.errc <- srv.Serve(ln) }()
+	return s
+}
+
 // stop ends the incarnation: no new connections, handlers told to give up,
-// connections closed, then waits for the server to finish.
-func (inc *incarnation) stop(srv *fasthttp.Server, ln net.Listener, errc <-chan error) {
+// connections closed, then waits for the servers to finish.
+func (inc *incarnation) stop(ss ...served) {
 	inc.mu.Lock()
 	inc.done = true
 	inc.mu.Unlock()
-	_ = ln.Close()
+	for _, s := range ss {
+		_ = s.ln.Close()
+	}
 	close(inc.quit)
 	inc.closeConns()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_ = srv.ShutdownWithContext(ctx)
-	<-errc
+	for _, s := range ss {
+		_ = s.srv.ShutdownWithContext(ctx)
+		<-s.errc
+	}
 }
 
 // lagRing keeps the most recent step lags for StepLag.

@@ -35,6 +35,7 @@ type engine struct {
 	m           *engineMetrics
 	events      *kvEventLog // nil: KV events off
 	lora        *loraEngine // nil: LoRA off
+	kvx         *kvEngine   // nil: no KV connector
 
 	waiting deque
 	skipped []*seq // waiting requests skipped this step for max_loras, reused
@@ -147,6 +148,24 @@ func (e *engine) schedule(now time.Time) time.Duration {
 			e.skipped = append(e.skipped, e.waiting.popFront())
 			continue
 		}
+		if s.kv != nil && s.kv.load != nil && s.kv.load.state == loadPending {
+			if !e.admitRemote(s) {
+				break
+			}
+			continue
+		}
+		if len(s.blocks) > 0 {
+			// Its prompt's KV was read from a prefill replica: it holds
+			// its blocks and needs the last prompt token computed.
+			need := min(s.numTokens()-s.computed, budget)
+			if !e.fits(s, need) {
+				break
+			}
+			e.waiting.popFront()
+			e.admit(s, need, now)
+			budget -= need
+			continue
+		}
 		hits := e.cachedBlocks(s)
 		e.countPrefixQuery(s, hits)
 		need := s.numTokens() - hits*e.blockSize
@@ -163,16 +182,7 @@ func (e *engine) schedule(now time.Time) time.Duration {
 			s.blocks = append(s.blocks, e.kv.touch(s.blockHash(i)))
 		}
 		s.computed, s.sealed = hits*e.blockSize, hits
-		e.grow(s, need)
-		s.state = stateRunning
-		if s.scheduled.IsZero() {
-			s.scheduled = now
-		}
-		e.running = append(e.running, s)
-		if e.lora != nil {
-			e.lora.move(s.lora, -1, +1)
-		}
-		e.take(s, need)
+		e.admit(s, need, now)
 		budget -= need
 	}
 	for i := len(e.skipped) - 1; i >= 0; i-- {
@@ -197,6 +207,21 @@ func (e *engine) schedule(now time.Time) time.Duration {
 }
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
+
+// admit moves s, taken off the waiting queue, into the running batch with
+// need tokens to compute this step.
+func (e *engine) admit(s *seq, need int, now time.Time) {
+	e.grow(s, need)
+	s.state = stateRunning
+	if s.scheduled.IsZero() {
+		s.scheduled = now
+	}
+	e.running = append(e.running, s)
+	if e.lora != nil {
+		e.lora.move(s.lora, -1, +1)
+	}
+	e.take(s, need)
+}
 
 // countPrefixQuery counts a prefix-cache lookup as vLLM's metrics do
 // (KVCacheManager.get_computed_blocks, PrefixCacheStats.record): in tokens,
@@ -289,21 +314,7 @@ func (e *engine) complete(now time.Time) {
 			continue // aborted during the step
 		}
 		s.computed += b.n
-		if e.kv.cached != nil {
-			run := 0 // blocks just cached, not yet reported
-			for s.sealed < s.computed/e.blockSize {
-				if e.kv.seal(s.blocks[s.sealed], s.blockHash(s.sealed)) {
-					run++
-				} else if run > 0 && e.events != nil {
-					e.events.stored(s, s.sealed-run, run)
-					run = 0
-				}
-				s.sealed++
-			}
-			if run > 0 && e.events != nil {
-				e.events.stored(s, s.sealed-run, run)
-			}
-		}
+		e.sealComputed(s)
 		if s.computed < s.numTokens() {
 			continue // prefill chunk
 		}
@@ -373,6 +384,9 @@ func (e *engine) compactRunning() {
 }
 
 func (e *engine) finish(s *seq, reason finishReason, now time.Time) {
+	if s.kv != nil && s.kv.produce && e.kvx != nil && e.kvx.hold(s, reason, now) {
+		s.blocks = nil // held for a decode replica (kvEngine.held)
+	}
 	e.kv.release(s.blocks)
 	s.blocks = nil
 	s.state = stateFinished
@@ -394,6 +408,11 @@ func (e *engine) abort(s *seq, now time.Time) bool {
 		if e.lora != nil {
 			e.lora.move(s.lora, 0, -1)
 		}
+	case stateRemote:
+		e.kvx.unpark(s)
+		if e.lora != nil {
+			e.lora.move(s.lora, -1, 0)
+		}
 	default:
 		return false
 	}
@@ -412,74 +431,21 @@ func (e *engine) reset(now time.Time) {
 	for len(e.running) > 0 {
 		e.abort(e.running[len(e.running)-1], now)
 	}
+	if e.kvx != nil {
+		e.resetKV(now)
+	}
 	e.batch = e.batch[:0]
 }
 
 func (e *engine) gauges(now time.Time) {
 	e.m.running.Set(float64(len(e.running)))
-	e.m.waiting.Set(float64(e.waiting.len()))
+	waiting := e.waiting.len()
+	if e.kvx != nil {
+		waiting += len(e.kvx.loading) // vLLM's WAITING_FOR_REMOTE_KVS are waiting
+	}
+	e.m.waiting.Set(float64(waiting))
 	e.m.kvUsage.Set(e.kv.usage())
 	if e.lora != nil {
 		e.lora.publish(now)
-	}
-}
-
-// deque is a FIFO of sequences with cheap push at both ends.
-type deque struct {
-	buf        []*seq
-	head, size int
-}
-
-func (q *deque) len() int { return q.size }
-
-func (q *deque) grow() {
-	nb := make([]*seq, max(16, 2*len(q.buf)))
-	for i := range q.size {
-		nb[i] = q.buf[(q.head+i)%len(q.buf)]
-	}
-	q.buf, q.head = nb, 0
-}
-
-func (q *deque) pushBack(s *seq) {
-	if q.size == len(q.buf) {
-		q.grow()
-	}
-	q.buf[(q.head+q.size)%len(q.buf)] = s
-	q.size++
-}
-
-func (q *deque) pushFront(s *seq) {
-	if q.size == len(q.buf) {
-		q.grow()
-	}
-	q.head = (q.head - 1 + len(q.buf)) % len(q.buf)
-	q.buf[q.head] = s
-	q.size++
-}
-
-func (q *deque) front() *seq { return q.buf[q.head] }
-
-func (q *deque) popFront() *seq {
-	s := q.buf[q.head]
-	q.buf[q.head] = nil
-	q.head = (q.head + 1) % len(q.buf)
-	q.size--
-	return s
-}
-
-func (q *deque) at(i int) *seq { return q.buf[(q.head+i)%len(q.buf)] }
-
-// remove deletes s, keeping order.
-func (q *deque) remove(s *seq) {
-	for i := range q.size {
-		if q.at(i) != s {
-			continue
-		}
-		for j := i; j < q.size-1; j++ {
-			q.buf[(q.head+j)%len(q.buf)] = q.at(j + 1)
-		}
-		q.buf[(q.head+q.size-1)%len(q.buf)] = nil
-		q.size--
-		return
 	}
 }

@@ -34,6 +34,10 @@ type Workload struct {
 	// are preloaded as vLLM's --lora-modules are, in rank order.
 	Adapters    int
 	AdapterZipf float64
+	// SLOTTFT and SLOTPOT judge goodput as vllm bench's --goodput does:
+	// a request is good when its TTFT and its TPOT are within them (0 =
+	// not judged). With neither, Report.RequestGoodput is 0.
+	SLOTTFT, SLOTPOT time.Duration
 }
 
 // RequestClass is one request shape in a Workload.
@@ -59,6 +63,7 @@ type Report struct {
 	InputTokens          int
 	OutputTokens         int
 	RequestThroughput    float64 // requests/s
+	RequestGoodput       float64 // requests/s meeting Workload's SLOs (latency-measured requests only)
 	OutputThroughput     float64 // tokens/s
 	TotalTokenThroughput float64 // (input+output) tokens/s
 	TTFT, TPOT, ITL, E2E Dist
@@ -73,6 +78,10 @@ type Report struct {
 	// time they took.
 	LoRASwapsCPU, LoRASwapsDisk int
 	LoRASwapTime                time.Duration
+	// KVTransfers and KVTransferTime are a split fleet's KV reads and how
+	// long each took (SimulateFleet); zero otherwise.
+	KVTransfers    int
+	KVTransferTime Dist
 }
 
 // Simulate runs a workload against one replica of profile p in virtual time:
@@ -308,6 +317,7 @@ func (v *vdriver) dispatch() {
 func (v *vdriver) report() Report {
 	var rep Report
 	var ttft, tpot, e2e []time.Duration
+	good := 0
 	var start, end time.Time
 	for i, r := range v.reqs {
 		if i == 0 || r.sent.Before(start) {
@@ -327,13 +337,21 @@ func (v *vdriver) report() Report {
 		}
 		ttft = append(ttft, r.first.Sub(r.sent))
 		e2e = append(e2e, r.last.Sub(r.sent))
+		var tp time.Duration
 		if r.tokens > 1 {
-			tpot = append(tpot, r.last.Sub(r.first)/time.Duration(r.tokens-1))
+			tp = r.last.Sub(r.first) / time.Duration(r.tokens-1)
+			tpot = append(tpot, tp)
+		}
+		w := v.w
+		if (w.SLOTTFT > 0 || w.SLOTPOT > 0) && (w.SLOTTFT == 0 || ttft[len(ttft)-1] <= w.SLOTTFT) &&
+			(w.SLOTPOT == 0 || tp <= w.SLOTPOT) {
+			good++
 		}
 	}
 	rep.Duration = end.Sub(start)
 	if sec := rep.Duration.Seconds(); sec > 0 {
 		rep.RequestThroughput = float64(rep.Completed) / sec
+		rep.RequestGoodput = float64(good) / sec
 		rep.OutputThroughput = float64(rep.OutputTokens) / sec
 		rep.TotalTokenThroughput = float64(rep.InputTokens+rep.OutputTokens) / sec
 	}

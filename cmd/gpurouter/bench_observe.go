@@ -126,3 +126,32 @@ func engineUsageRead(us []bench.EngineUsage) bool {
 	}
 	return false
 }
+
+// splitEngines are --engine-url's engines by what the run reads them for.
+type splitEngines struct {
+	observed []string // the engine column's: colocated and decode engines
+	prefill  []string // prefill engines' /metrics: phases and KV reads only
+}
+
+// splitEngineRoles reads --engine-url values (URL, prefill=URL,
+// decode=URL) and returns each engine's role by its /metrics URL, as the
+// sampler names engines.
+func splitEngineRoles(vals []string) (splitEngines, map[string]bench.EngineRole, []string) {
+	var s splitEngines
+	roles := map[string]bench.EngineRole{}
+	var errs []string
+	for _, v := range vals {
+		role, u, err := bench.ParseEngineURL(v)
+		if err != nil {
+			errs = append(errs, "--engine-url: "+err.Error())
+			continue
+		}
+		roles[bench.MetricsURL(u)] = role
+		if role == bench.RolePrefill {
+			s.prefill = append(s.prefill, bench.MetricsURL(u))
+		} else {
+			s.observed = append(s.observed, u)
+		}
+	}
+	return s, roles, errs
+}

@@ -69,6 +69,7 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		"serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (default: VLLM_ALLOW_RUNTIME_LORA_UPDATING, as vLLM)")
 	engine := sim.RegisterEngineFlags(fs)
 	faultFlags := sim.RegisterFaultFlags(fs)
+	kvFlags := registerKVTransferFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: gpurouter sim --replicas N --base-port P [--profile NAME] [--speed F,F,...] [--served-model-name M] [vLLM engine flags] [fault flags]")
 		fmt.Fprintln(stderr, "       gpurouter sim calibrate            print calibration.md targets against the simulator")
@@ -77,8 +78,10 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "\nEach replica serves vLLM's API, /metrics, /health, /v1/gpus and GET|POST /sim/faults.")
 		fmt.Fprintln(stderr, "Fault flags (--close-after-response, --close-lag, --timeout-keep-alive, --max-waiting-queue-length, --rate-limited,")
 		fmt.Fprintln(stderr, "--retry-after, --crash-every, --crash-down, --kv-events-drop-rate, --kv-events-lose-rate, --kv-events-reorder-rate,")
-		fmt.Fprintln(stderr, "--lora-load-refuse, --lora-load-delay)")
+		fmt.Fprintln(stderr, "--lora-load-refuse, --lora-load-delay, --kv-transfer-stall, --kv-transfer-crash, --kv-transfer-fail-rate)")
 		fmt.Fprintln(stderr, "set fields of the initial faults and win over --faults.")
+		fmt.Fprintln(stderr, "--kv-transfer-role prefill|decode|both (or vLLM's --kv-transfer-config JSON) makes every replica a NixlConnector")
+		fmt.Fprintln(stderr, "replica of a prefill/decode split; run one `gpurouter sim` per role.")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(expandLoRAModules(args)); err != nil {
@@ -123,6 +126,10 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	faultFlags.Apply(&cfg.Faults)
+	if cfg.KVTransfer, err = kvFlags.connector(); err != nil {
+		fmt.Fprintln(stderr, "gpurouter sim:", err)
+		return 2
+	}
 	if *kvEndpoint != "" {
 		enc, err := kvevents.ParseEncoding(*kvEncoding)
 		if err != nil {
@@ -152,6 +159,7 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stdout, "replica %d LoRA: max_loras=%d max_cpu_loras=%d max_lora_rank=%d adapters=%d runtime_updating=%v\n",
 				i, slots, cached, rank, len(r.Adapters()), cfg.AllowRuntimeLoRAUpdating)
 		}
+		printKVTransfer(stdout, i, r)
 		if pub, replay := r.KVEventsAddr(); pub != "" {
 			fmt.Fprintf(stdout, "replica %d KV events: %s replay=%s encoding=%s\n", i, pub, orNone(replay), cfg.KVEvents.Encoding)
 		}
@@ -283,10 +291,21 @@ func runSimPredict(args []string, stdout, stderr io.Writer) int {
 	seed := fs.Uint64("seed", 0, "seed")
 	adapters := fs.Int("lora-adapters", 0, "requests name one of this many LoRA adapters (needs --enable-lora)")
 	zipf := fs.Float64("lora-zipf", 0, "adapter popularity: Zipf exponent over their rank (0 = uniform)")
+	replicas := fs.Int("replicas", 1, "colocated replicas, behind a router sending each request where the fewest are outstanding")
+	prefillN := fs.Int("prefill-replicas", 0, "a prefill/decode split instead: this many prefill replicas (with --decode-replicas)")
+	decodeN := fs.Int("decode-replicas", 0, "a prefill/decode split: this many decode replicas")
+	bandwidth := fs.Float64("kv-transfer-bandwidth", sim.DefaultKVTransferBandwidthGBps, "a split's KV transfer bandwidth, GB/s")
+	goodput := fs.String("goodput", "", `SLOs judging goodput, in ms, as vllm bench's --goodput: "ttft:2000 tpot:50"`)
 	engine := sim.RegisterEngineFlags(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := fs.Parse(expandGoodput(args)); err != nil {
 		return 2
 	}
+	slos, err := parsePredictSLOs(*goodput)
+	if err != nil {
+		fmt.Fprintln(stderr, "gpurouter sim predict: --goodput:", err)
+		return 2
+	}
+	shape := sim.FleetShape{Replicas: *replicas, Prefill: *prefillN, Decode: *decodeN, BandwidthGBps: *bandwidth}
 	p, err := sim.ResolveProfile(*profile)
 	if err == nil {
 		err = engine.Apply(&p)
@@ -295,9 +314,9 @@ func runSimPredict(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "gpurouter sim predict:", err)
 		return 2
 	}
-	rep, err := sim.Simulate(p, sim.Workload{NumPrompts: *n, RequestRate: *rate, MaxConcurrency: *conc, IgnoreEOS: *ignoreEOS,
+	rep, err := sim.SimulateFleet(p, sim.Workload{NumPrompts: *n, RequestRate: *rate, MaxConcurrency: *conc, IgnoreEOS: *ignoreEOS,
 		Seed: *seed, Classes: []sim.RequestClass{{InputLen: *in, OutputLen: *out, RangeRatio: *ratio}},
-		Adapters: *adapters, AdapterZipf: *zipf})
+		Adapters: *adapters, AdapterZipf: *zipf, SLOTTFT: slos[0], SLOTPOT: slos[1]}, shape)
 	if err != nil {
 		fmt.Fprintln(stderr, "gpurouter sim predict:", err)
 		return 2
@@ -305,12 +324,16 @@ func runSimPredict(args []string, stdout, stderr io.Writer) int {
 	ms := func(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d)/1e6) }
 	w := stdout
 	fmt.Fprintf(w, "%s\n", center(" Simulated Benchmark Result ("+p.Name+") ", 50, '='))
+	fmt.Fprintf(w, "%-40s %v\n", "Fleet:", fleetText(shape))
 	row := func(k string, v any) { fmt.Fprintf(w, "%-40s %v\n", k, v) }
 	row("Successful requests:", rep.Completed)
 	row("Benchmark duration (s):", fmt.Sprintf("%.2f", rep.Duration.Seconds()))
 	row("Total input tokens:", rep.InputTokens)
 	row("Total generated tokens:", rep.OutputTokens)
 	row("Request throughput (req/s):", fmt.Sprintf("%.2f", rep.RequestThroughput))
+	if *goodput != "" {
+		row("Request goodput (req/s):", fmt.Sprintf("%.2f", rep.RequestGoodput))
+	}
 	row("Output token throughput (tok/s):", fmt.Sprintf("%.2f", rep.OutputThroughput))
 	row("Total token throughput (tok/s):", fmt.Sprintf("%.2f", rep.TotalTokenThroughput))
 	row("Peak concurrent requests:", rep.PeakConcurrency)
@@ -329,6 +352,10 @@ func runSimPredict(args []string, stdout, stderr io.Writer) int {
 	row("Mean / peak KV cache usage:", fmt.Sprintf("%.2f / %.2f", rep.MeanKVUsage, rep.PeakKVUsage))
 	row("Preemptions:", rep.Preemptions)
 	row("Prefix cache hit rate:", fmt.Sprintf("%.3f", rep.PrefixCacheHitRate))
+	if shape.Split() {
+		row("KV reads:", rep.KVTransfers)
+		row("Mean / P99 KV read (ms):", ms(rep.KVTransferTime.Mean)+" / "+ms(rep.KVTransferTime.P99))
+	}
 	if *adapters > 0 {
 		row("LoRA swaps from CPU / disk:", fmt.Sprintf("%d / %d", rep.LoRASwapsCPU, rep.LoRASwapsDisk))
 		row("LoRA swap time (s):", fmt.Sprintf("%.2f", rep.LoRASwapTime.Seconds()))
