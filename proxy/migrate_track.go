@@ -15,7 +15,7 @@ var (
 	keyReasoningOnly    = []byte(`"reasoning":`)
 )
 
-// tracked relays one token or usage event of a stream that may be
+// tracked relays one choices or usage event of a stream that may be
 // continued, in place of process's own handling: it records the token's
 // timing and the usage as process does, keeps what a continuation needs,
 // and appends the event to r.out as the client must see it.
@@ -39,17 +39,19 @@ func (r *relay) tracked(ev, payload []byte, kind eventKind, now time.Time) {
 		return
 	}
 	r.out = out
-	if m.contFirst {
-		// The continuation's first chunk: the client's stall ends, and
-		// the new replica's prefill is over.
-		m.contFirst = false
-		stall := now.Sub(m.lostAt)
-		m.stall = max(m.stall, stall)
-		x.s.m.mig.stall.WithLabelValues(x.route.Pool.Model()).Observe(stall.Seconds())
-		x.lease.Progress(x.prefillWork())
-		x.lease.PrefillDone()
+	if kind == evToken {
+		if m.contFirst {
+			// The continuation's first output: the client's stall ends,
+			// and the new replica's prefill is over.
+			m.contFirst = false
+			stall := now.Sub(m.lostAt)
+			m.stall = max(m.stall, stall)
+			x.s.m.mig.stall.WithLabelValues(x.route.Pool.Model()).Observe(stall.Seconds())
+			x.lease.Progress(x.prefillWork())
+			x.lease.PrefillDone()
+		}
+		x.tokenChunk(now)
 	}
-	x.tokenChunk(now)
 	if m.migrations == 0 {
 		r.takeUsage(payload)
 	}

@@ -43,11 +43,11 @@ type relay struct {
 	out     []byte // processed bytes the client has not read yet
 	outPos  int
 	sawDone bool
-	choices keyHint // where the stream's chunks have their choices (sse.go)
-	eof     bool    // nothing more will be written after out
-	failure error   // why the stream ended badly (nil for a clean end)
-	errEv   bool    // the upstream sent an error event
-	gotBody bool    // a byte of the body has arrived (the idle timeout now applies, not first_byte)
+	hints   chunkHints // where the stream's chunks have their choices and output (sse.go)
+	eof     bool       // nothing more will be written after out
+	failure error      // why the stream ended badly (nil for a clean end)
+	errEv   bool       // the upstream sent an error event
+	gotBody bool       // a byte of the body has arrived (the idle timeout now applies, not first_byte)
 
 	abortErr  atomic.Pointer[error] // set by abort, from the watcher
 	watch     *clientWatch
@@ -389,14 +389,16 @@ func (r *relay) process(now time.Time) {
 			continue // nothing after [DONE] is part of the answer
 		}
 		payload := eventData(ev)
-		kind := classifyEvent(payload, &r.choices)
-		if tracked && (kind == evToken || kind == evUsageOnly) {
+		kind := classifyEvent(payload, &r.hints)
+		if tracked && (kind == evToken || kind == evChoice || kind == evUsageOnly) {
 			r.tracked(ev, payload, kind, now) // migrate_track.go
 			continue
 		}
 		switch kind {
 		case evToken:
-			r.x.tokenChunk(now)
+			r.x.tokenChunk(now) // the first is the TTFT: the first chunk with output, not a role-only one
+			r.takeUsage(payload)
+		case evChoice:
 			r.takeUsage(payload)
 		case evUsageOnly:
 			r.takeUsage(payload)

@@ -11,7 +11,8 @@ type eventKind uint8
 
 const (
 	evOther     eventKind = iota // comments, keep-alives, unknown shapes: relayed as is
-	evToken                      // a chunk with non-empty choices: counts for TTFT/ITL
+	evToken                      // a chunk whose choices carry output (text, reasoning, a tool call): counts for TTFT/ITL
+	evChoice                     // a chunk whose choices carry none: a chat stream's role-only first chunk, a last one with its finish_reason alone
 	evUsageOnly                  // choices empty, usage present: the final usage chunk
 	evDone                       // data: [DONE]
 	evError                      // data: {"error": ...}
@@ -60,11 +61,18 @@ func eventData(ev []byte) []byte {
 	return nil
 }
 
+// chunkHints are where a stream's previous chunk had its choices and its
+// output (keyHint, outputHint): an engine writes every chunk of a stream
+// alike, so each is found with a comparison or two.
+type chunkHints struct {
+	choices keyHint
+	output  outputHint
+}
+
 // classifyEvent says what an event is without decoding its JSON: streams
 // carry thousands of events per second and only the usage chunk needs a
-// real parse. choices is where the stream's previous chunk had its
-// choices (nil: none kept).
-func classifyEvent(payload []byte, choices *keyHint) eventKind {
+// real parse. hints are the stream's (nil: none kept).
+func classifyEvent(payload []byte, hints *chunkHints) eventKind {
 	switch {
 	case len(payload) == 0:
 		return evOther
@@ -72,6 +80,11 @@ func classifyEvent(payload []byte, choices *keyHint) eventKind {
 		return evDone
 	case bytes.HasPrefix(payload, errorPrefix) || bytes.HasPrefix(payload, objectPrefix):
 		return evError
+	}
+	var choices *keyHint
+	var output *outputHint
+	if hints != nil {
+		choices, output = &hints.choices, &hints.output
 	}
 	i := choices.index(payload, choicesKey)
 	if i < 0 {
@@ -91,7 +104,93 @@ func classifyEvent(payload []byte, choices *keyHint) eventKind {
 		}
 		return evOther
 	}
-	return evToken
+	if carriesOutput(payload, i, output) {
+		return evToken
+	}
+	return evChoice
+}
+
+// The members of a choice that carry output, as outputMember names them: a
+// chat delta's content, reasoning and tool calls, a completion's text.
+// The router's TTFT is a stream's first chunk that has one, as vLLM's
+// benchmark counts it: vLLM's first chat chunk often carries the role
+// alone, tens of milliseconds before the first token.
+const (
+	outContent = iota
+	outText
+	outReasoningContent
+	outReasoning
+	outToolCalls
+	outputMembers
+)
+
+// outputMember is the key of output member k, from its opening quote.
+func outputMember(k int) string {
+	switch k {
+	case outContent:
+		return `"content":`
+	case outText:
+		return `"text":`
+	case outReasoningContent:
+		return `"reasoning_content":`
+	case outReasoning:
+		return `"reasoning":`
+	}
+	return `"tool_calls":`
+}
+
+// outputHint is where a stream's last chunk with output had it: the
+// offset of the member's key, plus one (0: none yet), and which it was.
+type outputHint struct {
+	at  uint32
+	key uint8
+}
+
+// carriesOutput reports whether a chunk's choices, which start at from in
+// payload, carry output: a non-empty string under a text member, or a
+// non-empty tool_calls array. Mostly one comparison: where the stream's
+// last chunk had its output (h; nil: none kept), else a search of each
+// key, each of its places (logprobs have a "content" array of their own).
+func carriesOutput(payload []byte, from int, h *outputHint) bool {
+	if h != nil && h.at > 0 {
+		k := outputMember(int(h.key))
+		if at := int(h.at) - 1; at+len(k) <= len(payload) && string(payload[at:at+len(k)]) == k && isOutput(payload[at+len(k):], int(h.key)) {
+			return true
+		}
+	}
+	for key := range outputMembers {
+		k := outputMember(key)
+		for i := from; i < len(payload); {
+			j := indexKeyString(payload[i:], k)
+			if j < 0 {
+				break
+			}
+			at := i + j
+			if isOutput(payload[at+len(k):], key) {
+				if h != nil {
+					*h = outputHint{at: uint32(at + 1), key: uint8(key)}
+				}
+				return true
+			}
+			i = at + len(k)
+		}
+	}
+	return false
+}
+
+// isOutput reports whether v, the value after output member key's colon,
+// carries output: a string other than "", or for tool calls an array
+// other than [].
+func isOutput(v []byte, key int) bool {
+	v = bytes.TrimLeft(v, " \t\r\n")
+	if len(v) < 2 {
+		return false
+	}
+	if key == outToolCalls {
+		items := bytes.TrimLeft(v[1:], " \t\r\n")
+		return v[0] == '[' && len(items) > 0 && items[0] != ']'
+	}
+	return v[0] == '"' && v[1] != '"'
 }
 
 // hasUsage reports a non-null "usage" object in the chunk.
@@ -150,7 +249,10 @@ func (h *keyHint) index(b, key []byte) int {
 // dozens of: bytes.Index stops at each quote to compare, indexKey only
 // where the letter is ("usage", absent from nearly every chunk, stops at
 // the u of "chunk" and of two nulls).
-func indexKey(b, key []byte) int {
+func indexKey(b, key []byte) int { return indexKeyString(b, bytesView(key)) }
+
+// indexKeyString is indexKey with the key as a string.
+func indexKeyString(b []byte, key string) int {
 	name := key[1:]
 	for i := 1; i < len(b); i++ {
 		j := bytes.IndexByte(b[i:], name[0])
@@ -158,7 +260,7 @@ func indexKey(b, key []byte) int {
 			return -1
 		}
 		i += j
-		if b[i-1] == '"' && bytes.HasPrefix(b[i:], name) {
+		if b[i-1] == '"' && len(b)-i >= len(name) && string(b[i:i+len(name)]) == name {
 			return i - 1
 		}
 	}

@@ -71,7 +71,7 @@ func TestKeyHintFollowsTheStream(t *testing.T) {
 // token chunk, with the stream's choices hint as the relay keeps it.
 func BenchmarkClassifyEvent(b *testing.B) {
 	p := []byte(keyChunks[0])
-	var h keyHint
+	var h chunkHints
 	b.ReportAllocs()
 	for b.Loop() {
 		if classifyEvent(p, &h) != evToken {
