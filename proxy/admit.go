@@ -75,14 +75,10 @@ func (s *Server) steer(hdr *clientHeaders, x *exchange) error {
 	return nil
 }
 
-// admit holds the request in its pool's queue until a replica can take
-// it, it is shed, or the client leaves (found by the same socket watch as
-// a stream). On success the exchange holds the ticket. Pools without
-// admission let everything through.
-func (s *Server) admit(ctx *fasthttp.RequestCtx, x *exchange) error {
-	if wait, err := s.admitNow(x); !wait {
-		return err
-	}
+// admitWatched is actAdmit on the goroutine path: the request waits in
+// its pool's queue until a replica can take it, it is shed, or the client
+// leaves (found by the same socket watch as a stream's).
+func (s *Server) admitWatched(ctx *fasthttp.RequestCtx, x *exchange) error {
 	actx, cancel := context.WithCancelCause(s.base)
 	defer cancel(nil)
 	w := s.startWatch(x, ctx.Conn(), abortFunc(cancel))

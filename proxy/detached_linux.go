@@ -57,11 +57,11 @@ type detachedBody struct {
 	laddr, raddr net.Addr
 
 	// The loop's, while the stream is in it.
-	in              bool      // in the epoll set
-	pfd             int       // fd as the set knows it
-	cfd             int       // the client's socket, in the set for hang-ups; -1 if not
-	deadline        time.Time // first byte or idle: the read must come by then
-	firstByte, idle time.Duration
+	in       bool      // in the epoll set
+	pfd      int       // fd as the set knows it
+	cfd      int       // the client's socket, in the set for hang-ups; -1 if not
+	deadline time.Time // first byte or idle: the read must come by then
+	to       *timeouts // limit's
 
 	mu     sync.Mutex
 	fd     int      // the socket, until conn wraps it (-1 then, or once closed)
@@ -73,10 +73,7 @@ type detachedBody struct {
 
 // limit is the read deadline's distance: first byte, then idle.
 func (b *detachedBody) limit() time.Duration {
-	if b.r.gotBody {
-		return b.idle
-	}
-	return b.firstByte
+	return b.to.readLimit(b.r.gotBody)
 }
 
 // detach takes a stream's upstream from fasthttp when the loop can relay
@@ -124,7 +121,7 @@ func (p *streamPump) detach(x *exchange, resp *fasthttp.Response, client net.Con
 	}
 	b := &detachedBody{
 		pump: p, stash: c.stash, client: craw, clientFD: -1, back: make(chan pumpResult, 1),
-		firstByte: c.firstByte, idle: c.idle, fd: fd, cfd: -1,
+		to: c.to, fd: fd, cfd: -1,
 		laddr: c.Conn.LocalAddr(), raddr: c.Conn.RemoteAddr(),
 	}
 	b.write = b.writeFrame
@@ -180,7 +177,7 @@ func (b *detachedBody) netConn() (net.Conn, error) {
 		return nil, net.ErrClosed
 	}
 	if b.conn == nil {
-		b.conn = upstreamConn(b.fd, b.laddr, b.raddr, b.firstByte, b.idle, b.r != nil && b.r.gotBody)
+		b.conn = upstreamConn(b.fd, b.laddr, b.raddr, b.to, b.r != nil && b.r.gotBody)
 		b.fd = -1
 		b.raw = make([]byte, relayBufSize)
 	}
@@ -198,8 +195,8 @@ func (b *detachedBody) owns(fd int) bool {
 // upstreamConn is a stream's engine socket fd back in Go's netpoller
 // (fileConn), with the first-byte and idle deadlines fasthttp's reads
 // have (deadlineConn); gotBody: a byte of the body has come (idle's).
-func upstreamConn(fd int, laddr, raddr net.Addr, firstByte, idle time.Duration, gotBody bool) *deadlineConn {
-	return (&deadlineConn{Conn: newFileConn(fd, laddr, raddr), firstByte: firstByte, idle: idle, awaiting: !gotBody, headEnd: 4}).withSock()
+func upstreamConn(fd int, laddr, raddr net.Addr, to *timeouts, gotBody bool) *deadlineConn {
+	return (&deadlineConn{Conn: newFileConn(fd, laddr, raddr), to: to, awaiting: !gotBody, headEnd: 4}).withSock()
 }
 
 // CloseWithError closes the stream's socket, which aborts the engine's

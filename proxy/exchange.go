@@ -39,7 +39,7 @@ func (o outcome) String() string { return outcomeNames[o] }
 // exchange is one request's journey through the router: what was asked,
 // where it went, and when each thing happened. It lives from the handler
 // until the response stream closes, and is finished exactly once. Each
-// group of fields is written by one step of the request path (handler.go)
+// group of fields is written by one step of the request (flow.go)
 // and only read after it.
 type exchange struct {
 	s        *Server
@@ -48,7 +48,7 @@ type exchange struct {
 	ep       endpoint
 	received time.Time // full request read by the router
 
-	// Steps 1–2 (handler.go, clients.go): the request, its client and
+	// Steps 1–2 (flow.go, plan.go, clients.go): the request, its client and
 	// pool, and its cost — computed once, read by admission, the lease
 	// and the record.
 	req       request
@@ -63,7 +63,7 @@ type exchange struct {
 	ticket   admission.Ticket
 	admitted time.Time // admission let it through (zero without admission)
 
-	// Steps 4–5 (handler.go, forward.go): the replica that answered.
+	// Steps 4–5 (flow.go, forward.go): the replica that answered.
 	up        *upstream         // nil if none did
 	last      *balancer.Replica // the replica the request was last sent to (nil if none)
 	rm        *replicaMetrics   // up's metric children for the request's arm

@@ -481,7 +481,7 @@ func TestStreamBatchComesBeforeTheEventsAfterIt(t *testing.T) {
 	t.Cleanup(p.closeBatch)
 	p.at = time.Now()
 	r := &relay{x: &exchange{s: s, ep: epChat, received: time.Now()}, gotBody: true}
-	d := &detachedBody{pump: p, r: r, client: craw, fd: up, pfd: up, cfd: -1, idle: time.Minute, back: make(chan pumpResult, 1), in: true, inPump: true}
+	d := &detachedBody{pump: p, r: r, client: craw, fd: up, pfd: up, cfd: -1, to: &timeouts{idle: time.Minute}, back: make(chan pumpResult, 1), in: true, inPump: true}
 	d.write = d.writeFrame
 	r.body = d
 	p.streams.set(up, d)

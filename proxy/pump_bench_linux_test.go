@@ -38,8 +38,8 @@ func benchStreamLoopDeliver(b *testing.B, direct bool) {
 	x.mig = &migration{chat: true, idsOK: true, strip: true, pol: Migration{MaxSeqLen: 1 << 30}, buf: migBufPool.Get().(*migBuffers)}
 	x.mig.buf.reset()
 	r := &relay{x: x}
-	p := &streamPump{at: time.Now(), idle: time.Minute}
-	d := &detachedBody{pump: p, r: r, client: craw, fd: -1, cfd: -1, idle: time.Minute}
+	p := &streamPump{at: time.Now()}
+	d := &detachedBody{pump: p, r: r, client: craw, fd: -1, cfd: -1, to: &timeouts{idle: time.Minute}}
 	d.write = d.writeFrame
 	if direct {
 		if err := craw.Control(func(fd uintptr) { d.cfd = int(fd) }); err != nil {
@@ -101,7 +101,7 @@ func benchStreamLoopWakeUp(b *testing.B, k int, batched bool) {
 		up, engine := socketPair(b)
 		cfd, client := socketPair(b)
 		r := &relay{x: &exchange{s: s, ep: epChat, received: time.Now()}, gotBody: true}
-		d := &detachedBody{pump: p, r: r, fd: up, pfd: up, cfd: cfd, idle: time.Minute, back: make(chan pumpResult, 1), in: true, inPump: true}
+		d := &detachedBody{pump: p, r: r, fd: up, pfd: up, cfd: cfd, to: &timeouts{idle: time.Minute}, back: make(chan pumpResult, 1), in: true, inPump: true}
 		r.body = d
 		p.streams.set(up, d)
 		engines[i], clients[i] = engine, client

@@ -157,10 +157,7 @@ func (p *streamPump) deliver(b *detachedBody, raw []byte, readErr error, now tim
 		return
 	}
 	b.deadline = now.Add(b.limit())
-	x := r.x
-	if x.s.exceededAt(x, p.at) {
-		r.fail(fmt.Errorf("%w: total request deadline", ErrTimeout)) // as relay.afterRead
-	} else if m := x.mig; m != nil && m.pol.DrainGrace > 0 && m.off == nil && !r.eof && m.leaving(x, p.at) {
+	if r.afterEvents(p.at) {
 		p.release(b, pumpResult{leaving: true}, exitLeaving)
 		return
 	}

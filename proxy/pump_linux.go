@@ -40,10 +40,9 @@ import (
 
 // streamPump is the stream loop. Its zero value is not usable: newStreamPump.
 type streamPump struct {
-	firstByte, idle time.Duration
-	clock           func() time.Time // the exchanges' clock (Options.Now); nil: the sockets' own, time.Now
-	in              prometheus.Counter
-	out             [loopExits]prometheus.Counter // by loopExit
+	clock func() time.Time // the exchanges' clock (Options.Now); nil: the sockets' own, time.Now
+	in    prometheus.Counter
+	out   [loopExits]prometheus.Counter // by loopExit
 
 	size atomic.Int64 // streams in the loop now: taken and not yet handed back (gpurouter_stream_loop_streams)
 
@@ -114,7 +113,7 @@ const pumpScan = 100 * time.Millisecond
 // clock is the exchanges' (Options.Now), nil for time.Now; batchOff hears
 // why the loop's reads and writes are not batched (openBatch), nil: no one.
 func newStreamPump(cfg Config, m *metrics, clock func() time.Time, batchOff func(error)) *streamPump {
-	p := &streamPump{firstByte: cfg.FirstByteTimeout, idle: cfg.IdleTimeout, ep: -1, wake: -1, in: m.loopIn, loops: cfg.StreamLoops, clock: clock,
+	p := &streamPump{ep: -1, wake: -1, in: m.loopIn, loops: cfg.StreamLoops, clock: clock,
 		unbatched: cfg.UnbatchedIO, batchOff: batchOff}
 	for e := range p.out {
 		p.out[e] = m.loopOut.WithLabelValues(loopExit(e).String())
@@ -403,8 +402,9 @@ func (p *streamPump) expire(now time.Time) {
 		if b == nil {
 			continue
 		}
-		if x := b.r.x; x.s.totalExceeded(x) { // the paused watch's other check
-			b.r.abort(fmt.Errorf("%w: total request deadline %s", ErrTimeout, x.s.cfg.TotalTimeout))
+		x := b.r.x
+		if err := x.s.to.totalPassed(x.received, x.s.now()); err != nil { // the paused watch's other check
+			b.r.abort(err)
 			p.release(b, pumpResult{}, exitAborted)
 			continue
 		}

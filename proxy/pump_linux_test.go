@@ -371,7 +371,7 @@ func TestStreamLoopLeavesTheLastEventsForTheLastChunk(t *testing.T) {
 			p := newStreamPump(s.cfg, m, nil, nil)
 			p.at = time.Now()
 			r := &relay{x: &exchange{s: s, ep: epChat, received: time.Now()}, gotBody: true}
-			d := &detachedBody{pump: p, r: r, client: counted, fd: -1, cfd: -1, idle: time.Minute, back: make(chan pumpResult, 1)}
+			d := &detachedBody{pump: p, r: r, client: counted, fd: -1, cfd: -1, to: &timeouts{idle: time.Minute}, back: make(chan pumpResult, 1)}
 			d.write = d.writeFrame
 			d.inPump = true
 			r.body = d

@@ -223,7 +223,7 @@ func (r *relay) WriteTo(w io.Writer) (int64, error) {
 // fails instead, and the stream ends as the client's (ErrClientGone). The
 // deadline moves once per sixteenth of the timeout, not on every write.
 func (r *relay) armWrite() error {
-	limit := r.x.s.cfg.IdleTimeout
+	limit := r.x.s.to.idle
 	if r.conn == nil || limit <= 0 {
 		return nil
 	}
@@ -314,11 +314,7 @@ func (r *relay) fill() error {
 // gone.
 func (r *relay) afterRead(err error) error {
 	if err == nil {
-		if r.x.s.totalExceeded(r.x) {
-			r.fail(fmt.Errorf("%w: total request deadline", ErrTimeout))
-		} else if m := r.x.mig; m != nil && m.pol.DrainGrace > 0 && m.off == nil && !r.eof && m.leaving(r.x, r.x.s.now()) {
-			// The replica is draining or gone from its pool, and the
-			// grace period is over: the stream moves (migrate_resume.go).
+		if r.afterEvents(r.x.s.now()) {
 			r.upstreamFailed(errLeaving)
 		}
 		return nil
@@ -334,13 +330,28 @@ func (r *relay) afterRead(err error) error {
 	case isTimeout(err) && !r.gotBody:
 		// The engine answered the head but not yet the first event (a
 		// stream queued or in prefill): upstream.go's first_byte bound.
-		r.fail(fmt.Errorf("%w: no first stream event within %s", ErrTimeout, r.x.s.cfg.FirstByteTimeout))
+		r.fail(r.x.s.to.noFirstEvent())
 	case isTimeout(err):
-		r.upstreamFailed(fmt.Errorf("%w: no stream event for %s", ErrTimeout, r.x.s.cfg.IdleTimeout))
+		r.upstreamFailed(r.x.s.to.noEvent())
 	default:
 		r.upstreamFailed(&upstreamFailure{kind: errBrokenStream, words: streamWords(err), cause: err})
 	}
 	return nil
+}
+
+// afterEvents is the check after a read's events, at now (the
+// exchange's clock), on either relay (this one's reads, a loop's: pump):
+// past the total deadline the stream ends; true when its replica is
+// draining or gone from its pool and the grace period is over — the
+// stream moves (migrate_resume.go).
+func (r *relay) afterEvents(now time.Time) (leave bool) {
+	x := r.x
+	if err := x.s.to.totalPassed(x.received, now); err != nil {
+		r.fail(err)
+		return false
+	}
+	m := x.mig
+	return m != nil && m.pol.DrainGrace > 0 && m.off == nil && !r.eof && m.leaving(x, now)
 }
 
 // aborted ends the stream for abort's reason: a client that left gets

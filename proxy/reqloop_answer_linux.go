@@ -42,7 +42,7 @@ type rawField struct{ name, value []byte }
 // false when it did nothing, and the answer takes fasthttp's path.
 func (l *requestLoop) rawAnswer(c *loopConn, u *loopConn) bool {
 	r := c.r
-	ctx := r.ctx
+	ctx := r.f.ctx
 	if u.toClose || l.s.cfg.parseWholeAnswers || !ctx.Request.Header.IsHTTP11() {
 		return false
 	}
@@ -99,13 +99,13 @@ func (l *requestLoop) rawAnswer(c *loopConn, u *loopConn) bool {
 		}
 	}
 	if !head.Ended() || ctype == nil || length < 0 || u.headLen+length > len(u.in.B) || !plainRouterHeaders(ctx) ||
-		strings.ContainsAny(r.up.replica.Name(), "\r\n") { // fasthttp's Set would blank them
+		strings.ContainsAny(r.f.up.replica.Name(), "\r\n") { // fasthttp's Set would blank them
 		return false
 	}
 
 	// From here on as whole, answer, respondWhole and respond do it.
 	l.rawAnswers.Add(1)
-	s, x := l.s, r.x
+	s, x := l.s, r.f.x
 	buf := bytebufferpool.Get()
 	buf.B = append(buf.B[:0], u.in.B[u.headLen:u.headLen+length]...)
 	l.ans = l.appendRawHead(l.ans[:0], ctx, ctype, length, kept[:n])
@@ -120,13 +120,11 @@ func (l *requestLoop) rawAnswer(c *loopConn, u *loopConn) bool {
 		l.putIdle(u)
 	}
 	r.phase = 0
-	x.answered(r.up, r.lease)
-	l.placed(r)
+	r.f.took() // judge passes it (passesOnStatus)
 	var members objectMembers
 	if err := checkWhole(x, status, buf.B, &members); err != nil {
 		bytebufferpool.Put(buf)
-		s.reject(ctx, x, err)
-		l.respond(c)
+		l.act(c, r.f.bodyFailed(err))
 		return true
 	}
 	closing := ctx.Request.Header.ConnectionClose() || s.draining.Load() || ctx.Response.ConnectionClose()

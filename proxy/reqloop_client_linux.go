@@ -220,7 +220,7 @@ func (c *loopConn) keep(b []byte) {
 func (l *requestLoop) respond(c *loopConn) {
 	r := c.r
 	c.r = nil // the exchange is the response's now: a failed write ends it (wholeBody)
-	ctx := r.ctx
+	ctx := r.f.ctx
 	if ctx.Request.Header.ConnectionClose() || l.s.draining.Load() {
 		ctx.Response.SetConnectionClose()
 	}
@@ -241,7 +241,7 @@ func (l *requestLoop) respond(c *loopConn) {
 // next request.
 func (l *requestLoop) done(c *loopConn, r *loopReq, err error, closing bool) {
 	c.closing = closing
-	l.releaseCtx(r.ctx)
+	l.releaseCtx(r.f.ctx)
 	l.releaseReq(r)
 	c.since = l.now
 	switch {
@@ -435,7 +435,7 @@ func (l *requestLoop) refuse(c *loopConn, err error) {
 // the read timeout (slowloris), as fasthttp would, and closes it.
 func (l *requestLoop) requestTimeout(c *loopConn) {
 	ctx := l.acquireCtx(c)
-	writeError(ctx, fmt.Errorf("%w: the request must arrive within %s", ErrRequestTimeout, l.s.cfg.ReadTimeout))
+	writeError(ctx, l.s.to.requestLate())
 	ctx.Response.SetConnectionClose()
 	l.w.c = c
 	l.bw.Reset(&l.w)

@@ -26,18 +26,19 @@ import (
 // sockets in one epoll set, each read once per readiness, each answer
 // written at once.
 //
-// The loop only ever does the steady part, as the stream loop does
-// (pump_linux.go), and takes every decision through the same functions as
-// proxyAPI (plan, admitNow, beginAttempt, attemptFailed, judge,
-// retryDelay, respondWhole): nothing is decided twice, or differently.
-// Streams are served here too, their events relayed by the loop
-// (reqloop_stream_linux.go). What it does not serve it hands off before
-// any side effect — the connection, with the bytes read so far, goes to
-// fasthttp's server (handOff): streams under upstream.goroutine_streams,
-// the router's own endpoints, HTTP/1.0, chunked request bodies, Expect,
-// bodies or heads over the limits, malformed requests, engines behind
-// TLS. What would block goes to a goroutine that posts its result back
-// (post): an admission wait, a new engine connection, a retry's pause.
+// The loop only ever does the I/O, as the stream loop does
+// (pump_linux.go): every decision is the request's flow's (flow.go), which
+// the loop drives as proxyAPI does on fasthttp's goroutine — nothing is
+// decided twice, or differently (reqloop_exchange_linux.go: act). Streams
+// are served here too, their events relayed by the loop
+// (reqloop_stream_linux.go). What it does not serve it hands off, by its
+// head, before anything is done — the connection, with the bytes read so
+// far, goes to fasthttp's server (handOff): the router's own endpoints,
+// HTTP/1.0, chunked request bodies, Expect, bodies or heads over the
+// limits, and, where a pool is behind TLS (which the loop does not speak),
+// the requests its path does not route to another pool. What would block
+// goes to a goroutine that posts its result back (post): an admission
+// wait, a new engine connection, a retry's pause.
 
 // haveRequestLoops tells New that request loops run here.
 const haveRequestLoops = true
@@ -358,11 +359,11 @@ func (l *requestLoop) scan() {
 				continue // its client's request is scanned; a stream's relay is (below)
 			}
 			if l.scanUpstream(c) {
-				expires(c.since.Add(l.s.cfg.MaxIdleConnTime))
+				expires(c.since.Add(l.s.to.engineKeepAlive))
 			}
 		case len(c.out) > 0:
 			quiet = false
-			if aborting || l.now.Sub(c.wrote) > l.s.cfg.IdleTimeout {
+			if aborting || l.now.Sub(c.wrote) > l.s.to.idle {
 				// A client that stops reading holds no answer for good:
 				// a write must progress within the idle timeout, as on
 				// fasthttp's path (Server.WriteTimeout).
@@ -373,13 +374,13 @@ func (l *requestLoop) scan() {
 			l.scanRequest(c, aborting)
 		case c.in != nil && c.in.Len() > 0 && !aborting:
 			quiet = false
-			if l.now.Sub(c.since) > l.s.cfg.ReadTimeout {
+			if l.now.Sub(c.since) > l.s.to.read {
 				l.requestTimeout(c)
 			}
-		case draining || l.now.Sub(c.since) > clientIdleTimeout:
+		case draining || l.now.Sub(c.since) > l.s.to.keepAlive:
 			l.closeClient(c)
 		default:
-			expires(c.since.Add(clientIdleTimeout))
+			expires(c.since.Add(l.s.to.keepAlive))
 		}
 	}
 	if l.host.streams.n > 0 {
@@ -388,10 +389,6 @@ func (l *requestLoop) scan() {
 	}
 	l.quiet, l.quietUntil = quiet, until
 }
-
-// clientIdleTimeout is how long a client's keep-alive connection may wait
-// for its next request, as fasthttp's Server.IdleTimeout (server.go).
-const clientIdleTimeout = 2 * time.Minute
 
 // stop ends the loop: requests in progress end, connections close.
 func (l *requestLoop) stop() {

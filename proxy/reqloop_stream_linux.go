@@ -3,11 +3,9 @@
 package proxy
 
 import (
-	"fmt"
 	"io"
 	"net"
 	"sync"
-	"time"
 
 	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
@@ -37,8 +35,9 @@ import (
 // the rest as fasthttp's path does (streamOnGoroutine): the client's
 // connection then stays on that path, as a hijacked stream's does.
 
-// streamsOnLoop reports whether the loop takes streams' requests: unless
-// every stream is to run on a goroutine (upstream.goroutine_streams).
+// streamsOnLoop reports whether the loop relays its streams' events:
+// unless every stream is to run on a goroutine (upstream.goroutine_streams,
+// streamOnGoroutine).
 func (l *requestLoop) streamsOnLoop() bool {
 	return !l.s.cfg.GoroutineStreams
 }
@@ -56,14 +55,11 @@ func (l *requestLoop) streamHead(c *loopConn, u *loopConn) bool {
 	if resp.Header.Read(l.br) != nil || resp.StatusCode() != fasthttp.StatusOK || !isEventStream(resp) {
 		return false
 	}
-	x := r.x
-	x.answered(r.up, r.lease)
-	l.placed(r)
+	f := &r.f
+	x, ctx := f.x, f.ctx
+	f.answered(resp) // a 200 event stream: actStream, always
 	r.phase = phaseStreaming
-	ctx := r.ctx
-	copyHeaders(ctx, resp, x)
-	ctx.SetStatusCode(fasthttp.StatusOK)
-	ctx.Response.Header.Set("Cache-Control", "no-cache")
+	streamHead(ctx, resp, x)
 	ctx.Response.Header.SetContentLength(-1) // chunked
 	r.closing = ctx.Request.Header.ConnectionClose() || s.draining.Load()
 	if r.closing {
@@ -94,22 +90,22 @@ func (l *requestLoop) streamHead(c *loopConn, u *loopConn) bool {
 	if resp.Header.ContentLength() == -1 {
 		b = &detachedBody{
 			pump: l.host, stash: stash, clientFD: c.fd, cfd: -1, fd: u.fd,
-			firstByte: s.cfg.FirstByteTimeout, idle: s.cfg.IdleTimeout,
+			to:    &s.to,
 			laddr: u.addrs.laddr, raddr: u.addrs.raddr,
-			deadline: r.sentAt.Add(s.cfg.FirstByteTimeout), // the first byte's, running since the request went
+			deadline: r.sentAt.Add(s.to.firstByte), // the first byte's, running since the request went
 		}
 		b.write = b.writeFrame
 		if !resp.ConnectionClose() {
-			b.reuse = &r.up.idle // should the goroutine path end it
+			b.reuse = &f.up.idle // should the goroutine path end it
 		}
 		body = b
 	} else {
 		// Framed by its length or its connection's close (HTTP/1.0): the
 		// goroutine path's reader relays it.
 		body = &plainBody{fd: u.fd, stash: stash, left: resp.Header.ContentLength(), up: u.addrs,
-			firstByte: s.cfg.FirstByteTimeout, idle: s.cfg.IdleTimeout}
+			to: &s.to}
 	}
-	rl := newRelay(x, nil, body, r.strip)
+	rl := newRelay(x, nil, body, f.strip)
 	if b != nil {
 		b.r = rl
 	}
@@ -119,7 +115,7 @@ func (l *requestLoop) streamHead(c *loopConn, u *loopConn) bool {
 		n = 0 // the goroutine's write fails the same way, and ends the stream as the client's
 	}
 	n = max(n, 0)
-	if n < len(head) || b == nil {
+	if n < len(head) || b == nil || !l.streamsOnLoop() {
 		l.streamOnGoroutine(c, u, r, rl, pumpResult{}, append([]byte(nil), head[n:]...))
 		return true
 	}
@@ -192,7 +188,7 @@ func (l *requestLoop) scanStreams(aborting bool) {
 	}
 	for _, b := range l.host.streams.by {
 		if b != nil {
-			b.r.abort(fmt.Errorf("%w: drain deadline passed", ErrShuttingDown))
+			b.r.abort(errDrainPassed)
 			l.host.release(b, pumpResult{}, exitAborted)
 		}
 	}
@@ -293,11 +289,11 @@ func (l *requestLoop) streamOnGoroutine(c *loopConn, u *loopConn, r *loopReq, rl
 // bytes read with the head, then the socket's, through Go's netpoller
 // with the first-byte and idle deadlines fasthttp's reads have.
 type plainBody struct {
-	stash           []byte
-	left            int // bytes to come, the stash's included; -1: to the close
-	up              loopAddrs
-	firstByte, idle time.Duration
-	gotBody         bool
+	stash   []byte
+	left    int // bytes to come, the stash's included; -1: to the close
+	up      loopAddrs
+	to      *timeouts
+	gotBody bool
 
 	mu     sync.Mutex // orders the socket's wrapping against a close from the watch (relay.abort)
 	fd     int        // the socket until conn wraps it; -1 then, or once closed
@@ -342,7 +338,7 @@ func (p *plainBody) netConn() (net.Conn, error) {
 		return nil, net.ErrClosed
 	}
 	if p.conn == nil {
-		p.conn = upstreamConn(p.fd, p.up.laddr, p.up.raddr, p.firstByte, p.idle, p.gotBody)
+		p.conn = upstreamConn(p.fd, p.up.laddr, p.up.raddr, p.to, p.gotBody)
 		p.fd = -1
 	}
 	return p.conn, nil

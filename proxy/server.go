@@ -4,7 +4,9 @@
 // streams event by event, maps every error to one OpenAI error shape, and
 // measures every request (TTFT, ITL, TPOT, e2e, queue time).
 //
-// Start reading at handler.go: it follows one request top to bottom.
+// Start reading at flow.go: it follows one request top to bottom, on
+// either path (handler.go: fasthttp's goroutines; reqloop_*_linux.go: the
+// request loops).
 package proxy
 
 import (
@@ -76,6 +78,7 @@ type Options struct {
 // stop with Shutdown.
 type Server struct {
 	cfg    Config
+	to     timeouts // the time limits, one table (timeouts.go)
 	score  balancer.ScoreConfig
 	log    *zap.Logger
 	m      *metrics
@@ -99,6 +102,8 @@ type Server struct {
 	nextLoop atomic.Uint64  // the request loop the last connection went to
 	batchLog sync.Once      // batchOff's
 
+	// flows pools the goroutine path's request flows (proxyAPI).
+	flows sync.Pool
 	// accessFields pools the access log line's fields (*accessFields,
 	// exchange.finish); access writes the common lines without them.
 	accessFields sync.Pool
@@ -146,6 +151,8 @@ func New(o Options) (*Server, error) {
 		sleep:  o.Sleep,
 	}
 	s.afterFunc = o.AfterFunc
+	s.to = newTimeouts(s.cfg)
+	s.flows.New = func() any { return new(flow) }
 	s.accessFields.New = func() any { return new(accessFields) }
 	s.access.w = o.AccessLog
 	s.statusToken = o.StatusToken
@@ -214,7 +221,7 @@ func New(o Options) (*Server, error) {
 		ReadBufferSize:     s.cfg.MaxHeaderBytes, // holds any head the front door lets through (a longer one is its 431)
 		ReadTimeout:        s.cfg.ReadTimeout,    // a client must send its request within this (slowloris)
 		Concurrency:        s.cfg.MaxConnections, // connections over it get fasthttp's 503 and are closed
-		IdleTimeout:        2 * time.Minute,
+		IdleTimeout:        clientKeepAlive,
 		// A response must be written within the idle timeout, so a client
 		// that stops reading cannot hold its connection and a whole body
 		// for good. A stream's relay moves the deadline on with each of its
@@ -425,7 +432,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.abortStreams.Store(true)
 	s.wakeRequestLoops()
-	s.stopBase(fmt.Errorf("%w: drain deadline passed", ErrShuttingDown))
+	s.stopBase(errDrainPassed)
 	grace, cancel := context.WithTimeout(context.Background(), 2*time.Second+2*s.cfg.DisconnectCheck)
 	defer cancel()
 	err2 := s.srv.ShutdownWithContext(grace)
@@ -462,16 +469,6 @@ func (s *Server) serverName() string {
 		return "fasthttp"
 	}
 	return s.srv.Name
-}
-
-// totalExceeded reports that x has run past the total request deadline
-// (timeouts.total).
-func (s *Server) totalExceeded(x *exchange) bool { return s.exceededAt(x, s.now()) }
-
-// exceededAt is totalExceeded at now, the server's clock read by the
-// caller.
-func (s *Server) exceededAt(x *exchange, now time.Time) bool {
-	return s.cfg.TotalTimeout > 0 && now.Sub(x.received) > s.cfg.TotalTimeout
 }
 
 // sequentialIDs makes request ids unique across processes (random prefix)

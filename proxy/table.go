@@ -50,7 +50,7 @@ func (s *Server) SetRoutes(routes []Route) error {
 		return errors.New("proxy: no pools")
 	}
 	now := s.now()
-	rt, err := buildRoutes(routes, s.plainEst, s.cfg, s.m, s.lat, now, s.routes.Load())
+	rt, err := buildRoutes(routes, s.plainEst, s.cfg, &s.to, s.m, s.lat, now, s.routes.Load())
 	if err != nil {
 		return err
 	}
@@ -88,7 +88,7 @@ type prefixRoute struct {
 	route  *poolRoute
 }
 
-func buildRoutes(routes []Route, plain *admission.Estimator, cfg Config, m *metrics, lat *latencyStore, now time.Time, prev *routeTable) (*routeTable, error) {
+func buildRoutes(routes []Route, plain *admission.Estimator, cfg Config, to *timeouts, m *metrics, lat *latencyStore, now time.Time, prev *routeTable) (*routeTable, error) {
 	rt := &routeTable{
 		byModel:   make(map[string]*poolRoute),
 		upstreams: make(map[*balancer.Replica]*upstream),
@@ -122,7 +122,7 @@ func buildRoutes(routes []Route, plain *admission.Estimator, cfg Config, m *metr
 				rt.upstreams[rep] = u
 				continue
 			}
-			rt.upstreams[rep] = newUpstream(p, rep, cfg, m, lat)
+			rt.upstreams[rep] = newUpstream(p, rep, cfg, to, m, lat)
 		}
 	}
 	sort.Slice(rt.prefixes, func(i, j int) bool { return len(rt.prefixes[i].prefix) > len(rt.prefixes[j].prefix) })

@@ -39,7 +39,7 @@ type upstreamClient interface {
 	Do(req *fasthttp.Request, resp *fasthttp.Response) error
 }
 
-func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, m *metrics, lat *latencyStore) *upstream {
+func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, to *timeouts, m *metrics, lat *latencyStore) *upstream {
 	u := &upstream{replica: r, pool: p, all: m, lat: lat.forReplica(p.Model(), r.Name())}
 	u.idle.maxIdle = cfg.MaxIdleConnTime
 	for _, a := range p.Arms() {
@@ -77,7 +77,7 @@ func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, m *metrics, 
 			if c := u.idle.take(time.Now()); c != nil {
 				// Reused: a request that finds it closed by the engine is
 				// resent (staleRetry), as on one of fasthttp's own.
-				return (&deadlineConn{Conn: c, firstByte: cfg.FirstByteTimeout, idle: cfg.IdleTimeout, pending: &u.pending, uses: 1}).withSock(), nil
+				return (&deadlineConn{Conn: c, to: to, pending: &u.pending, uses: 1}).withSock(), nil
 			}
 			start := time.Now()
 			c, err := dialOffStack(dialer, addr)
@@ -85,7 +85,7 @@ func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, m *metrics, 
 				return nil, err
 			}
 			connect.Observe(time.Since(start).Seconds())
-			return (&deadlineConn{Conn: c, firstByte: cfg.FirstByteTimeout, idle: cfg.IdleTimeout, pending: &u.pending}).withSock(), nil
+			return (&deadlineConn{Conn: c, to: to, pending: &u.pending}).withSock(), nil
 		},
 	}
 	return u
@@ -150,17 +150,16 @@ func (u *upstream) metricsFor(arm string) *replicaMetrics {
 // goroutine at a time, so the fields need no lock.
 type deadlineConn struct {
 	net.Conn
-	firstByte time.Duration
-	idle      time.Duration
-	sent      bool        // a request was written and no response byte read yet
-	awaiting  bool        // no byte of the response body read yet
-	headEnd   int         // bytes of the head's closing CRLF CRLF seen so far
-	headPos   int         // bytes of the head seen so far
-	status    byte        // the head's status code's first digit, once seen
-	uses      int         // requests written on the connection, this one included
-	cur       *pendingReq // the request being written or awaited; nil if not the router's
-	pending   *pendingSet // where the request being written is expected
-	armed     time.Time   // the read deadline set on Conn (armRead); zero if none
+	to       *timeouts   // readLimit: first byte, then idle
+	sent     bool        // a request was written and no response byte read yet
+	awaiting bool        // no byte of the response body read yet
+	headEnd  int         // bytes of the head's closing CRLF CRLF seen so far
+	headPos  int         // bytes of the head seen so far
+	status   byte        // the head's status code's first digit, once seen
+	uses     int         // requests written on the connection, this one included
+	cur      *pendingReq // the request being written or awaited; nil if not the router's
+	pending  *pendingSet // where the request being written is expected
+	armed    time.Time   // the read deadline set on Conn (armRead); zero if none
 
 	// A stream's response head is handed to fasthttp alone (limitHead),
 	// the body bytes that came with it kept in stash: fasthttp then holds
@@ -233,11 +232,7 @@ func (c *deadlineConn) Read(p []byte) (int, error) {
 		c.stash = c.stash[n:]
 		return n, nil
 	}
-	d := c.idle
-	if c.awaiting {
-		d = c.firstByte
-	}
-	if err := c.armRead(d); err != nil {
+	if err := c.armRead(c.to.readLimit(!c.awaiting)); err != nil {
 		return 0, err
 	}
 	n, err := c.readConn(p)
