@@ -43,7 +43,7 @@ type Config struct {
 	BackoffBase time.Duration // first retry backoff, doubled per retry, full jitter [10ms]
 	BackoffMax  time.Duration // retry backoff cap [200ms]
 
-	MaxConnsPerReplica int           // connections (= concurrent streams) per replica [1024]
+	MaxConnsPerReplica int           // connections (= concurrent streams) per replica, both request paths' together (conncap.go) [1024]
 	MaxIdleConnTime    time.Duration // keep-alive idle time, below uvicorn's 5s [4s]
 	// MaxUpstreamHeader bounds an engine's response line + headers: it is
 	// the upstream connection's read buffer, which every stream holds to

@@ -463,6 +463,7 @@ func (p *streamPump) handBack(b *detachedBody, res pumpResult, why loopExit) {
 	if b.closed && b.fd >= 0 {
 		unix.Close(b.fd)
 		b.fd = -1
+		b.cap.give()
 	}
 	b.mu.Unlock()
 	p.size.Add(-1)

@@ -90,7 +90,7 @@ func (l *requestLoop) streamHead(c *loopConn, u *loopConn) bool {
 	if resp.Header.ContentLength() == -1 {
 		b = &detachedBody{
 			pump: l.host, stash: stash, clientFD: c.fd, cfd: -1, fd: u.fd,
-			to:    &s.to,
+			to: &s.to, cap: &f.up.cap,
 			laddr: u.addrs.laddr, raddr: u.addrs.raddr,
 			deadline: r.sentAt.Add(s.to.firstByte), // the first byte's, running since the request went
 		}
@@ -103,7 +103,7 @@ func (l *requestLoop) streamHead(c *loopConn, u *loopConn) bool {
 		// Framed by its length or its connection's close (HTTP/1.0): the
 		// goroutine path's reader relays it.
 		body = &plainBody{fd: u.fd, stash: stash, left: resp.Header.ContentLength(), up: u.addrs,
-			to: &s.to}
+			to: &s.to, cap: &f.up.cap}
 	}
 	rl := newRelay(x, nil, body, f.strip)
 	if b != nil {
@@ -207,7 +207,8 @@ func (l *requestLoop) stopStreams() {
 // unhost lets go of a stream's engine connection, which its body is to
 // close, or reads on a goroutine from now on: the loop forgets it. open:
 // the socket is still open (its descriptor still u's), so it leaves the
-// set; else the body closed it already (handBack).
+// set; else the body closed it already (handBack). Either way the body
+// takes it off the replica's count when it closes it.
 func (l *requestLoop) unhost(u *loopConn, open bool) {
 	if u.fd < 0 {
 		return
@@ -219,7 +220,6 @@ func (l *requestLoop) unhost(u *loopConn, open bool) {
 		l.conns.del(u.fd)
 	}
 	u.fd = -1
-	u.up.loopConns.Add(-1)
 }
 
 // streamWriteError is a failed write of a stream's end to its client.
@@ -293,6 +293,7 @@ type plainBody struct {
 	left    int // bytes to come, the stash's included; -1: to the close
 	up      loopAddrs
 	to      *timeouts
+	cap     *connCap // the replica's connection count, which the socket leaves when it closes
 	gotBody bool
 
 	mu     sync.Mutex // orders the socket's wrapping against a close from the watch (relay.abort)
@@ -338,7 +339,7 @@ func (p *plainBody) netConn() (net.Conn, error) {
 		return nil, net.ErrClosed
 	}
 	if p.conn == nil {
-		p.conn = upstreamConn(p.fd, p.up.laddr, p.up.raddr, p.to, p.gotBody)
+		p.conn = upstreamConn(p.fd, p.up.laddr, p.up.raddr, p.to, p.cap, p.gotBody)
 		p.fd = -1
 	}
 	return p.conn, nil
@@ -359,6 +360,7 @@ func (p *plainBody) CloseWithError(error) error {
 	if p.fd >= 0 {
 		unix.Close(p.fd)
 		p.fd = -1
+		p.cap.give()
 	}
 	return nil
 }

@@ -79,22 +79,29 @@ func (l *requestLoop) takeIdle(up *upstream) *loopConn {
 	return u
 }
 
-// putIdle keeps u for up's next request.
+// putIdle keeps u for up's next request — unless the replica has its
+// cap's worth of connections (conncap.go): then u closes, so that the
+// goroutine path, which can't take the loop's idle ones, may dial.
 func (l *requestLoop) putIdle(u *loopConn) {
+	if u.up.cap.full() {
+		u.peer = nil
+		l.closeUpstream(u)
+		return
+	}
 	u.peer, u.reused, u.since = nil, true, l.now
 	l.idle[u.up] = append(l.idle[u.up], u)
 }
 
 // dial connects to c's replica on a goroutine — a connect may take a
 // round trip, a name a lookup — and sends the request once it is up.
-// The connection is counted against upstream.max_conns_per_replica.
+// The connection is counted against upstream.max_conns_per_replica, with
+// the goroutine path's (conncap.go).
 func (l *requestLoop) dial(c *loopConn) {
 	r := c.r
 	r.phase = phaseConnecting
 	up, gen := r.f.up, r.gen
-	if up.loopConns.Add(1) > int64(l.s.cfg.MaxConnsPerReplica) {
-		up.loopConns.Add(-1)
-		l.upstreamFailed(c, nil, fasthttp.ErrNoFreeConns)
+	if !up.cap.take() {
+		l.upstreamFailed(c, nil, errNoFreeConns)
 		return
 	}
 	addr, timeout := r.f.rep.Addr(), l.s.to.connect
@@ -112,7 +119,7 @@ func (l *requestLoop) dial(c *loopConn) {
 			nc.Close() //nolint:errcheck // the duplicate keeps the socket
 		}
 		if fd < 0 {
-			up.loopConns.Add(-1)
+			up.cap.give()
 		}
 		var u *loopConn
 		if err == nil {
@@ -122,7 +129,7 @@ func (l *requestLoop) dial(c *loopConn) {
 		posted := l.post(func() { l.dialed(c, r, gen, u, err) })
 		if !posted && u != nil {
 			unix.Close(fd)
-			up.loopConns.Add(-1)
+			up.cap.give()
 		}
 	}()
 }
@@ -134,7 +141,7 @@ func (l *requestLoop) dialed(c *loopConn, r *loopReq, gen uint64, u *loopConn, e
 	if u != nil {
 		if uerr := unix.EpollCtl(l.ep, unix.EPOLL_CTL_ADD, u.fd, &unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP, Fd: int32(u.fd)}); uerr != nil {
 			unix.Close(u.fd)
-			u.up.loopConns.Add(-1)
+			u.up.cap.give()
 			u, err = nil, &net.OpError{Op: "dial", Net: "tcp", Err: uerr}
 		} else {
 			l.conns.set(u.fd, u)
@@ -370,7 +377,7 @@ func (l *requestLoop) closeUpstream(u *loopConn) {
 		}
 	}
 	l.forget(u)
-	u.up.loopConns.Add(-1)
+	u.up.cap.give()
 }
 
 // scanUpstream closes an idle connection past upstream.max_idle_conn_time,

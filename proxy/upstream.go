@@ -26,10 +26,9 @@ type upstream struct {
 	pending pendingSet          // requests sent and not yet answered
 	idle    idleConns           // connections streams taken from fasthttp gave back (pump_linux.go)
 	connect prometheus.Observer // the replica's connect-time histogram child
-	// loopConns counts the request loops' connections to the replica
-	// (reqloop_upstream_linux.go), held to MaxConnsPerReplica apart from
-	// fasthttp's.
-	loopConns atomic.Int64
+	// cap counts the replica's connections, both paths', held to
+	// MaxConnsPerReplica (conncap.go).
+	cap connCap
 }
 
 // upstreamClient sends a request to a replica and reads its response's
@@ -41,7 +40,8 @@ type upstreamClient interface {
 
 func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, to *timeouts, m *metrics, lat *latencyStore) *upstream {
 	u := &upstream{replica: r, pool: p, all: m, lat: lat.forReplica(p.Model(), r.Name())}
-	u.idle.maxIdle = cfg.MaxIdleConnTime
+	u.cap.max = int64(cfg.MaxConnsPerReplica)
+	u.idle.maxIdle, u.idle.cap = cfg.MaxIdleConnTime, &u.cap
 	for _, a := range p.Arms() {
 		u.byArm = append(u.byArm, m.forReplica(p.Model(), r.Name(), a.Name))
 	}
@@ -77,15 +77,19 @@ func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, to *timeouts
 			if c := u.idle.take(time.Now()); c != nil {
 				// Reused: a request that finds it closed by the engine is
 				// resent (staleRetry), as on one of fasthttp's own.
-				return (&deadlineConn{Conn: c, to: to, pending: &u.pending, uses: 1}).withSock(), nil
+				return (&deadlineConn{Conn: c, to: to, pending: &u.pending, uses: 1, cap: &u.cap}).withSock(), nil
+			}
+			if !u.cap.take() {
+				return nil, errNoFreeConns // the loops hold the rest
 			}
 			start := time.Now()
 			c, err := dialOffStack(dialer, addr)
 			if err != nil {
+				u.cap.give()
 				return nil, err
 			}
 			connect.Observe(time.Since(start).Seconds())
-			return (&deadlineConn{Conn: c, to: to, pending: &u.pending}).withSock(), nil
+			return (&deadlineConn{Conn: c, to: to, pending: &u.pending, cap: &u.cap}).withSock(), nil
 		},
 	}
 	return u
@@ -170,6 +174,16 @@ type deadlineConn struct {
 	stash     []byte
 
 	sock rawSock // Linux: the socket's raw reads and writes (rawsock_linux.go)
+	// cap is the replica's connection count, given back when fasthttp
+	// closes the connection (nil: not counted, or given back already).
+	cap *connCap
+}
+
+// Close closes the connection and takes it off its replica's count.
+func (c *deadlineConn) Close() error {
+	c.cap.give()
+	c.cap = nil
+	return c.Conn.Close()
 }
 
 // withSock sets c's raw socket I/O where the system has it.
