@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gpurouter/gpurouter/internal/h1"
+	"github.com/gpurouter/gpurouter/internal/netloop"
 	"github.com/valyala/fasthttp"
 	"golang.org/x/sys/unix"
 )
@@ -199,11 +200,11 @@ func (b *detachedBody) owns(fd int) bool {
 }
 
 // upstreamConn is a stream's engine socket fd back in Go's netpoller
-// (fileConn), with the first-byte and idle deadlines fasthttp's reads
+// (netloop.FileConn), with the first-byte and idle deadlines fasthttp's reads
 // have (deadlineConn); gotBody: a byte of the body has come (idle's). Its
 // close takes it off cap.
 func upstreamConn(fd int, laddr, raddr net.Addr, to *timeouts, cap *connCap, gotBody bool) *deadlineConn {
-	return (&deadlineConn{Conn: newFileConn(fd, laddr, raddr), to: to, cap: cap, awaiting: !gotBody, headEnd: 4}).withSock()
+	return (&deadlineConn{Conn: netloop.NewFileConn(fd, laddr, raddr), to: to, cap: cap, awaiting: !gotBody, headEnd: 4}).withSock()
 }
 
 // CloseWithError closes the stream's socket, which aborts the engine's
@@ -228,7 +229,7 @@ func (b *detachedBody) CloseWithError(err error) error {
 		if dc, ok := c.(*deadlineConn); ok {
 			c = dc.Conn
 		} else if c == nil && b.fd >= 0 {
-			c = newFileConn(b.fd, b.laddr, b.raddr)
+			c = netloop.NewFileConn(b.fd, b.laddr, b.raddr)
 			b.fd = -1
 		}
 		b.mu.Unlock()

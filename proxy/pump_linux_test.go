@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpurouter/gpurouter/internal/netloop/looptest"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -361,7 +363,7 @@ func TestStreamLoopLeavesTheLastEventsForTheLastChunk(t *testing.T) {
 		{"no [DONE]", chunk(tokenEvent(1)) + "0\r\n\r\n", 1, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			craw, _, _ := rawPair(t)
+			craw, _, _ := looptest.RawPair(t)
 			counted := &countingRawConn{RawConn: craw}
 			m, err := newMetrics(prometheus.NewRegistry())
 			if err != nil {

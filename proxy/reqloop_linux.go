@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gpurouter/gpurouter/internal/netloop"
 	"github.com/valyala/fasthttp"
 	"golang.org/x/sys/unix"
 )
@@ -61,7 +62,7 @@ type requestLoop struct {
 	// Run's own.
 	host     *streamPump // relays the loop's streams (reqloop_stream_linux.go)
 	reads    loopReads   // a wake-up's reads of clients and engines (reqloop_batch_linux.go)
-	conns    fdTable[loopConn]
+	conns    netloop.FDTable[loopConn]
 	events   []unix.EpollEvent
 	buf      []byte // every read lands here first
 	rd       bytes.Reader
@@ -105,7 +106,7 @@ func (l *requestLoop) open() error {
 	if l.running {
 		return nil
 	}
-	ep, wake, err := openEpollWake()
+	ep, wake, err := netloop.OpenEpollWake()
 	if err != nil {
 		return err
 	}
@@ -118,7 +119,7 @@ func (l *requestLoop) open() error {
 // success c is closed: the loop keeps the socket through a duplicate
 // descriptor, out of Go's netpoller.
 func (l *requestLoop) take(c net.Conn) bool {
-	fd, ok := dupSocket(c)
+	fd, ok := netloop.Dup(c)
 	if !ok {
 		return false
 	}
@@ -135,24 +136,6 @@ func (l *requestLoop) take(c net.Conn) bool {
 	c.Close() //nolint:errcheck // the duplicate keeps the socket open
 	l.poke()
 	return true
-}
-
-// dupSocket duplicates c's descriptor (non-blocking, as Go made it).
-func dupSocket(c net.Conn) (int, bool) {
-	tc, ok := c.(*net.TCPConn)
-	if !ok {
-		return -1, false
-	}
-	raw, err := tc.SyscallConn()
-	if err != nil {
-		return -1, false
-	}
-	fd := -1
-	var dupErr error
-	if err := raw.Control(func(s uintptr) { fd, dupErr = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0) }); err != nil || dupErr != nil || fd < 0 {
-		return -1, false
-	}
-	return fd, true
 }
 
 // post runs f on the loop's goroutine at its next wake-up: how goroutines
@@ -226,7 +209,7 @@ func (l *requestLoop) Run(ctx context.Context) error {
 		}
 		for _, ev := range l.events[:max(n, 0)] {
 			fd := int(ev.Fd)
-			if c := l.conns.get(fd); c != nil && ev.Events&unix.EPOLLOUT == 0 {
+			if c := l.conns.Get(fd); c != nil && ev.Events&unix.EPOLLOUT == 0 {
 				// A socket to read: its read joins the wake-up's batch,
 				// made before anything else is touched — a stream's
 				// engine's in the streams' (reqloop_stream_linux.go).
@@ -244,7 +227,7 @@ func (l *requestLoop) Run(ctx context.Context) error {
 				l.admit()
 				continue
 			}
-			c := l.conns.get(fd)
+			c := l.conns.Get(fd)
 			if c == nil {
 				continue
 			}
@@ -310,10 +293,10 @@ func (l *requestLoop) waitMillis() int {
 // serves the rest of the router meanwhile. Unless the request loops
 // would hold every P (holdP): a one-core router.
 func (l *requestLoop) wait() (int, error) {
-	if !l.holdP || (l.quiet && l.host.streams.n == 0) {
+	if !l.holdP || (l.quiet && l.host.streams.N == 0) {
 		return unix.EpollWait(l.ep, l.events, l.waitMillis())
 	}
-	return rawEpollWait(l.ep, l.events, l.waitMillis())
+	return netloop.RawEpollWait(l.ep, l.events, l.waitMillis())
 }
 
 // admit takes the connections queued and the results posted since the
@@ -331,7 +314,7 @@ func (l *requestLoop) admit() {
 			l.closeClient(c)
 			continue
 		}
-		l.conns.set(c.fd, c)
+		l.conns.Set(c.fd, c)
 	}
 	for i, f := range posted {
 		f()
@@ -351,7 +334,7 @@ func (l *requestLoop) scan() {
 			until = t
 		}
 	}
-	for _, c := range l.conns.by {
+	for _, c := range l.conns.By {
 		switch {
 		case c == nil:
 		case c.up != nil:
@@ -383,7 +366,7 @@ func (l *requestLoop) scan() {
 			expires(c.since.Add(l.s.to.keepAlive))
 		}
 	}
-	if l.host.streams.n > 0 {
+	if l.host.streams.N > 0 {
 		quiet = false
 		l.scanStreams(aborting)
 	}
@@ -407,7 +390,7 @@ func (l *requestLoop) stop() {
 		f()
 	}
 	l.stopStreams()
-	for _, c := range l.conns.by {
+	for _, c := range l.conns.By {
 		switch {
 		case c == nil:
 		case c.up != nil:

@@ -7,6 +7,7 @@ import (
 	"net"
 	"sync"
 
+	"github.com/gpurouter/gpurouter/internal/netloop"
 	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
 	"golang.org/x/sys/unix"
@@ -110,7 +111,7 @@ func (l *requestLoop) streamHead(c *loopConn, u *loopConn) bool {
 		b.r = rl
 	}
 
-	n, err := rawWrite(c.fd, head)
+	n, err := netloop.Write(c.fd, head)
 	if err != nil && err != unix.EAGAIN && err != unix.EINTR {
 		n = 0 // the goroutine's write fails the same way, and ends the stream as the client's
 	}
@@ -186,7 +187,7 @@ func (l *requestLoop) scanStreams(aborting bool) {
 		l.host.expire(l.now)
 		return
 	}
-	for _, b := range l.host.streams.by {
+	for _, b := range l.host.streams.By {
 		if b != nil {
 			b.r.abort(errDrainPassed)
 			l.host.release(b, pumpResult{}, exitAborted)
@@ -197,7 +198,7 @@ func (l *requestLoop) scanStreams(aborting bool) {
 // stopStreams gives the loop's streams to goroutines as the loop stops:
 // they go on there (streamOnGoroutine).
 func (l *requestLoop) stopStreams() {
-	for _, b := range l.host.streams.by {
+	for _, b := range l.host.streams.By {
 		if b != nil {
 			l.host.release(b, pumpResult{}, exitStopped)
 		}
@@ -216,8 +217,8 @@ func (l *requestLoop) unhost(u *loopConn, open bool) {
 	if open {
 		unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, u.fd, nil) //nolint:errcheck // a goroutine's, or closed, either way
 	}
-	if l.conns.get(u.fd) == u {
-		l.conns.del(u.fd)
+	if l.conns.Get(u.fd) == u {
+		l.conns.Del(u.fd)
 	}
 	u.fd = -1
 }
@@ -236,8 +237,8 @@ func (e *streamWriteError) Unwrap() error { return e.err }
 // context, which the stream keeps (a migration reads its headers).
 func (l *requestLoop) streamOnGoroutine(c *loopConn, u *loopConn, r *loopReq, rl *relay, res pumpResult, head []byte) {
 	s := l.s
-	if l.conns.get(c.fd) == c {
-		l.conns.del(c.fd)
+	if l.conns.Get(c.fd) == c {
+		l.conns.Del(c.fd)
 	}
 	unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, c.fd, nil) //nolint:errcheck // Go's netpoller's from now on
 	// A plainBody's socket is closed by its reader only.
@@ -246,7 +247,7 @@ func (l *requestLoop) streamOnGoroutine(c *loopConn, u *loopConn, r *loopReq, rl
 		open = b.owns(u.fd)
 	}
 	l.unhost(u, open)
-	pc := newPrefetchConn(newFileConn(c.fd, c.addrs.laddr, c.addrs.raddr), &s.conns, s.door)
+	pc := newPrefetchConn(netloop.NewFileConn(c.fd, c.addrs.laddr, c.addrs.raddr), &s.conns, s.door)
 	c.fd, c.r, c.req = -1, nil, nil
 	closing := r.closing
 	if c.in != nil {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gpurouter/gpurouter/internal/h1"
+	"github.com/gpurouter/gpurouter/internal/netloop"
 	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
 	"golang.org/x/sys/unix"
@@ -113,7 +114,7 @@ func (l *requestLoop) dial(c *loopConn) {
 		if err == nil {
 			connect.Observe(time.Since(start).Seconds())
 			var ok bool
-			if fd, ok = dupSocket(nc); !ok {
+			if fd, ok = netloop.Dup(nc); !ok {
 				err = &net.OpError{Op: "dial", Net: "tcp", Err: errNoLoopConn}
 			}
 			nc.Close() //nolint:errcheck // the duplicate keeps the socket
@@ -144,7 +145,7 @@ func (l *requestLoop) dialed(c *loopConn, r *loopReq, gen uint64, u *loopConn, e
 			u.up.cap.give()
 			u, err = nil, &net.OpError{Op: "dial", Net: "tcp", Err: uerr}
 		} else {
-			l.conns.set(u.fd, u)
+			l.conns.Set(u.fd, u)
 		}
 	}
 	switch {
@@ -166,7 +167,7 @@ func (l *requestLoop) readUpstream(u *loopConn) {
 		l.host.pull(b, l.now) // a stream's event (reqloop_stream_linux.go)
 		return
 	}
-	n, err := rawRead(u.fd, l.buf)
+	n, err := netloop.Read(u.fd, l.buf)
 	l.upstreamRead(u, l.buf, n, err)
 }
 

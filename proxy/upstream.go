@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/gpurouter/gpurouter/internal/netloop"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 )
@@ -173,7 +174,7 @@ type deadlineConn struct {
 	headCut   bool
 	stash     []byte
 
-	sock rawSock // Linux: the socket's raw reads and writes (rawsock_linux.go)
+	sock netloop.RawSock // Linux: the socket's raw reads and writes (rawsock_linux.go)
 	// cap is the replica's connection count, given back when fasthttp
 	// closes the connection (nil: not counted, or given back already).
 	cap *connCap
@@ -188,13 +189,13 @@ func (c *deadlineConn) Close() error {
 
 // withSock sets c's raw socket I/O where the system has it.
 func (c *deadlineConn) withSock() *deadlineConn {
-	c.sock.set(c.Conn)
+	c.sock.Set(c.Conn)
 	return c
 }
 
 func (c *deadlineConn) readConn(p []byte) (int, error) {
-	if c.sock.ok() {
-		return c.sock.read(p)
+	if c.sock.OK() {
+		return c.sock.Read(p)
 	}
 	return c.Conn.Read(p)
 }
@@ -220,8 +221,8 @@ func (c *deadlineConn) Write(p []byte) (int, error) {
 	}
 	var n int
 	var err error
-	if c.sock.ok() {
-		n, err = c.sock.write(p)
+	if c.sock.OK() {
+		n, err = c.sock.Write(p)
 	} else {
 		n, err = c.Conn.Write(p)
 	}

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"fmt"
+	"github.com/gpurouter/gpurouter/internal/netloop"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -113,7 +114,7 @@ func (w *clientWatch) tick() {
 	}
 	s := w.x.s
 	switch {
-	case w.raw != nil && peerClosed(w.raw):
+	case w.raw != nil && netloop.PeerClosed(w.raw):
 		w.fire(fmt.Errorf("%w: connection closed by client", ErrClientGone))
 		return
 	case s.abortStreams.Load():

@@ -1,6 +1,6 @@
 //go:build !race
 
-package proxy
+package netloop
 
 // raceBuild is false: see race_on.go.
 const raceBuild = false

@@ -1,6 +1,6 @@
 //go:build unix
 
-package proxy
+package netloop
 
 import (
 	"errors"
@@ -8,11 +8,11 @@ import (
 	"syscall"
 )
 
-// peerClosed reports whether the peer of a socket has closed it, without
+// PeerClosed reports whether the peer of a socket has closed it, without
 // consuming data: a non-blocking MSG_PEEK read returns 0 bytes only at
 // end of stream, and an error other than "would block" means the
 // connection is dead (reset).
-func peerClosed(raw syscall.RawConn) bool {
+func PeerClosed(raw syscall.RawConn) bool {
 	var closed bool
 	var b [1]byte
 	err := raw.Read(func(fd uintptr) bool {

@@ -1,6 +1,6 @@
 //go:build linux
 
-package proxy
+package netloop
 
 import (
 	"errors"
@@ -11,7 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// uring is an io_uring instance used as a batch of system calls, nothing
+// Ring is an io_uring instance used as a batch of system calls, nothing
 // more: the loop prepares the reads (or the writes) of one wake-up's
 // streams and makes them all in one io_uring_enter(2), where it would
 // have made one recvfrom(2) or sendto(2) each. Every operation is
@@ -29,9 +29,9 @@ import (
 // pairs, the thread's CPU time). One operation alone costs more in a ring
 // (7.8 µs): the loop makes a lone one as a system call.
 //
-// Its zero value is not usable: openURing. Not safe for concurrent use:
+// Its zero value is not usable: OpenRing. Not safe for concurrent use:
 // one loop's.
-type uring struct {
+type Ring struct {
 	fd       int
 	ring     []byte // the rings' shared mapping (IORING_FEAT_SINGLE_MMAP)
 	sqeMem   []byte // the submission entries' mapping
@@ -48,21 +48,21 @@ type uring struct {
 	// and the buffers they were given, held until they complete — for
 	// good once the ring has failed (err), since the kernel may still
 	// hold an operation that writes to one.
-	ops  [uringBatchMax]int
-	bufs [uringBatchMax][]byte
+	ops  [RingBatch]int
+	bufs [RingBatch][]byte
 	err  error // why the ring failed; it is not to be used again
 }
 
 // The kernel's ABI (include/uapi/linux/io_uring.h).
 const (
-	uringOpSend = 26 // IORING_OP_SEND
-	uringOpRecv = 27 // IORING_OP_RECV
+	OpSend = 26 // IORING_OP_SEND
+	OpRecv = 27 // IORING_OP_RECV
 
 	uringSetupSubmitAll = 1 << 7 // IORING_SETUP_SUBMIT_ALL: an entry's failure does not stop the batch (5.18)
 	uringFeatSingleMmap = 1 << 0 // IORING_FEAT_SINGLE_MMAP
 	uringEnterGetEvents = 1 << 0 // IORING_ENTER_GETEVENTS
 	uringOffSQEs        = 0x10000000
-	uringBatchMax       = 32 // operations a run takes at most (the ring's size)
+	RingBatch           = 32 // operations a run takes at most (the ring's size)
 )
 
 type uringParams struct {
@@ -99,29 +99,29 @@ type uringCQE struct {
 // errURingUnsupported: the kernel's io_uring lacks what the loop needs.
 var errURingUnsupported = errors.New("io_uring: kernel lacks IORING_FEAT_SINGLE_MMAP")
 
-// openURing sets up a ring for up to uringBatchMax operations a run. An
+// OpenRing sets up a ring for up to RingBatch operations a run. An
 // error means the kernel refuses it — older than 5.18, io_uring disabled
 // (kernel.io_uring_disabled), or a seccomp profile that blocks it, as
 // Docker's and containerd's defaults do — and the loop makes system calls.
-func openURing() (*uring, error) {
+func OpenRing() (*Ring, error) {
 	p := uringParams{flags: uringSetupSubmitAll}
-	fd, _, e := unix.Syscall(unix.SYS_IO_URING_SETUP, uringBatchMax, uintptr(unsafe.Pointer(&p)), 0)
+	fd, _, e := unix.Syscall(unix.SYS_IO_URING_SETUP, RingBatch, uintptr(unsafe.Pointer(&p)), 0)
 	if e != 0 {
 		return nil, e
 	}
-	u := &uring{fd: int(fd)}
+	u := &Ring{fd: int(fd)}
 	if p.features&uringFeatSingleMmap == 0 {
-		u.close()
+		u.Close()
 		return nil, errURingUnsupported
 	}
 	size := max(p.sqOff.array+p.sqEntries*4, p.cqOff.cqes+p.cqEntries*uint32(unsafe.Sizeof(uringCQE{})))
 	var err error
 	if u.ring, err = unix.Mmap(u.fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE); err != nil {
-		u.close()
+		u.Close()
 		return nil, err
 	}
 	if u.sqeMem, err = unix.Mmap(u.fd, uringOffSQEs, int(p.sqEntries)*int(unsafe.Sizeof(uringSQE{})), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE); err != nil {
-		u.close()
+		u.Close()
 		return nil, err
 	}
 	at := func(off uint32) *uint32 { return (*uint32)(unsafe.Pointer(&u.ring[off])) }
@@ -135,7 +135,7 @@ func openURing() (*uring, error) {
 
 // close unmaps the rings and closes the instance. Closing a nil ring does
 // nothing.
-func (u *uring) close() {
+func (u *Ring) Close() {
 	if u == nil {
 		return
 	}
@@ -150,17 +150,17 @@ func (u *uring) close() {
 }
 
 // full reports whether the batch takes no more operations before run.
-func (u *uring) full() bool { return u.prepared == uringBatchMax }
+func (u *Ring) full() bool { return u.prepared == RingBatch }
 
-// prepare adds an operation on fd with b (op uringOpSend or uringOpRecv;
+// Prepare adds an operation on fd with b (op OpSend or OpRecv;
 // b not empty), its result to go to run's yield as i. b must stay as it
-// is until run returns. At most uringBatchMax between runs (full).
-func (u *uring) prepare(op uint8, fd int, b []byte, i int) {
+// is until run returns. At most RingBatch between runs (Full).
+func (u *Ring) Prepare(op uint8, fd int, b []byte, i int) {
 	tail := *u.sqTail + u.prepared
 	slot := tail & u.sqMask
 	flags := uint32(unix.MSG_DONTWAIT)
-	if op == uringOpSend {
-		flags |= unix.MSG_NOSIGNAL // a client gone is EPIPE, not SIGPIPE, as rawWrite's
+	if op == OpSend {
+		flags |= unix.MSG_NOSIGNAL // a client gone is EPIPE, not SIGPIPE, as Write's
 	}
 	u.sqes[slot] = uringSQE{opcode: op, fd: int32(fd), addr: uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b)))), len: uint32(len(b)), msgFlags: flags, userData: uint64(i)}
 	u.sqArray[slot] = slot
@@ -181,7 +181,7 @@ func (u *uring) prepare(op uint8, fd int, b []byte, i int) {
 // the error, as a failed system call's would be, and its buffer stays
 // held by the ring (the kernel may still write to it), so the caller
 // keeps the ring, never closes it, and makes its system calls one by one.
-func (u *uring) run(yield func(i int, n int, err error)) error {
+func (u *Ring) Run(yield func(i int, n int, err error)) error {
 	n := u.prepared
 	u.prepared = 0
 	if u.err != nil {
@@ -239,7 +239,7 @@ func (u *uring) run(yield func(i int, n int, err error)) error {
 
 // reap gives yield the completions posted since the last reap, and
 // marks each in seen (bit i for the caller's index i).
-func (u *uring) reap(yield func(i int, n int, err error), seen *uint64) uint32 {
+func (u *Ring) reap(yield func(i int, n int, err error), seen *uint64) uint32 {
 	head, tail := *u.cqHead, atomic.LoadUint32(u.cqTail)
 	var got uint32
 	for ; head != tail; head++ {

@@ -1,24 +1,26 @@
 //go:build linux
 
-package proxy
+package netloop
 
 import (
 	"net"
 	"os"
 	"testing"
 
+	"github.com/gpurouter/gpurouter/internal/netloop/looptest"
+
 	"golang.org/x/sys/unix"
 )
 
 // BenchmarkGiveBackUpstream is what giving a stream's upstream socket back
 // to Go's netpoller costs (detachedBody), from the loop's descriptor to a
-// net.Conn and, for both, its Close: net.FileConn as before, fileConn now.
+// net.Conn and, for both, its Close: net.FileConn as before, FileConn now.
 // The socket is a duplicate of a loopback connection's, made each time
 // (F_DUPFD_CLOEXEC, as detach makes it; a few hundred ns of either).
 func BenchmarkGiveBackUpstream(b *testing.B) {
 	// Not rawPair: a RawConn of known type keeps dup's closure off the
 	// heap, so allocs/op are the give-back's own.
-	c, _ := tcpPair(b, func(_ testing.TB, c net.Conn) net.Conn { return c })
+	c, _ := looptest.TCPPair(b, nil)
 	rc, err := c.(*net.TCPConn).SyscallConn()
 	if err != nil {
 		b.Fatal(err)
@@ -42,10 +44,10 @@ func BenchmarkGiveBackUpstream(b *testing.B) {
 			fc.Close()
 		}
 	})
-	b.Run("fileConn", func(b *testing.B) {
+	b.Run("FileConn", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			newFileConn(dup(), c.LocalAddr(), c.RemoteAddr()).Close()
+			NewFileConn(dup(), c.LocalAddr(), c.RemoteAddr()).Close()
 		}
 	})
 }

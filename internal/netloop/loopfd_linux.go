@@ -1,6 +1,6 @@
 //go:build linux
 
-package proxy
+package netloop
 
 import (
 	"unsafe"
@@ -8,9 +8,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// openEpollWake opens a loop's epoll set with an eventfd in it, which
+// OpenEpollWake opens a loop's epoll set with an eventfd in it, which
 // wakes the loop from other goroutines.
-func openEpollWake() (ep, wake int, err error) {
+func OpenEpollWake() (ep, wake int, err error) {
 	if ep, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
 		return -1, -1, err
 	}
@@ -26,43 +26,43 @@ func openEpollWake() (ep, wake int, err error) {
 	return ep, wake, nil
 }
 
-// fdTable is a loop's sockets by descriptor: a slice indexed by
+// FDTable is a loop's sockets by descriptor: a slice indexed by
 // descriptor, which the kernel hands out small and dense, so the lookup
 // at every event hashes nothing. Its zero value is empty.
-type fdTable[T any] struct {
-	by []*T
-	n  int // non-nil entries
+type FDTable[T any] struct {
+	By []*T
+	N  int // non-nil entries
 }
 
-func (t *fdTable[T]) get(fd int) *T {
-	if uint(fd) < uint(len(t.by)) {
-		return t.by[fd]
+func (t *FDTable[T]) Get(fd int) *T {
+	if uint(fd) < uint(len(t.By)) {
+		return t.By[fd]
 	}
 	return nil
 }
 
-func (t *fdTable[T]) set(fd int, v *T) {
-	if fd >= len(t.by) {
-		t.by = append(t.by, make([]*T, fd+1-len(t.by)+len(t.by)/2)...)
+func (t *FDTable[T]) Set(fd int, v *T) {
+	if fd >= len(t.By) {
+		t.By = append(t.By, make([]*T, fd+1-len(t.By)+len(t.By)/2)...)
 	}
-	if t.by[fd] == nil {
-		t.n++
+	if t.By[fd] == nil {
+		t.N++
 	}
-	t.by[fd] = v
+	t.By[fd] = v
 }
 
-func (t *fdTable[T]) del(fd int) {
-	if t.get(fd) != nil {
-		t.by[fd] = nil
-		t.n--
+func (t *FDTable[T]) Del(fd int) {
+	if t.Get(fd) != nil {
+		t.By[fd] = nil
+		t.N--
 	}
 }
 
-// rawEpollWait is epoll_wait(2) on ep for at most ms milliseconds as a raw
+// RawEpollWait is epoll_wait(2) on ep for at most ms milliseconds as a raw
 // system call: the runtime is not told the thread blocks, so the calling
 // loop keeps its P (streamPump.wait and requestLoop.wait say when that
 // pays). A signal — a preemption, a stop-the-world — ends it with EINTR.
-func rawEpollWait(ep int, events []unix.EpollEvent, ms int) (int, error) {
+func RawEpollWait(ep int, events []unix.EpollEvent, ms int) (int, error) {
 	r, _, e := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(ep), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), uintptr(ms), 0, 0)
 	if e != 0 {
 		return 0, e

@@ -1,6 +1,6 @@
 //go:build linux
 
-package proxy
+package netloop
 
 import (
 	"errors"
@@ -12,47 +12,47 @@ import (
 	"time"
 )
 
-// fileConn is an upstream socket the stream loop gives back to Go's
+// FileConn is an upstream socket the stream loop gives back to Go's
 // netpoller (detachedBody): the socket as an *os.File, which registers
 // the descriptor with the netpoller in two system calls (fcntl, epoll_ctl)
 // and keeps it. net.FileConn takes eleven: a dup and a close, three calls
 // to learn the socket's type and addresses, and five setsockopt for the
 // no-delay and keep-alive settings the socket already has — about 6 µs of
 // every stream, BenchmarkGiveBackUpstream. Reads and writes go through
-// rawSock (deadlineConn.withSock) as a *net.TCPConn's do; its own Read
+// RawSock (deadlineConn.withSock) as a *net.TCPConn's do; its own Read
 // and Write (the race detector's build) report errors as net.Conn's.
-// Its zero value is not usable: newFileConn.
-type fileConn struct {
+// Its zero value is not usable: NewFileConn.
+type FileConn struct {
 	f            *os.File
 	laddr, raddr net.Addr
 	closed       atomic.Bool
 }
 
-// newFileConn takes ownership of fd, a connected non-blocking TCP socket
+// NewFileConn takes ownership of fd, a connected non-blocking TCP socket
 // (a non-blocking descriptor is what makes os.NewFile register it with
 // the netpoller, and deadlines work); laddr and raddr are its addresses.
-func newFileConn(fd int, laddr, raddr net.Addr) *fileConn {
-	return &fileConn{f: os.NewFile(uintptr(fd), "upstream"), laddr: laddr, raddr: raddr}
+func NewFileConn(fd int, laddr, raddr net.Addr) *FileConn {
+	return &FileConn{f: os.NewFile(uintptr(fd), "upstream"), laddr: laddr, raddr: raddr}
 }
 
-func (c *fileConn) Read(p []byte) (int, error) {
+func (c *FileConn) Read(p []byte) (int, error) {
 	n, err := c.f.Read(p)
 	return n, c.netError("read", err)
 }
 
-func (c *fileConn) Write(p []byte) (int, error) {
+func (c *FileConn) Write(p []byte) (int, error) {
 	n, err := c.f.Write(p)
 	return n, c.netError("write", err)
 }
 
-func (c *fileConn) Close() error {
+func (c *FileConn) Close() error {
 	c.closed.Store(true)
 	return c.netError("close", c.f.Close())
 }
 
 // CloseWrite shuts down the socket's write side (closeWriter), as a
 // *net.TCPConn's does.
-func (c *fileConn) CloseWrite() error {
+func (c *FileConn) CloseWrite() error {
 	rc, err := c.f.SyscallConn()
 	if err != nil {
 		return c.netError("close", err)
@@ -64,17 +64,17 @@ func (c *fileConn) CloseWrite() error {
 	return c.netError("close", serr)
 }
 
-func (c *fileConn) LocalAddr() net.Addr                { return c.laddr }
-func (c *fileConn) RemoteAddr() net.Addr               { return c.raddr }
-func (c *fileConn) SetDeadline(t time.Time) error      { return c.f.SetDeadline(t) }
-func (c *fileConn) SetReadDeadline(t time.Time) error  { return c.f.SetReadDeadline(t) }
-func (c *fileConn) SetWriteDeadline(t time.Time) error { return c.f.SetWriteDeadline(t) }
+func (c *FileConn) LocalAddr() net.Addr                { return c.laddr }
+func (c *FileConn) RemoteAddr() net.Addr               { return c.raddr }
+func (c *FileConn) SetDeadline(t time.Time) error      { return c.f.SetDeadline(t) }
+func (c *FileConn) SetReadDeadline(t time.Time) error  { return c.f.SetReadDeadline(t) }
+func (c *FileConn) SetWriteDeadline(t time.Time) error { return c.f.SetWriteDeadline(t) }
 
 // SyscallConn is the socket's, waiting in the netpoller (syscall.Conn).
 // A wait that a Close ends fails with net.ErrClosed, as a *net.TCPConn's
 // does (an *os.File's says "use of closed file", which peerClosedErr would
 // not know).
-func (c *fileConn) SyscallConn() (syscall.RawConn, error) {
+func (c *FileConn) SyscallConn() (syscall.RawConn, error) {
 	rc, err := c.f.SyscallConn()
 	if err != nil {
 		return nil, err
@@ -82,18 +82,18 @@ func (c *fileConn) SyscallConn() (syscall.RawConn, error) {
 	return fileRawConn{rc, c}, nil
 }
 
-// fileRawConn is a fileConn's syscall.RawConn: the *os.File's, its errors
+// fileRawConn is a FileConn's syscall.RawConn: the *os.File's, its errors
 // after Close worded as net.ErrClosed (rawError).
 type fileRawConn struct {
 	syscall.RawConn
-	c *fileConn
+	c *FileConn
 }
 
 func (r fileRawConn) Control(f func(uintptr)) error    { return r.c.rawError(r.RawConn.Control(f)) }
 func (r fileRawConn) Read(f func(uintptr) bool) error  { return r.c.rawError(r.RawConn.Read(f)) }
 func (r fileRawConn) Write(f func(uintptr) bool) error { return r.c.rawError(r.RawConn.Write(f)) }
 
-func (c *fileConn) rawError(err error) error {
+func (c *FileConn) rawError(err error) error {
 	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) && c.closed.Load() {
 		return net.ErrClosed
 	}
@@ -103,7 +103,7 @@ func (c *fileConn) rawError(err error) error {
 // netError words an *os.File's error as a net.Conn's: a *net.OpError
 // around the system call's error, net.ErrClosed for a closed connection,
 // io.EOF as it is.
-func (c *fileConn) netError(op string, err error) error {
+func (c *FileConn) netError(op string, err error) error {
 	if err == nil || err == io.EOF {
 		return err
 	}

@@ -1,6 +1,6 @@
 //go:build linux
 
-package proxy
+package netloop
 
 import (
 	"errors"
@@ -13,7 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// rawSock reads and writes a connection's non-blocking socket with raw
+// RawSock reads and writes a connection's non-blocking socket with raw
 // read(2) and write(2), waiting in Go's netpoller only when the socket has
 // nothing to read or no room (syscall.RawConn). net.Conn's own Read and
 // Write tell the runtime they enter a system call; a loopback write runs
@@ -26,7 +26,7 @@ import (
 // Reads are serialized among themselves and writes among themselves, as
 // net.Conn's are. The zero value is unset: ok reports false and the owner
 // uses its net.Conn.
-type rawSock struct {
+type RawSock struct {
 	rmu, wmu        sync.Mutex // a read's fields, a write's fields
 	rc              syscall.RawConn
 	laddr, raddr    net.Addr
@@ -38,7 +38,7 @@ type rawSock struct {
 
 // set takes c's socket when it is a TCP connection and the build is not
 // the race detector's (race_on.go); false leaves the zero value.
-func (s *rawSock) set(c net.Conn) bool {
+func (s *RawSock) Set(c net.Conn) bool {
 	if raceBuild {
 		return false
 	}
@@ -46,13 +46,13 @@ func (s *rawSock) set(c net.Conn) bool {
 }
 
 // take takes c's socket when it is a TCP connection: Go's, or one the
-// stream loop gave back (fileConn).
-func (s *rawSock) take(c net.Conn) bool {
+// stream loop gave back (FileConn).
+func (s *RawSock) take(c net.Conn) bool {
 	var sc syscall.Conn
 	switch tc := c.(type) {
 	case *net.TCPConn:
 		sc = tc
-	case *fileConn:
+	case *FileConn:
 		sc = tc
 	default:
 		return false
@@ -66,11 +66,11 @@ func (s *rawSock) take(c net.Conn) bool {
 	return true
 }
 
-func (s *rawSock) ok() bool { return s.rc != nil }
+func (s *RawSock) OK() bool { return s.rc != nil }
 
-func (s *rawSock) doRead(fd uintptr) bool {
+func (s *RawSock) doRead(fd uintptr) bool {
 	for {
-		n, err := rawRead(int(fd), s.rp)
+		n, err := Read(int(fd), s.rp)
 		switch err {
 		case unix.EINTR:
 			continue
@@ -82,9 +82,9 @@ func (s *rawSock) doRead(fd uintptr) bool {
 	}
 }
 
-func (s *rawSock) doWrite(fd uintptr) bool {
+func (s *RawSock) doWrite(fd uintptr) bool {
 	for len(s.wp) > 0 {
-		n, err := rawWrite(int(fd), s.wp)
+		n, err := Write(int(fd), s.wp)
 		switch err {
 		case nil:
 			s.wn += n
@@ -101,7 +101,7 @@ func (s *rawSock) doWrite(fd uintptr) bool {
 }
 
 // read is net.Conn's Read: io.EOF at the peer's end, *net.OpError else.
-func (s *rawSock) read(p []byte) (int, error) {
+func (s *RawSock) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
@@ -123,7 +123,7 @@ func (s *rawSock) read(p []byte) (int, error) {
 }
 
 // write is net.Conn's Write: all of p, or an error with what was written.
-func (s *rawSock) write(p []byte) (int, error) {
+func (s *RawSock) Write(p []byte) (int, error) {
 	s.wmu.Lock()
 	s.wp, s.wn, s.werr = p, 0, nil
 	err := s.rc.Write(s.writeFn)
@@ -141,7 +141,7 @@ func (s *rawSock) write(p []byte) (int, error) {
 
 // opError words err as net.Conn's would be: the raw calls' errors say
 // "raw-read" and "raw-write".
-func (s *rawSock) opError(op string, err error) error {
+func (s *RawSock) opError(op string, err error) error {
 	var oe *net.OpError
 	if errors.As(err, &oe) {
 		err = oe.Err

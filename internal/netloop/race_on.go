@@ -1,6 +1,6 @@
 //go:build race
 
-package proxy
+package netloop
 
 // raceBuild: the race detector learns that one goroutine's write to a
 // socket happens before another's read of it from net.Conn's own I/O
