@@ -8,6 +8,7 @@ import (
 	"github.com/gpurouter/gpurouter/admission"
 	"github.com/gpurouter/gpurouter/balancer"
 	"github.com/gpurouter/gpurouter/internal/h1"
+	"github.com/gpurouter/gpurouter/proxy/auth"
 	"github.com/valyala/fasthttp"
 )
 
@@ -28,13 +29,6 @@ var (
 	ErrTimeout          = errors.New("upstream timed out")
 	ErrClientGone       = errors.New("client disconnected")
 	ErrShuttingDown     = errors.New("router shutting down")
-
-	// Client authentication (KeyStore): no or an unknown API key, a model
-	// the key may not use, a key over its rate limit (the error carries
-	// RetryAfter).
-	ErrUnauthorized = errors.New("unauthorized")
-	ErrForbidden    = errors.New("forbidden")
-	ErrRateLimited  = errors.New("rate limit exceeded")
 )
 
 // errorKind is what one sentinel means: how it looks to a client, how
@@ -70,9 +64,9 @@ var errorTable = [...]errorKind{
 	{h1.ErrVersion, fasthttp.StatusHTTPVersionNotSupported, "invalid_request_error", "http_version_not_supported", outcomeClientError, blameNone},
 	{ErrUnknownModel, fasthttp.StatusNotFound, "invalid_request_error", "model_not_found", outcomeClientError, blameNone},
 	{ErrNotFound, fasthttp.StatusNotFound, "invalid_request_error", "not_found", outcomeClientError, blameNone},
-	{ErrUnauthorized, fasthttp.StatusUnauthorized, "invalid_request_error", "invalid_api_key", outcomeClientError, blameNone},
-	{ErrForbidden, fasthttp.StatusForbidden, "invalid_request_error", "model_not_allowed", outcomeClientError, blameNone},
-	{ErrRateLimited, fasthttp.StatusTooManyRequests, "rate_limit_error", "rate_limit_exceeded", outcomeRateLimited, blameNone},
+	{auth.ErrUnauthorized, fasthttp.StatusUnauthorized, "invalid_request_error", "invalid_api_key", outcomeClientError, blameNone},
+	{auth.ErrForbidden, fasthttp.StatusForbidden, "invalid_request_error", "model_not_allowed", outcomeClientError, blameNone},
+	{auth.ErrRateLimited, fasthttp.StatusTooManyRequests, "rate_limit_error", "rate_limit_exceeded", outcomeRateLimited, blameNone},
 	{ErrMethodNotAllowed, fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", outcomeClientError, blameNone},
 	{ErrBodyTooLarge, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", outcomeClientError, blameNone},
 	{ErrHeaderTooLarge, fasthttp.StatusRequestHeaderFieldsTooLarge, "invalid_request_error", "request_header_too_large", outcomeClientError, blameNone},

@@ -8,6 +8,7 @@ import (
 
 	"github.com/gpurouter/gpurouter/admission"
 	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/gpurouter/gpurouter/proxy/auth"
 	"go.uber.org/zap"
 )
 
@@ -54,10 +55,10 @@ type exchange struct {
 	req       request
 	route     *poolRoute
 	cost      admission.Cost
-	arm       string    // A/B arm (the policy name outside experiments); the picker may set it in step 4
-	affinity  string    // session key: X-Session-Id, else the body's user
-	principal Principal // the client's API key; zero when auth is off or no valid key came
-	keys      *KeyStore // the store that authenticated principal; nil when auth is off
+	arm       string         // A/B arm (the policy name outside experiments); the picker may set it in step 4
+	affinity  string         // session key: X-Session-Id, else the body's user
+	principal auth.Principal // the client's API key; zero when auth is off or no valid key came
+	keys      *auth.KeyStore // the store that authenticated principal; nil when auth is off
 
 	// Step 3 (admit.go): the admission ticket; zero without admission.
 	ticket   admission.Ticket

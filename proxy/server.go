@@ -23,6 +23,7 @@ import (
 
 	"github.com/gpurouter/gpurouter/admission"
 	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/gpurouter/gpurouter/proxy/auth"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
@@ -41,7 +42,7 @@ type Options struct {
 	Score balancer.ScoreConfig
 	// Keys turns client authentication on: every API request needs one of
 	// its API keys (see clients.go). nil means no authentication.
-	Keys *KeyStore
+	Keys *auth.KeyStore
 	// StatusToken guards the status page (/status and /): when set, the
 	// page needs it as "Authorization: Bearer TOKEN" or, for a browser,
 	// ?token=TOKEN. cmd/gpurouter sets it to the admin token. "" leaves the
@@ -84,7 +85,7 @@ type Server struct {
 	m      *metrics
 	gather prometheus.Gatherer
 	routes atomic.Pointer[routeTable]
-	keys   atomic.Pointer[KeyStore] // nil: no client authentication
+	keys   atomic.Pointer[auth.KeyStore] // nil: no client authentication
 	// statusToken guards the status page; "" means open.
 	statusToken string
 	// plainEst costs the requests of pools without admission: it never

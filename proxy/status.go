@@ -14,6 +14,7 @@ import (
 	"github.com/gpurouter/gpurouter/admission"
 	"github.com/gpurouter/gpurouter/balancer"
 	"github.com/gpurouter/gpurouter/gpu"
+	"github.com/gpurouter/gpurouter/proxy/auth"
 	"github.com/valyala/fasthttp"
 )
 
@@ -131,7 +132,7 @@ func (s *Server) serveStatus(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	if !s.statusAllowed(ctx) {
-		writeError(ctx, fmt.Errorf("%w: the status page needs the admin token: Authorization: Bearer TOKEN, or ?token=TOKEN", ErrUnauthorized))
+		writeError(ctx, fmt.Errorf("%w: the status page needs the admin token: Authorization: Bearer TOKEN, or ?token=TOKEN", auth.ErrUnauthorized))
 		return
 	}
 	var buf bytes.Buffer
@@ -161,7 +162,7 @@ func (s *Server) statusAllowed(ctx *fasthttp.RequestCtx) bool {
 		got := sha256.Sum256(tok)
 		return subtle.ConstantTimeCompare(got[:], want[:]) == 1
 	}
-	if tok, has := bearerToken(ctx.Request.Header.Peek("Authorization")); has && ok(tok) {
+	if tok, has := auth.BearerToken(ctx.Request.Header.Peek("Authorization")); has && ok(tok) {
 		return true
 	}
 	tok := ctx.QueryArgs().Peek("token")

@@ -78,7 +78,7 @@ func (s *Server) upstreamRequest(ctx *fasthttp.RequestCtx, x *exchange, body []b
 func forwardedHeaders(h *fasthttp.RequestHeader, x *exchange, add func(k, v []byte)) {
 	// Headers named in Connection are hop-by-hop too (RFC 9110 §7.6.1).
 	connHdr := h.Peek("Connection")
-	stripAuth := x.principal.key != nil
+	stripAuth := x.principal.Authenticated()
 	h.VisitAll(func(k, v []byte) {
 		if isHopByHop(k) || isRouterSet(k) || (len(connHdr) > 0 && listsToken(connHdr, k)) ||
 			(stripAuth && bytes.EqualFold(k, []byte("Authorization"))) {

@@ -1,15 +1,30 @@
-package proxy
+// Package auth is the router's client authentication: API keys (stored
+// hashed, found in constant time), each key's model allow-list, tier and
+// rate limits in requests and tokens per minute, and the keys file's
+// schema and checks. The proxy asks it once a request's key, then once its
+// pool and cost are known; its errors say what the client gets.
+package auth
 
 import (
 	"bytes"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+)
+
+// Client authentication's errors: no or an unknown API key, a model the
+// key may not use, a key over its rate limit (the error carries
+// RetryAfter). proxy's error table says each to the client.
+var (
+	ErrUnauthorized = errors.New("unauthorized")
+	ErrForbidden    = errors.New("forbidden")
+	ErrRateLimited  = errors.New("rate limit exceeded")
 )
 
 // KeyConfig is one client API key as the router stores it: never the key
@@ -54,6 +69,13 @@ type Principal struct {
 	key  *clientKey
 }
 
+// Authenticated reports whether p came with a valid key: not the zero
+// Principal of a router without authentication.
+func (p Principal) Authenticated() bool { return p.key != nil }
+
+// AllModels reports whether p may use every model: no allow-list.
+func (p Principal) AllModels() bool { return p.key == nil || p.key.models == nil }
+
 // Allows reports whether p may use model (a pool's served model name).
 func (p Principal) Allows(model string) bool {
 	if p.key == nil || p.key.models == nil {
@@ -65,7 +87,7 @@ func (p Principal) Allows(model string) bool {
 
 // KeyStore authenticates clients by API key and enforces each key's model
 // allow-list and rate limits. It is safe for concurrent use; Replace swaps
-// the keys while requests run. A nil *KeyStore is not used: a Server
+// the keys while requests run. A nil *KeyStore is not used: a proxy.Server
 // without one has authentication off.
 type KeyStore struct {
 	now     func() time.Time
@@ -151,7 +173,7 @@ func (s *KeyStore) Len() int { return len(s.keys.Load().byID) }
 // Authenticate finds the key presented in an Authorization header value
 // ("Bearer KEY"). The error (ErrUnauthorized) never contains the header.
 func (s *KeyStore) Authenticate(authorization []byte) (Principal, error) {
-	tok, ok := bearerToken(authorization)
+	tok, ok := BearerToken(authorization)
 	if !ok {
 		return Principal{}, errMissingKey
 	}
@@ -202,13 +224,31 @@ var (
 
 // bearerToken extracts the credentials of "Bearer <token>" (scheme
 // case-insensitive, RFC 6750 §2.1).
-func bearerToken(h []byte) ([]byte, bool) {
+func BearerToken(h []byte) ([]byte, bool) {
 	const scheme = "bearer "
 	if len(h) <= len(scheme) || !bytes.EqualFold(h[:len(scheme)], []byte(scheme)) {
 		return nil, false
 	}
 	tok := bytes.TrimSpace(h[len(scheme):])
 	return tok, len(tok) > 0
+}
+
+// Result names an authentication decision, err being its error (nil:
+// the key passed), for metrics: ok, unauthorized, forbidden,
+// rate_limited_requests or rate_limited_tokens.
+func Result(err error) string {
+	var rl *rateLimitError
+	switch {
+	case err == nil:
+		return "ok"
+	case errors.As(err, &rl) && rl.quota == quotaRequests:
+		return "rate_limited_requests"
+	case errors.As(err, &rl):
+		return "rate_limited_tokens"
+	case errors.Is(err, ErrForbidden):
+		return "forbidden"
+	}
+	return "unauthorized"
 }
 
 // rateLimitError is a request refused by its key's rate limit. It maps to
