@@ -71,7 +71,7 @@ func (a *accessLog) write(x *exchange, err error, end time.Time, model, replica 
 	b = append(b, `,"outcome":"`...)
 	b = append(b, x.outcome.String()...)
 	b = append(b, `","stream":`...)
-	b = strconv.AppendBool(b, x.req.stream)
+	b = strconv.AppendBool(b, x.req.Stream)
 	b = append(b, `,"attempts":`...)
 	b = strconv.AppendInt(b, int64(x.attempts), 10)
 	b = append(b, `,"ttft":`...)

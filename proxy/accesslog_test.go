@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpurouter/gpurouter/internal/openai"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
@@ -46,9 +47,9 @@ func FuzzAccessLine(f *testing.F) {
 	f.Fuzz(func(t *testing.T, id, model, replica, arm, keyID string, status int, oc, ep uint8, stream bool, attempts int,
 		ttftNs, e2eNs int64, prompt, completion int, atNs int64, zone uint8) {
 		x := &exchange{id: id, arm: arm, status: status, attempts: attempts, promptTokens: prompt, completionTokens: completion,
-			outcome: outcome(int(oc) % len(outcomeNames)), ep: endpoint(ep % 4)}
+			outcome: outcome(int(oc) % len(outcomeNames)), ep: openai.Endpoint(ep % 4)}
 		x.principal.ID = keyID
-		x.req.stream = stream
+		x.req.Stream = stream
 		x.received = time.Unix(0, atNs).In(zones[int(zone)%len(zones)])
 		if ttftNs != 0 {
 			x.firstTok = x.received.Add(time.Duration(ttftNs))
@@ -64,18 +65,18 @@ func FuzzAccessLine(f *testing.F) {
 // The lines accessLog leaves to zap: a failure's, a migrated stream's.
 func TestAccessLogLeavesTheRestToZap(t *testing.T) {
 	at := time.Date(2026, 11, 27, 1, 2, 3, 456_000_000, time.UTC)
-	x := &exchange{id: "gr-1", ep: epChat, status: 502, outcome: outcomeUpstreamError, attempts: 2, received: at}
+	x := &exchange{id: "gr-1", ep: openai.Chat, status: 502, outcome: outcomeUpstreamError, attempts: 2, received: at}
 	fast, slow := accessLines(x, errors.New("replica r0: connection reset"), at.Add(time.Second), "m", "r0", time.Second)
 	if fast != "" || slow == "" || !bytes.Contains([]byte(slow), []byte(`"error":"replica r0: connection reset"`)) {
 		t.Fatalf("a failure: accessLog wrote %q, zap %q", fast, slow)
 	}
-	x = &exchange{id: "gr-2", ep: epChat, status: 200, outcome: outcomeMigrated, received: at,
+	x = &exchange{id: "gr-2", ep: openai.Chat, status: 200, outcome: outcomeMigrated, received: at,
 		mig: &migration{migrations: 1}}
 	fast, slow = accessLines(x, nil, at.Add(time.Second), "m", "r1", time.Second)
 	if fast != "" || !bytes.Contains([]byte(slow), []byte(`"migration":{"count":1`)) {
 		t.Fatalf("a migrated stream: accessLog wrote %q, zap %q", fast, slow)
 	}
-	x = &exchange{id: "gr-3", ep: epChat, status: 200, outcome: outcomeOK, received: at}
+	x = &exchange{id: "gr-3", ep: openai.Chat, status: 200, outcome: outcomeOK, received: at}
 	fast, slow = accessLines(x, nil, at.Add(time.Second), "m", "r0", time.Second)
 	const want = `{"level":"info","ts":"2026-11-27T01:02:04.456Z","msg":"request","request_id":"gr-3","endpoint":"chat","model":"m","replica":"r0","arm":"","status":200,"outcome":"ok","stream":false,"attempts":0,"ttft":0,"e2e":1,"prompt_tokens":0,"completion_tokens":0}` + "\n"
 	if fast != want || slow != want {
@@ -108,7 +109,7 @@ func TestAccessLogStampMatchesFormat(t *testing.T) {
 // (as `gpurouter serve` has it), and by zap.
 func BenchmarkAccessLine(b *testing.B) {
 	at := time.Now()
-	x := &exchange{id: "gr-1x2y3z4w5v-12345", ep: epChat, arm: "least_loaded", status: 200, outcome: outcomeOK, attempts: 1,
+	x := &exchange{id: "gr-1x2y3z4w5v-12345", ep: openai.Chat, arm: "least_loaded", status: 200, outcome: outcomeOK, attempts: 1,
 		received: at, firstTok: at.Add(1234567), promptTokens: 60, completionTokens: 64}
 	end := at.Add(2345678)
 	for _, tt := range []struct {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gpurouter/gpurouter/admission"
+	"github.com/gpurouter/gpurouter/internal/openai"
 	"github.com/valyala/fasthttp"
 )
 
@@ -28,7 +29,7 @@ func (s *Server) steer(hdr *clientHeaders, x *exchange) error {
 	if v := hdr.priority; len(v) > 0 {
 		class, err := strconv.Atoi(string(v))
 		if err != nil {
-			return badParam(headerPriority, "must be an integer priority class")
+			return openai.BadParam(headerPriority, "must be an integer priority class")
 		}
 		if x.keys != nil {
 			class = min(class, x.cost.Class) // a key's tier is its ceiling
@@ -38,13 +39,13 @@ func (s *Server) steer(hdr *clientHeaders, x *exchange) error {
 	if x.keys == nil { // an authenticated client is its key's tenant
 		x.cost.Tenant = string(hdr.tenant)
 		if x.cost.Tenant == "" {
-			x.cost.Tenant = x.req.user
+			x.cost.Tenant = x.req.User
 		}
 	}
 	if v := hdr.timeout; len(v) > 0 {
 		d, err := parseTimeout(string(v))
 		if err != nil {
-			return badParam(headerTimeout, err.Error())
+			return openai.BadParam(headerTimeout, err.Error())
 		}
 		x.cost.Deadline = x.received.Add(d)
 	}
@@ -55,7 +56,7 @@ func (s *Server) steer(hdr *clientHeaders, x *exchange) error {
 	if v := hdr.sloTTFT; len(v) > 0 {
 		d, err := parseTimeout(string(v))
 		if err != nil {
-			return badParam(headerSLOTTFT, err.Error())
+			return openai.BadParam(headerSLOTTFT, err.Error())
 		}
 		// Admitted after received + SLO − its own prefill, the request
 		// cannot meet the SLO on any replica.
@@ -68,7 +69,7 @@ func (s *Server) steer(hdr *clientHeaders, x *exchange) error {
 	if v := hdr.sloTPOT; len(v) > 0 {
 		d, err := parseTimeout(string(v))
 		if err != nil {
-			return badParam(headerSLOTPOT, err.Error())
+			return openai.BadParam(headerSLOTPOT, err.Error())
 		}
 		x.cost.TPOT = d
 	}

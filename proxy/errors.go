@@ -8,6 +8,7 @@ import (
 	"github.com/gpurouter/gpurouter/admission"
 	"github.com/gpurouter/gpurouter/balancer"
 	"github.com/gpurouter/gpurouter/internal/h1"
+	"github.com/gpurouter/gpurouter/internal/openai"
 	"github.com/gpurouter/gpurouter/proxy/auth"
 	"github.com/valyala/fasthttp"
 )
@@ -16,7 +17,6 @@ import (
 // mapped to an HTTP status and an OpenAI error body in exactly one place,
 // errorTable below; code elsewhere returns these (wrapped with detail).
 var (
-	ErrBadRequest       = errors.New("bad request")
 	ErrUnknownModel     = errors.New("model not found")
 	ErrNotFound         = errors.New("not found")
 	ErrMethodNotAllowed = errors.New("method not allowed")
@@ -54,7 +54,7 @@ const (
 // errorTable maps sentinels to their meaning; the first match (errors.Is)
 // wins. Anything not listed is a 500 and the replica's fault.
 var errorTable = [...]errorKind{
-	{ErrBadRequest, fasthttp.StatusBadRequest, "invalid_request_error", "invalid_request", outcomeClientError, blameNone},
+	{openai.ErrBadRequest, fasthttp.StatusBadRequest, "invalid_request_error", "invalid_request", outcomeClientError, blameNone},
 	// The request grammar's refusals (h1.ParseRequest, the front door):
 	// each answered before anything acted on the request, and its
 	// connection closed.
@@ -123,25 +123,12 @@ func outcomeOf(err error, status int) (outcome, error) {
 // statusOf is the HTTP status an error maps to.
 func statusOf(err error) int { return classify(err).status }
 
-// paramError is a bad-request error that names the offending field, so the
-// OpenAI body's "param" says which one.
-type paramError struct {
-	param string
-	msg   string
-}
-
-func (e *paramError) Error() string { return e.param + ": " + e.msg }
-func (e *paramError) Unwrap() error { return ErrBadRequest }
-
-func badParam(param, msg string) error { return &paramError{param: param, msg: msg} }
-
 // appendErrorJSON appends {"error":{"message","type","param","code"}} for err.
 func appendErrorJSON(dst []byte, err error) []byte {
 	k := classify(err)
 	var param string
-	var pe *paramError
-	if errors.As(err, &pe) {
-		param = pe.param
+	if pe := (*openai.ParamError)(nil); errors.As(err, &pe) {
+		param = pe.Param
 	}
 	dst = append(dst, `{"error":{"message":`...)
 	dst = strconv.AppendQuote(dst, err.Error())

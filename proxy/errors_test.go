@@ -8,6 +8,7 @@ import (
 
 	"github.com/gpurouter/gpurouter/admission"
 	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/gpurouter/gpurouter/internal/openai"
 	"github.com/gpurouter/gpurouter/proxy/auth"
 )
 
@@ -51,7 +52,7 @@ func TestOutcomeOf(t *testing.T) {
 		{"rate limited", auth.ErrRateLimited, 429, outcomeRateLimited, success},
 		{"unauthorized", auth.ErrUnauthorized, 401, outcomeClientError, success},
 		{"forbidden", auth.ErrForbidden, 403, outcomeClientError, success},
-		{"bad param", badParam("model", "x"), 400, outcomeClientError, success},
+		{"bad param", openai.BadParam("model", "x"), 400, outcomeClientError, success},
 		{"unknown model", ErrUnknownModel, 404, outcomeClientError, success},
 		{"not found", ErrNotFound, 404, outcomeClientError, success},
 		{"method", ErrMethodNotAllowed, 405, outcomeClientError, success},

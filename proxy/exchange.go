@@ -8,6 +8,7 @@ import (
 
 	"github.com/gpurouter/gpurouter/admission"
 	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/gpurouter/gpurouter/internal/openai"
 	"github.com/gpurouter/gpurouter/proxy/auth"
 	"go.uber.org/zap"
 )
@@ -46,13 +47,13 @@ type exchange struct {
 	s        *Server
 	id       string
 	seq      uint64 // the router's own number for the request (unique, unlike a client-chosen id); set by upstreamRequest
-	ep       endpoint
+	ep       openai.Endpoint
 	received time.Time // full request read by the router
 
 	// Steps 1–2 (flow.go, plan.go, clients.go): the request, its client and
 	// pool, and its cost — computed once, read by admission, the lease
 	// and the record.
-	req       request
+	req       openai.Request
 	route     *poolRoute
 	cost      admission.Cost
 	arm       string         // A/B arm (the policy name outside experiments); the picker may set it in step 4
@@ -243,7 +244,7 @@ func (x *exchange) logLine(err error, end, e2eEnd time.Time, model, replica stri
 			keyID,
 			zap.Int("status", x.status),
 			zap.String("outcome", x.outcome.String()),
-			zap.Bool("stream", x.req.stream),
+			zap.Bool("stream", x.req.Stream),
 			zap.Int("attempts", x.attempts),
 			zap.Duration("ttft", sinceOr(x.firstTok, x.received)),
 			zap.Duration("e2e", e2eEnd.Sub(x.received)),

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/gpurouter/gpurouter/internal/openai"
 	"github.com/valyala/fasthttp"
 )
 
@@ -94,7 +95,7 @@ const (
 // begin is steps 1–3 of a request for endpoint ep of rt (prefix: its
 // path's pool, nil to route by the body's model). From here the request is
 // counted (Server.Active) and finishes exactly once.
-func (f *flow) begin(ep endpoint, prefix *poolRoute) act {
+func (f *flow) begin(ep openai.Endpoint, prefix *poolRoute) act {
 	s, ctx := f.s, f.ctx
 	f.hdr = readClientHeaders(&ctx.Request.Header)
 	f.x = s.newExchange(ctx, ep, f.hdr.requestID)

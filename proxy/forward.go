@@ -20,7 +20,7 @@ func retryable(status int) bool { return status == fasthttp.StatusBadGateway }
 func (x *exchange) pickRequest() balancer.Request {
 	r := balancer.Request{
 		AffinityKey: x.affinity,
-		PrefixHash:  x.req.prefixHash,
+		PrefixHash:  x.req.PrefixHash,
 		ArmKey:      x.id,
 		Arm:         x.arm,
 		// When it is placed, not when it arrived: a request that waited
@@ -35,8 +35,8 @@ func (x *exchange) pickRequest() balancer.Request {
 	if !x.admitted.IsZero() {
 		r.Now = x.admitted
 	}
-	if x.req.user != "" {
-		r.ArmKey = x.req.user // a user stays in one arm across requests
+	if x.req.User != "" {
+		r.ArmKey = x.req.User // a user stays in one arm across requests
 	}
 	return r
 }

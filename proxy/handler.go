@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 
+	"github.com/gpurouter/gpurouter/internal/openai"
 	"github.com/valyala/fasthttp"
 )
 
@@ -13,7 +14,7 @@ import (
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	// A view of fasthttp's buffer, valid for the handler's life: what
 	// outlives it (an error's text) is copied by fmt.
-	path := bytesView(requestPath(ctx))
+	path := openai.BytesView(requestPath(ctx))
 	switch path {
 	case "/health":
 		ctx.SetStatusCode(fasthttp.StatusOK)
@@ -69,7 +70,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 //
 // On Linux a request loop drives the same flow without a goroutine
 // (reqloop_exchange_linux.go); what it does not serve comes here.
-func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep endpoint, prefix *poolRoute) {
+func (s *Server) proxyAPI(ctx *fasthttp.RequestCtx, rt *routeTable, ep openai.Endpoint, prefix *poolRoute) {
 	f := s.flows.Get().(*flow)
 	*f = flow{s: s, ctx: ctx, rt: rt}
 	a := f.begin(ep, prefix)
@@ -135,7 +136,7 @@ func (s *Server) send(f *flow, ureq *fasthttp.Request, w *clientWatch) (*fasthtt
 	resp := fasthttp.AcquireResponse()
 	resp.StreamBody = true
 	ureq.Header.SetHost(f.rep.Addr())
-	pr := up.pending.expect(x.seq, x.req.stream)
+	pr := up.pending.expect(x.seq, x.req.Stream)
 	w.retarget(pr)
 	err := up.client.Do(ureq, resp)
 	w.retarget(nil)
@@ -197,6 +198,6 @@ func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 	case timeout:
 		writeError(ctx, s.to.requestLate())
 	default:
-		writeError(ctx, fmt.Errorf("%w: %v", ErrBadRequest, err))
+		writeError(ctx, fmt.Errorf("%w: %v", openai.ErrBadRequest, err))
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpurouter/gpurouter/internal/openai"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
 	"go.uber.org/zap"
@@ -171,7 +172,7 @@ func BenchmarkParseRequest(b *testing.B) {
 	b.ReportAllocs()
 	b.SetBytes(int64(len(body)))
 	for b.Loop() {
-		if _, err := readRequest(&p, body, epChat); err != nil {
+		if _, err := openai.ReadRequest(&p, body, openai.Chat); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/gpurouter/gpurouter/admission"
+	"github.com/gpurouter/gpurouter/internal/openai"
 	"github.com/valyala/fasthttp"
 )
 
@@ -16,7 +17,7 @@ import (
 // newExchange begins an API request's exchange, with the client's
 // X-Request-Id (nil: a new one): from here on it is counted (Active) and
 // must be finished exactly once.
-func (s *Server) newExchange(ctx *fasthttp.RequestCtx, ep endpoint, id []byte) *exchange {
+func (s *Server) newExchange(ctx *fasthttp.RequestCtx, ep openai.Endpoint, id []byte) *exchange {
 	x := &exchange{s: s, ep: ep, received: s.now()}
 	s.active.Add(1)
 	x.id = string(id)
@@ -35,9 +36,9 @@ func (s *Server) newExchange(ctx *fasthttp.RequestCtx, ep endpoint, id []byte) *
 // readBody parses an API request's body (request.go). It has no side
 // effect: the request loop reads a body before deciding which path serves
 // it (reqloop_linux.go).
-func (s *Server) readBody(body []byte, ep endpoint) (request, error) {
+func (s *Server) readBody(body []byte, ep openai.Endpoint) (openai.Request, error) {
 	p := s.parsers.Get()
-	req, err := readRequest(p, body, ep)
+	req, err := openai.ReadRequest(p, body, ep)
 	s.parsers.Put(p)
 	return req, err
 }
@@ -53,18 +54,18 @@ func (s *Server) plan(ctx *fasthttp.RequestCtx, hdr *clientHeaders, x *exchange,
 	x.arm = string(hdr.policy)
 	x.affinity = string(hdr.session)
 	if x.affinity == "" {
-		x.affinity = x.req.user
+		x.affinity = x.req.User
 	}
 	var err error
-	x.route, err = s.routeFor(rt, x.req.model, prefixRoute)
+	x.route, err = s.routeFor(rt, x.req.Model, prefixRoute)
 	if err != nil {
 		return nil, false, err
 	}
 	ep := x.ep
-	if limit := x.route.MaxTokens; limit > 0 && ep != epEmbeddings {
+	if limit := x.route.MaxTokens; limit > 0 && ep != openai.Embeddings {
 		var clamped bool
-		if body, clamped, err = x.req.clampOutput(body, limit); err != nil {
-			return nil, false, fmt.Errorf("%w: %w", ErrBadRequest, err)
+		if body, clamped, err = x.req.ClampOutput(body, limit); err != nil {
+			return nil, false, fmt.Errorf("%w: %w", openai.ErrBadRequest, err)
 		}
 		if clamped {
 			ctx.Response.Header.Set(headerMaxTokens, strconv.Itoa(limit))
@@ -79,9 +80,9 @@ func (s *Server) plan(ctx *fasthttp.RequestCtx, hdr *clientHeaders, x *exchange,
 	}
 	// The router needs exact token counts: ask the engine for the usage
 	// chunk, and hide it again if the client did not ask for it.
-	if x.req.stream && !x.req.clientUsage && ep != epEmbeddings {
-		if body, err = withIncludeUsage(body, &x.req); err != nil {
-			return nil, false, fmt.Errorf("%w: %v", ErrBadRequest, err)
+	if x.req.Stream && !x.req.ClientUsage && ep != openai.Embeddings {
+		if body, err = openai.WithIncludeUsage(body, &x.req); err != nil {
+			return nil, false, fmt.Errorf("%w: %v", openai.ErrBadRequest, err)
 		}
 		return body, true, nil
 	}
@@ -99,7 +100,7 @@ func (s *Server) routeFor(rt *routeTable, model string, prefix *poolRoute) (*poo
 		if len(rt.routes) == 1 {
 			return rt.routes[0], nil
 		}
-		return nil, badParam("model", fmt.Sprintf("required; available models: %s", availableModels(rt)))
+		return nil, openai.BadParam("model", fmt.Sprintf("required; available models: %s", availableModels(rt)))
 	}
 	if r, ok := rt.byModel[model]; ok {
 		return r, nil
@@ -110,11 +111,11 @@ func (s *Server) routeFor(rt *routeTable, model string, prefix *poolRoute) (*poo
 // costOf is a request's cost on this route, worked out once: the pool's
 // estimator corrects the prompt's raw size and fills in the expected
 // output when max_tokens is not given; embeddings generate nothing.
-func (r *poolRoute) costOf(req *request, ep endpoint) admission.Cost {
-	if ep == epEmbeddings {
-		return r.est.PromptCost(req.promptTokens())
+func (r *poolRoute) costOf(req *openai.Request, ep openai.Endpoint) admission.Cost {
+	if ep == openai.Embeddings {
+		return r.est.PromptCost(req.PromptTokens())
 	}
-	return r.est.Cost(req.promptTokens(), req.maxTokens)
+	return r.est.Cost(req.PromptTokens(), req.MaxTokens)
 }
 
 func availableModels(rt *routeTable) string {

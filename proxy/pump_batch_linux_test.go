@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpurouter/gpurouter/internal/netloop"
 	"github.com/gpurouter/gpurouter/internal/netloop/looptest"
+	"github.com/gpurouter/gpurouter/internal/openai"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -344,7 +345,7 @@ func TestStreamBatchComesBeforeTheEventsAfterIt(t *testing.T) {
 	p.openBatch()
 	t.Cleanup(p.closeBatch)
 	p.at = time.Now()
-	r := &relay{x: &exchange{s: s, ep: epChat, received: time.Now()}, gotBody: true}
+	r := &relay{x: &exchange{s: s, ep: openai.Chat, received: time.Now()}, gotBody: true}
 	d := &detachedBody{pump: p, r: r, client: craw, fd: up, pfd: up, cfd: -1, to: &timeouts{idle: time.Minute}, back: make(chan pumpResult, 1), in: true, inPump: true}
 	d.write = d.writeFrame
 	r.body = d

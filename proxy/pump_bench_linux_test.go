@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpurouter/gpurouter/internal/netloop"
 	"github.com/gpurouter/gpurouter/internal/netloop/looptest"
+	"github.com/gpurouter/gpurouter/internal/openai"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
@@ -37,7 +38,7 @@ func BenchmarkStreamLoopDeliver(b *testing.B) {
 func benchStreamLoopDeliver(b *testing.B, direct bool) {
 	craw, _, peer := looptest.RawPair(b)
 	s := &Server{cfg: Config{}.withDefaults(), now: time.Now}
-	x := &exchange{s: s, ep: epChat, received: time.Now()}
+	x := &exchange{s: s, ep: openai.Chat, received: time.Now()}
 	x.mig = &migration{chat: true, idsOK: true, strip: true, pol: Migration{MaxSeqLen: 1 << 30}, buf: migBufPool.Get().(*migBuffers)}
 	x.mig.buf.reset()
 	r := &relay{x: x}
@@ -103,7 +104,7 @@ func benchStreamLoopWakeUp(b *testing.B, k int, batched bool) {
 	for i := range k {
 		up, engine := looptest.SocketPair(b)
 		cfd, client := looptest.SocketPair(b)
-		r := &relay{x: &exchange{s: s, ep: epChat, received: time.Now()}, gotBody: true}
+		r := &relay{x: &exchange{s: s, ep: openai.Chat, received: time.Now()}, gotBody: true}
 		d := &detachedBody{pump: p, r: r, fd: up, pfd: up, cfd: cfd, to: &timeouts{idle: time.Minute}, back: make(chan pumpResult, 1), in: true, inPump: true}
 		r.body = d
 		p.streams.Set(up, d)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gpurouter/gpurouter/internal/netloop/looptest"
+	"github.com/gpurouter/gpurouter/internal/openai"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -372,7 +373,7 @@ func TestStreamLoopLeavesTheLastEventsForTheLastChunk(t *testing.T) {
 			s := &Server{cfg: Config{}.withDefaults(), now: time.Now}
 			p := newStreamPump(s.cfg, m, nil, nil)
 			p.at = time.Now()
-			r := &relay{x: &exchange{s: s, ep: epChat, received: time.Now()}, gotBody: true}
+			r := &relay{x: &exchange{s: s, ep: openai.Chat, received: time.Now()}, gotBody: true}
 			d := &detachedBody{pump: p, r: r, client: counted, fd: -1, cfd: -1, to: &timeouts{idle: time.Minute}, back: make(chan pumpResult, 1)}
 			d.write = d.writeFrame
 			d.inPump = true

@@ -69,7 +69,7 @@ func (x *exchange) record(end time.Time) Record {
 		RequestID:        x.id,
 		Status:           x.status,
 		Outcome:          x.outcome.String(),
-		Stream:           x.req.stream,
+		Stream:           x.req.Stream,
 		Attempts:         x.attempts,
 		ReceivedNs:       unixNs(x.received),
 		AdmittedNs:       unixNs(x.admittedAt()),

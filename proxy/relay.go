@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gpurouter/gpurouter/internal/openai"
 	"github.com/valyala/fasthttp"
 )
 
@@ -43,11 +44,11 @@ type relay struct {
 	out     []byte // processed bytes the client has not read yet
 	outPos  int
 	sawDone bool
-	hints   chunkHints // where the stream's chunks have their choices and output (sse.go)
-	eof     bool       // nothing more will be written after out
-	failure error      // why the stream ended badly (nil for a clean end)
-	errEv   bool       // the upstream sent an error event
-	gotBody bool       // a byte of the body has arrived (the idle timeout now applies, not first_byte)
+	hints   openai.ChunkHints // where the stream's chunks have their choices and output (sse.go)
+	eof     bool              // nothing more will be written after out
+	failure error             // why the stream ended badly (nil for a clean end)
+	errEv   bool              // the upstream sent an error event
+	gotBody bool              // a byte of the body has arrived (the idle timeout now applies, not first_byte)
 
 	abortErr  atomic.Pointer[error] // set by abort, from the watcher
 	watch     *clientWatch
@@ -390,7 +391,7 @@ func (r *relay) process(now time.Time) {
 	tracked := r.x.mig != nil
 	rest := r.in
 	for {
-		k := nextEvent(rest)
+		k := openai.NextEvent(rest)
 		if k < 0 {
 			break
 		}
@@ -399,26 +400,26 @@ func (r *relay) process(now time.Time) {
 		if r.sawDone {
 			continue // nothing after [DONE] is part of the answer
 		}
-		payload := eventData(ev)
-		kind := classifyEvent(payload, &r.hints)
-		if tracked && (kind == evToken || kind == evChoice || kind == evUsageOnly) {
+		payload := openai.EventData(ev)
+		kind := openai.ClassifyEvent(payload, &r.hints)
+		if tracked && (kind == openai.EventToken || kind == openai.EventChoice || kind == openai.EventUsageOnly) {
 			r.tracked(ev, payload, kind, now) // migrate_track.go
 			continue
 		}
 		switch kind {
-		case evToken:
+		case openai.EventToken:
 			r.x.tokenChunk(now) // the first is the TTFT: the first chunk with output, not a role-only one
 			r.takeUsage(payload)
-		case evChoice:
+		case openai.EventChoice:
 			r.takeUsage(payload)
-		case evUsageOnly:
+		case openai.EventUsageOnly:
 			r.takeUsage(payload)
 			if r.strip {
 				continue
 			}
-		case evDone:
+		case openai.EventDone:
 			r.sawDone = true
-		case evError:
+		case openai.EventError:
 			r.errEv = true
 		}
 		r.out = append(r.out, ev...)
@@ -428,7 +429,7 @@ func (r *relay) process(now time.Time) {
 }
 
 func (r *relay) takeUsage(payload []byte) {
-	if p, c, ok := readUsage(payload); ok {
+	if p, c, ok := openai.ReadUsage(payload); ok {
 		r.x.promptTokens, r.x.completionTokens, r.x.gotUsage = p, c, true
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/gpurouter/gpurouter/internal/h1"
+	"github.com/gpurouter/gpurouter/internal/openai"
 	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
 )
@@ -121,7 +122,7 @@ func (l *requestLoop) rawAnswer(c *loopConn, u *loopConn) bool {
 	}
 	r.phase = 0
 	r.f.took() // judge passes it (passesOnStatus)
-	var members objectMembers
+	var members openai.ObjectMembers
 	if err := checkWhole(x, status, buf.B, &members); err != nil {
 		bytebufferpool.Put(buf)
 		l.act(c, r.f.bodyFailed(err))
@@ -138,7 +139,7 @@ func (l *requestLoop) rawAnswer(c *loopConn, u *loopConn) bool {
 	l.ans = append(l.ans, buf.B...)
 	c.r = nil // the exchange is the answer's now: a failed write ends it (wholeBody)
 	wb := wholeBody{x: x, buf: buf, status: status}
-	wb.setUsage(members.member(buf.B, "usage"))
+	wb.setUsage(members.Member(buf.B, "usage"))
 	l.w.c = c
 	_, err := l.w.Write(l.ans)
 	wb.off, wb.sent = len(buf.B), err == nil

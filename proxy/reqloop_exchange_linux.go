@@ -7,6 +7,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/gpurouter/gpurouter/internal/openai"
 	"github.com/valyala/fasthttp"
 )
 
@@ -70,7 +71,7 @@ func (l *requestLoop) releaseReq(r *loopReq) {
 // the loop does not speak — the head says which, the body is not read.
 func (l *requestLoop) start(c *loopConn, ctx *fasthttp.RequestCtx, b []byte) bool {
 	rt := l.s.routes.Load()
-	ep, prefix := rt.apiRoute(bytesView(requestPath(ctx)))
+	ep, prefix := rt.apiRoute(openai.BytesView(requestPath(ctx)))
 	if ep == 0 || rt.tls && (prefix == nil || prefix.tls) {
 		l.releaseCtx(ctx)
 		l.handOff(c, b)

@@ -24,7 +24,7 @@ import (
 // not in the same order: an engine reads them by name.
 func (l *requestLoop) upstreamWire(r *loopReq) {
 	f := &r.f
-	b := append(append(append(r.wire[:0], "POST "...), f.x.ep.path()...), " HTTP/1.1\r\n"...)
+	b := append(append(append(r.wire[:0], "POST "...), f.x.ep.Path()...), " HTTP/1.1\r\n"...)
 	forwardedHeaders(&f.ctx.Request.Header, f.x, func(k, v []byte) {
 		b = append(append(append(append(b, k...), ": "...), v...), "\r\n"...)
 	})
@@ -218,7 +218,7 @@ func (l *requestLoop) upstreamRead(u *loopConn, buf []byte, n int, err error) {
 	if !u.head {
 		if at, end := finalHead(u.in.B); end >= 0 {
 			u.head, u.headAt, u.headLen = true, at, end
-			if (c.r.f.x.req.stream || bytes.Contains(u.in.B[at:end], []byte("event-stream"))) && l.streamHead(c, u) {
+			if (c.r.f.x.req.Stream || bytes.Contains(u.in.B[at:end], []byte("event-stream"))) && l.streamHead(c, u) {
 				return // the stream's now (reqloop_stream_linux.go)
 			}
 			if u.toClose {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"unsafe"
 
+	"github.com/gpurouter/gpurouter/internal/openai"
 	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
 )
@@ -93,7 +94,7 @@ func (s *Server) startStream(f *flow, resp *fasthttp.Response, w *clientWatch) {
 // whole generation would cost a stream its prompt's size (a 32k-token
 // prompt is ~100 KiB). A migration that resends the body as the client
 // sent it keeps it; one that asked for token ids resends its own copy.
-// Every string kept from the body was cloned (see bytesView).
+// Every string kept from the body was cloned (see openai.BytesView).
 func releaseClientBody(ctx *fasthttp.RequestCtx, x *exchange) {
 	if m := x.mig; m != nil && sameBacking(m.body, ctx.Request.Body()) {
 		return
@@ -162,7 +163,7 @@ func (s *Server) respondWhole(f *flow, resp *fasthttp.Response, w *clientWatch) 
 func (f *flow) whole(resp *fasthttp.Response, buf *bytebufferpool.ByteBuffer) act {
 	ctx, x := f.ctx, f.x
 	status := resp.StatusCode()
-	var members objectMembers // a 200's, where its usage is
+	var members openai.ObjectMembers // a 200's, where its usage is
 	if err := checkWhole(x, status, buf.B, &members); err != nil {
 		bytebufferpool.Put(buf)
 		fasthttp.ReleaseResponse(resp)
@@ -174,7 +175,7 @@ func (f *flow) whole(resp *fasthttp.Response, buf *bytebufferpool.ByteBuffer) ac
 	ctx.SetStatusCode(status)
 	wb := &wholeBody{x: x, buf: buf, status: status}
 	if status == fasthttp.StatusOK {
-		wb.setUsage(members.member(buf.B, "usage"))
+		wb.setUsage(members.Member(buf.B, "usage"))
 	}
 	ctx.SetBodyStream(wb, buf.Len())
 	return actAnswer
@@ -183,8 +184,8 @@ func (f *flow) whole(resp *fasthttp.Response, buf *bytebufferpool.ByteBuffer) ac
 // checkWhole is a whole answer's check before it goes to the client: a
 // 200 must be JSON (members notes its top level, where its usage is).
 // The error is ErrUpstream's, for reject.
-func checkWhole(x *exchange, status int, body []byte, members *objectMembers) error {
-	if status == fasthttp.StatusOK && checkJSONMembers(body, members) != nil {
+func checkWhole(x *exchange, status int, body []byte, members *openai.ObjectMembers) error {
+	if status == fasthttp.StatusOK && openai.CheckJSONMembers(body, members) != nil {
 		return fmt.Errorf("%w: %s returned a malformed JSON body", ErrUpstream, x.up.replica.Name())
 	}
 	return nil

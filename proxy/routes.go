@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/gpurouter/gpurouter/internal/openai"
 	"github.com/prometheus/common/expfmt"
 	"github.com/valyala/fasthttp"
 )
@@ -15,7 +16,7 @@ import (
 // dedicated path prefix, that pool's route. A POST to exactly a prefix is a chat
 // completion unless the prefix names another endpoint; under a prefix the
 // usual paths work too (/v1/chat/tinyllama/v1/completions).
-func (rt *routeTable) apiRoute(path string) (endpoint, *poolRoute) {
+func (rt *routeTable) apiRoute(path string) (openai.Endpoint, *poolRoute) {
 	if ep := endpointOf(path); ep != 0 {
 		return ep, nil
 	}
@@ -28,11 +29,11 @@ func (rt *routeTable) apiRoute(path string) (endpoint, *poolRoute) {
 		case rest == "" || rest == "/":
 			switch {
 			case strings.HasPrefix(pr.prefix, "/v1/completions"):
-				return epCompletions, pr.route
+				return openai.Completions, pr.route
 			case strings.HasPrefix(pr.prefix, "/v1/embeddings"):
-				return epEmbeddings, pr.route
+				return openai.Embeddings, pr.route
 			}
-			return epChat, pr.route
+			return openai.Chat, pr.route
 		case rest[0] == '/':
 			if ep := endpointOf(rest); ep != 0 {
 				return ep, pr.route
@@ -42,14 +43,14 @@ func (rt *routeTable) apiRoute(path string) (endpoint, *poolRoute) {
 	return 0, nil
 }
 
-func endpointOf(path string) endpoint {
+func endpointOf(path string) openai.Endpoint {
 	switch path {
 	case "/v1/chat/completions":
-		return epChat
+		return openai.Chat
 	case "/v1/completions":
-		return epCompletions
+		return openai.Completions
 	case "/v1/embeddings":
-		return epEmbeddings
+		return openai.Embeddings
 	}
 	return 0
 }

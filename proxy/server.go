@@ -92,7 +92,7 @@ type Server struct {
 	// learns, so its estimates keep their defaults.
 	plainEst *admission.Estimator
 	authM    *authMetrics
-	parsers  fastjson.ParserPool // JSON bodies' parsers: requests (readRequest), whole responses (wholeUsage)
+	parsers  fastjson.ParserPool // JSON bodies' parsers: requests (openai.ReadRequest), whole responses (wholeUsage)
 	records  *recordRing
 	lat      *latencyStore // ITL and queue-time sketches per replica (latency.go)
 	srv      *fasthttp.Server

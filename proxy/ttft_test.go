@@ -6,55 +6,6 @@ import (
 	"time"
 )
 
-// What counts as a stream's output: the router's TTFT and inter-token
-// gaps are its chunks with some, as vLLM's benchmark counts them.
-func TestClassifyEventOutput(t *testing.T) {
-	for _, c := range []struct {
-		name, payload string
-		want          eventKind
-	}{
-		{"chat content", `{"id":"c","choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}`, evToken},
-		{"chat role only", `{"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`, evChoice},
-		{"chat role, no content member", `{"id":"c","choices":[{"index":0,"delta":{"role":"assistant"}}]}`, evChoice},
-		{"chat role and content together", `{"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"}}]}`, evToken},
-		{"chat finish only", `{"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`, evChoice},
-		{"chat spaced", `{"id": "c", "choices": [{"index": 0, "delta": {"content": "Hi"}}]}`, evToken},
-		{"tool call", `{"id":"c","choices":[{"index":0,"delta":{"content":null,"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"f","arguments":""}}]}}]}`, evToken},
-		{"no tool call", `{"id":"c","choices":[{"index":0,"delta":{"tool_calls":[]}}]}`, evChoice},
-		{"reasoning_content", `{"id":"c","choices":[{"index":0,"delta":{"reasoning_content":"Let me"}}]}`, evToken},
-		{"reasoning", `{"id":"c","choices":[{"index":0,"delta":{"reasoning":"Let me"}}]}`, evToken},
-		{"empty content, logprobs content", `{"id":"c","choices":[{"index":0,"delta":{"content":""},"logprobs":{"content":[{"token":"a"}]}}]}`, evChoice},
-		{"completion text", `{"id":"cmpl","choices":[{"index":0,"text":" world","finish_reason":null}]}`, evToken},
-		{"completion empty text", `{"id":"cmpl","choices":[{"index":0,"text":"","finish_reason":"length"}]}`, evChoice},
-		{"key in a string", `{"id":"c","choices":[{"index":0,"delta":{"role":"a\"content\":\"x"}}]}`, evChoice},
-		{"usage only", `{"id":"c","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}`, evUsageOnly},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			var h chunkHints
-			if got := classifyEvent([]byte(c.payload), &h); got != c.want {
-				t.Errorf("classifyEvent = %d, want %d", got, c.want)
-			}
-			if got := classifyEvent([]byte(c.payload), nil); got != c.want {
-				t.Errorf("without hints: %d, want %d", got, c.want)
-			}
-		})
-	}
-	// The hint follows the stream, and a chunk without output where the
-	// last one had it is still seen as one without.
-	var h chunkHints
-	content := []byte(`{"id":"c","choices":[{"index":0,"delta":{"content":"Hi"}}]}`)
-	empty := []byte(`{"id":"c","choices":[{"index":0,"delta":{"content":""}}]}`)
-	for i, want := range []eventKind{evToken, evToken, evChoice, evToken} {
-		p := content
-		if want == evChoice {
-			p = empty
-		}
-		if got := classifyEvent(p, &h); got != want {
-			t.Errorf("chunk %d: %d, want %d", i, got, want)
-		}
-	}
-}
-
 // A stream whose first chunk carries the role alone, tens of milliseconds
 // before the first token (as vLLM's chat streams do): the router's TTFT —
 // its histogram, its records, what the replica's predictor learns — is

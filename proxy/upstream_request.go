@@ -57,7 +57,7 @@ func isRouterSet(k []byte) bool {
 func (s *Server) upstreamRequest(ctx *fasthttp.RequestCtx, x *exchange, body []byte) *fasthttp.Request {
 	u := fasthttp.AcquireRequest()
 	u.Header.SetMethod(fasthttp.MethodPost)
-	u.SetRequestURI(x.ep.path())
+	u.SetRequestURI(x.ep.Path())
 	forwardedHeaders(&ctx.Request.Header, x, u.Header.SetBytesKV)
 	var own [128]byte
 	seq, xff := s.routerHeaders(ctx, x, own[:0])

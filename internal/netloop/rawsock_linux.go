@@ -36,7 +36,7 @@ type RawSock struct {
 	readFn, writeFn func(uintptr) bool // method values, made once: no allocation per call
 }
 
-// set takes c's socket when it is a TCP connection and the build is not
+// Set takes c's socket when it is a TCP connection and the build is not
 // the race detector's (race_on.go); false leaves the zero value.
 func (s *RawSock) Set(c net.Conn) bool {
 	if raceBuild {
@@ -100,7 +100,7 @@ func (s *RawSock) doWrite(fd uintptr) bool {
 	return true
 }
 
-// read is net.Conn's Read: io.EOF at the peer's end, *net.OpError else.
+// Read is net.Conn's Read: io.EOF at the peer's end, *net.OpError else.
 func (s *RawSock) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
@@ -122,7 +122,7 @@ func (s *RawSock) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// write is net.Conn's Write: all of p, or an error with what was written.
+// Write is net.Conn's Write: all of p, or an error with what was written.
 func (s *RawSock) Write(p []byte) (int, error) {
 	s.wmu.Lock()
 	s.wp, s.wn, s.werr = p, 0, nil

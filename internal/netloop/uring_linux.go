@@ -133,7 +133,7 @@ func OpenRing() (*Ring, error) {
 	return u, nil
 }
 
-// close unmaps the rings and closes the instance. Closing a nil ring does
+// Close unmaps the rings and closes the instance. Closing a nil ring does
 // nothing.
 func (u *Ring) Close() {
 	if u == nil {
@@ -168,7 +168,7 @@ func (u *Ring) Prepare(op uint8, fd int, b []byte, i int) {
 	u.prepared++
 }
 
-// run makes the operations prepared, in one system call, and gives each
+// Run makes the operations prepared, in one system call, and gives each
 // one's result to yield as the system call's would be — n bytes, or the
 // error — in the order they complete. It returns once every one has. An
 // operation the kernel did not take (io_uring_enter failed: out of memory)

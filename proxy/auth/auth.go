@@ -222,7 +222,7 @@ var (
 	errWrongKey   = fmt.Errorf("%w: incorrect API key provided", ErrUnauthorized)
 )
 
-// bearerToken extracts the credentials of "Bearer <token>" (scheme
+// BearerToken extracts the credentials of "Bearer <token>" (scheme
 // case-insensitive, RFC 6750 §2.1).
 func BearerToken(h []byte) ([]byte, bool) {
 	const scheme = "bearer "

@@ -1,4 +1,4 @@
-package proxy
+package openai
 
 import (
 	"encoding/json"
@@ -8,7 +8,7 @@ import (
 
 // The prefix hash follows a request's first message: requests sharing a
 // system prompt share it whatever follows; without one, the first message's
-// first prefixBytes decide; a message in parts hashes as its first text.
+// first PrefixBytes decide; a message in parts hashes as its first text.
 func TestPrefixHashFollowsTheFirstMessage(t *testing.T) {
 	chat := func(msgs ...any) []byte {
 		var ms []map[string]any
@@ -23,13 +23,13 @@ func TestPrefixHashFollowsTheFirstMessage(t *testing.T) {
 	}
 	hash := func(body []byte) uint64 {
 		t.Helper()
-		r, err := parseRequest(body, epChat)
+		r, err := parseRequest(body, Chat)
 		if err != nil {
 			t.Fatalf("%s: %v", body, err)
 		}
-		return r.prefixHash
+		return r.PrefixHash
 	}
-	long := strings.Repeat("a", prefixBytes)
+	long := strings.Repeat("a", PrefixBytes)
 	sys := hash(chat("system", "You are terse.", "user", "hi"))
 	switch {
 	case sys == 0:
@@ -49,15 +49,15 @@ func TestPrefixHashFollowsTheFirstMessage(t *testing.T) {
 	}
 }
 
-// BenchmarkPrefixHash is the prefix hash of a long prompt (prefixBytes of
+// BenchmarkPrefixHash is the prefix hash of a long prompt (PrefixBytes of
 // it are hashed): paid by every request with a long system prompt.
 func BenchmarkPrefixHash(b *testing.B) {
 	s := strings.Repeat("You are a helpful assistant. ", 40)
 	b.ReportAllocs()
-	b.SetBytes(prefixBytes)
+	b.SetBytes(PrefixBytes)
 	var h uint64
 	for b.Loop() {
-		h ^= prefixHashOf(s)
+		h ^= PrefixHashOf(s)
 	}
 	_ = h
 }

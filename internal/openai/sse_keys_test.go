@@ -1,7 +1,7 @@
-package proxy
+package openai
 
 import (
-	"bytes"
+	"strings"
 	"testing"
 )
 
@@ -21,15 +21,15 @@ var keyChunks = []string{
 	`"`,
 }
 
-// TestIndexKeyIsBytesIndex: indexKey finds what bytes.Index finds, for
+// TestIndexKeyIsBytesIndex: IndexKey finds what bytes.Index finds, for
 // every key the relay and migration look for.
-func TestIndexKeyIsBytesIndex(t *testing.T) {
-	keys := [][]byte{usageKey, choicesKey, keyContent, keyText, keyFinishReason, keyTokenIDs, keyID, keyReasoning}
+func TestIndexKeyIsStringsIndex(t *testing.T) {
+	keys := []string{UsageKey, ChoicesKey, KeyContent, KeyText, KeyFinishReason, KeyTokenIDs, KeyID, KeyReasoning}
 	for _, c := range keyChunks {
 		b := []byte(c)
 		for _, k := range keys {
-			if got, want := indexKey(b, k), bytes.Index(b, k); got != want {
-				t.Errorf("indexKey(%q, %s) = %d, bytes.Index says %d", c, k, got, want)
+			if got, want := IndexKey(b, k), strings.Index(string(b), k); got != want {
+				t.Errorf("IndexKey(%q, %s) = %d, strings.Index says %d", c, k, got, want)
 			}
 		}
 	}
@@ -40,29 +40,29 @@ func TestIndexKeyIsBytesIndex(t *testing.T) {
 // another shape, an id of another length), and never returns an offset
 // without the key.
 func TestKeyHintFollowsTheStream(t *testing.T) {
-	var h keyHint
+	var h KeyHint
 	first := []byte(`{"id":"a","choices":[{"delta":{"content":"x"}}]}`)
-	if i := h.index(first, choicesKey); i != bytes.Index(first, choicesKey) || h == 0 {
+	if i := h.Index(first, ChoicesKey); i != strings.Index(string(first), ChoicesKey) || h == 0 {
 		t.Fatalf("first chunk: %d, hint %d", i, h)
 	}
 	same := []byte(`{"id":"b","choices":[{"delta":{"content":"longer text"}}]}`)
-	if i := h.index(same, choicesKey); i != bytes.Index(same, choicesKey) {
+	if i := h.Index(same, ChoicesKey); i != strings.Index(string(same), ChoicesKey) {
 		t.Errorf("same shape: %d", i)
 	}
 	longerID := []byte(`{"id":"bbbb","choices":[]}`)
-	if i := h.index(longerID, choicesKey); i != bytes.Index(longerID, choicesKey) {
-		t.Errorf("id of another length: %d, want %d", i, bytes.Index(longerID, choicesKey))
+	if i := h.Index(longerID, ChoicesKey); i != strings.Index(string(longerID), ChoicesKey) {
+		t.Errorf("id of another length: %d, want %d", i, strings.Index(string(longerID), ChoicesKey))
 	}
 	none := []byte(`{"id":"bbbb","usage":{}}`)
-	if i := h.index(none, choicesKey); i != -1 {
+	if i := h.Index(none, ChoicesKey); i != -1 {
 		t.Errorf("no choices: %d", i)
 	}
 	short := []byte(`{}`)
-	if i := h.index(short, choicesKey); i != -1 {
+	if i := h.Index(short, ChoicesKey); i != -1 {
 		t.Errorf("a chunk shorter than the hint: %d", i)
 	}
-	var nilHint *keyHint
-	if i := nilHint.index(first, choicesKey); i != bytes.Index(first, choicesKey) {
+	var nilHint *KeyHint
+	if i := nilHint.Index(first, ChoicesKey); i != strings.Index(string(first), ChoicesKey) {
 		t.Errorf("nil hint: %d", i)
 	}
 }
@@ -71,10 +71,10 @@ func TestKeyHintFollowsTheStream(t *testing.T) {
 // token chunk, with the stream's choices hint as the relay keeps it.
 func BenchmarkClassifyEvent(b *testing.B) {
 	p := []byte(keyChunks[0])
-	var h chunkHints
+	var h ChunkHints
 	b.ReportAllocs()
 	for b.Loop() {
-		if classifyEvent(p, &h) != evToken {
+		if ClassifyEvent(p, &h) != EventToken {
 			b.Fatal("not a token chunk")
 		}
 	}

@@ -1,4 +1,4 @@
-package proxy
+package openai
 
 import "bytes"
 
@@ -9,40 +9,40 @@ import "bytes"
 // a space after the colon); a field they can't find reads as absent.
 
 // Field keys, as they appear in chunks, each from its opening quote
-// (indexKey). Read-only.
-var (
-	keyID             = []byte(`"id":`)
-	keyCreated        = []byte(`"created":`)
-	keyContent        = []byte(`"content":`)
-	keyText           = []byte(`"text":`)
-	keyRole           = []byte(`"role":`)
-	keyTokenIDs       = []byte(`"token_ids":`)
-	keyPromptTokenIDs = []byte(`"prompt_token_ids":`)
-	keyFinishReason   = []byte(`"finish_reason":`)
-	keyToolCalls      = []byte(`"tool_calls":`)
-	keyReasoning      = []byte(`"reasoning`) // reasoning_content (vLLM < 0.11), reasoning
-	keyUsage          = []byte(`"usage":`)
+// (IndexKey). Read-only.
+const (
+	KeyID             = `"id":`
+	KeyCreated        = `"created":`
+	KeyContent        = `"content":`
+	KeyText           = `"text":`
+	KeyRole           = `"role":`
+	KeyTokenIDs       = `"token_ids":`
+	KeyPromptTokenIDs = `"prompt_token_ids":`
+	KeyFinishReason   = `"finish_reason":`
+	KeyToolCalls      = `"tool_calls":`
+	KeyReasoning      = `"reasoning` // reasoning_content (vLLM < 0.11), reasoning
+	KeyUsage          = `"usage":`
 )
 
-// span is a byte range [at, end) of an event; key is where its key starts
+// Span is a byte range [at, end) of an event; key is where its key starts
 // (-1 when the span is a value alone).
-type span struct{ key, at, end int }
+type Span struct{ key, At, End int }
 
-// field finds key in b and returns the span of its value (whitespace
+// Field finds key in b and returns the span of its value (whitespace
 // before it skipped), with key's position; ok is false when key is absent
 // or its value unreadable.
-func field(b, key []byte) (span, bool) { return fieldFrom(b, 0, key) }
+func Field(b []byte, key string) (Span, bool) { return FieldFrom(b, 0, key) }
 
-// fieldFrom is field looking at b[from:] only (positions are b's): chunks
+// FieldFrom is field looking at b[from:] only (positions are b's): chunks
 // hold their fields in the engine's order, so a search can start where the
 // previous field ended.
-func fieldFrom(b []byte, from int, key []byte) (span, bool) {
+func FieldFrom(b []byte, from int, key string) (Span, bool) {
 	if from < 0 || from > len(b) {
-		return span{}, false
+		return Span{}, false
 	}
-	k := indexKey(b[from:], key)
+	k := IndexKey(b[from:], key)
 	if k < 0 {
-		return span{}, false
+		return Span{}, false
 	}
 	k += from
 	i := k + len(key)
@@ -51,9 +51,9 @@ func fieldFrom(b []byte, from int, key []byte) (span, bool) {
 	}
 	end := valueEnd(b, i)
 	if end < 0 {
-		return span{}, false
+		return Span{}, false
 	}
-	return span{key: k, at: i, end: end}, true
+	return Span{key: k, At: i, End: end}, true
 }
 
 // valueEnd returns the end of the JSON value starting at b[i], or -1.
@@ -118,51 +118,51 @@ func stringEnd(b []byte, i int) int {
 	}
 }
 
-// isString reports a span holding a JSON string; inner is its escaped
+// IsString reports a span holding a JSON string; inner is its escaped
 // content, as it may be pasted into another JSON string.
-func (s span) isString(b []byte) (inner []byte, ok bool) {
-	if s.end-s.at < 2 || b[s.at] != '"' {
+func (s Span) IsString(b []byte) (inner []byte, ok bool) {
+	if s.End-s.At < 2 || b[s.At] != '"' {
 		return nil, false
 	}
-	return b[s.at+1 : s.end-1], true
+	return b[s.At+1 : s.End-1], true
 }
 
-// isNull reports a span holding null.
-func (s span) isNull(b []byte) bool { return bytes.Equal(b[s.at:s.end], []byte("null")) }
+// IsNull reports a span holding null.
+func (s Span) IsNull(b []byte) bool { return bytes.Equal(b[s.At:s.End], []byte("null")) }
 
 // idList returns the elements of a span holding an array of numbers
 // ("1,2,3", without brackets) and their count; ok is false for anything
 // else (null).
-func (s span) idList(b []byte) (inner []byte, n int, ok bool) {
-	if s.end-s.at < 2 || b[s.at] != '[' {
+func (s Span) IDList(b []byte) (inner []byte, n int, ok bool) {
+	if s.End-s.At < 2 || b[s.At] != '[' {
 		return nil, 0, false
 	}
-	inner = bytes.TrimSpace(b[s.at+1 : s.end-1])
+	inner = bytes.TrimSpace(b[s.At+1 : s.End-1])
 	if len(inner) == 0 {
 		return inner, 0, true
 	}
 	return inner, bytes.Count(inner, []byte(",")) + 1, true
 }
 
-// withComma widens a field's span (key included) to take one comma with
+// WithComma widens a field's span (key included) to take one comma with
 // it, so removing it leaves valid JSON: the comma before, else the one
 // after.
-func (s span) withComma(b []byte) span {
-	out := span{key: -1, at: s.key, end: s.end}
+func (s Span) WithComma(b []byte) Span {
+	out := Span{key: -1, At: s.key, End: s.End}
 	i := s.key - 1
 	for i >= 0 && (b[i] == ' ' || b[i] == '\t') {
 		i--
 	}
 	if i >= 0 && b[i] == ',' {
-		out.at = i
+		out.At = i
 		return out
 	}
-	j := s.end
+	j := s.End
 	for j < len(b) && (b[j] == ' ' || b[j] == '\t') {
 		j++
 	}
 	if j < len(b) && b[j] == ',' {
-		out.end = j + 1
+		out.End = j + 1
 	}
 	return out
 }
@@ -173,25 +173,25 @@ type edit struct {
 	repl    []byte
 }
 
-// edits is a handful of non-overlapping edits of one event; at most
+// Edits is a handful of non-overlapping edits of one event; at most
 // len(edits) are kept, which is all a chunk ever needs.
-type edits struct {
+type Edits struct {
 	e [4]edit
-	n int
+	N int
 }
 
-func (es *edits) add(at, end int, repl []byte) {
-	if es.n == len(es.e) || at < 0 || end < at {
+func (es *Edits) Add(at, end int, repl []byte) {
+	if es.N == len(es.e) || at < 0 || end < at {
 		return
 	}
-	es.e[es.n] = edit{at, end, repl}
-	es.n++
+	es.e[es.N] = edit{at, end, repl}
+	es.N++
 }
 
-// apply appends ev with the edits made to dst. Edits overlapping an
+// Apply appends ev with the edits made to dst. Edits overlapping an
 // earlier one are dropped.
-func (es *edits) apply(dst, ev []byte) []byte {
-	e := es.e[:es.n]
+func (es *Edits) Apply(dst, ev []byte) []byte {
+	e := es.e[:es.N]
 	for i := 1; i < len(e); i++ { // insertion sort: a few elements
 		for j := i; j > 0 && e[j].at < e[j-1].at; j-- {
 			e[j], e[j-1] = e[j-1], e[j]

@@ -1,4 +1,4 @@
-package proxy
+package openai
 
 import (
 	"errors"
@@ -9,8 +9,8 @@ import (
 	"github.com/valyala/fastjson"
 )
 
-// validJSON is gjson.Valid, whatever the body, but for nesting deeper
-// than maxJSONDepth.
+// ValidJSON is gjson.Valid, whatever the body, but for nesting deeper
+// than MaxJSONDepth.
 func FuzzValidJSON(f *testing.F) {
 	for _, s := range []string{
 		`{"a":"b"}`, `{"a":"x` + "\x01" + `y\n"}`, `{"a":"\x"}`, "{\"a\":\"\xff\"}", `{"a":01}`, `{"a":-}`,
@@ -27,8 +27,8 @@ func FuzzValidJSON(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		got, want := validJSON(b), gjson.ValidBytes(b)
-		if got == want || (want && naiveDepth(b) > maxJSONDepth) {
+		got, want := ValidJSON(b), gjson.ValidBytes(b)
+		if got == want || (want && naiveDepth(b) > MaxJSONDepth) {
 			return
 		}
 		t.Fatalf("validJSON(%q) = %v, gjson says %v", b, got, want)
@@ -56,8 +56,8 @@ func naiveDepth(b []byte) int {
 	return most
 }
 
-// checkJSON refuses a bracket past maxJSONDepth, however the nesting is
-// built, and never counts a bracket inside a string; at maxJSONDepth the
+// CheckJSON refuses a bracket past MaxJSONDepth, however the nesting is
+// built, and never counts a bracket inside a string; at MaxJSONDepth the
 // same texts pass.
 func TestCheckJSONDepth(t *testing.T) {
 	seen := map[bool]int{}
@@ -67,21 +67,21 @@ func TestCheckJSONDepth(t *testing.T) {
 		{`[{"k":"[{","v":`, `["\\\"[[",[]]`, "}]"}, // two levels a step
 		{`{"s":"]]}}","a":[`, `[1,2.5e-3,true,null]`, "]}"},
 	} {
-		for reps := 1; reps <= maxJSONDepth+2; reps++ {
+		for reps := 1; reps <= MaxJSONDepth+2; reps++ {
 			b := []byte(strings.Repeat(c.open, reps) + c.leaf + strings.Repeat(c.close, reps))
 			depth := naiveDepth(b)
-			if depth < maxJSONDepth-1 || depth > maxJSONDepth+2 {
+			if depth < MaxJSONDepth-1 || depth > MaxJSONDepth+2 {
 				continue
 			}
 			if !gjson.ValidBytes(b) {
 				t.Fatalf("%.40s…: not JSON", b)
 			}
-			err := checkJSON(b)
-			seen[depth > maxJSONDepth]++
+			err := CheckJSON(b)
+			seen[depth > MaxJSONDepth]++
 			switch {
-			case depth > maxJSONDepth && !errors.Is(err, errJSONDepth):
+			case depth > MaxJSONDepth && !errors.Is(err, ErrJSONDepth):
 				t.Errorf("%.40s… nests %d deep: %v, want errJSONDepth", b, depth, err)
-			case depth <= maxJSONDepth && err != nil:
+			case depth <= MaxJSONDepth && err != nil:
 				t.Errorf("%.40s… nests %d deep: %v, want nil", b, depth, err)
 			}
 		}
@@ -102,20 +102,19 @@ func TestReadRequestDeepBody(t *testing.T) {
 		`{"model":"m","prompt":"x","metadata":` + strings.Repeat(`{"a":`, n/5) + `1` + strings.Repeat("}", n/5) + `}`,
 	} {
 		var p fastjson.Parser
-		_, err := readRequest(&p, []byte(body), epCompletions)
-		if err == nil || statusOf(err) != 400 || !strings.Contains(err.Error(), "nested more than 300 levels deep") {
-			t.Fatalf("%d bytes of nesting: %v, want a 400 naming the depth", len(body), err)
+		_, err := ReadRequest(&p, []byte(body), Completions)
+		if !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), "nested more than 300 levels deep") {
+			t.Fatalf("%d bytes of nesting: %v, want a bad request naming the depth", len(body), err)
 		}
 	}
-	if err := checkJSON([]byte(strings.Repeat("[", n) + "]")); !errors.Is(err, errJSONDepth) {
+	if err := CheckJSON([]byte(strings.Repeat("[", n) + "]")); !errors.Is(err, ErrJSONDepth) {
 		t.Fatalf("deep and malformed: %v, want errJSONDepth", err)
 	}
 }
 
 // BenchmarkValidJSON checks an 8 KB prompt of prose and one of code, and
-// the harness's 300-byte
-// request and 500-byte answer (work_bench_test.go), which every
-// non-streamed request has checked.
+// a request and an answer of `gpurouter bench proxy-cost`'s sizes (300
+// and 500 bytes), which every non-streamed request has checked.
 func BenchmarkValidJSON(b *testing.B) {
 	long := []byte(`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("lorem ipsum dolor sit amet, consectetur adipiscing elit ", 150) + `"}],"max_tokens":64}`)
 	for _, body := range []struct {
@@ -125,14 +124,15 @@ func BenchmarkValidJSON(b *testing.B) {
 		{"8KB", long},
 		// Source code: an escape every few bytes, quotes among them.
 		{"8KB-escaped", []byte(`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat(`\tif x := f(\"a\\\\b\"); x {\n`, 256) + `"}]}`)},
-		{"request", []byte(harnessRequest)},
-		{"answer", harnessReply},
+		{"request", sized(`{"model":"m","messages":[{"role":"user","content":"`, 300, `"}],"max_tokens":64,"temperature":0}`)},
+		{"answer", sized(`{"id":"chatcmpl-1","object":"chat.completion","created":1700000000,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"`,
+			500, `"},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":60,"total_tokens":124,"completion_tokens":64}}`)},
 	} {
 		for _, v := range []struct {
 			name  string
 			valid func([]byte) bool
 		}{
-			{"validJSON", validJSON},
+			{"validJSON", ValidJSON},
 			{"fastjson", func(b []byte) bool { return fastjson.ValidateBytes(b) == nil }},
 			{"gjson", gjson.ValidBytes},
 		} {
@@ -147,4 +147,10 @@ func BenchmarkValidJSON(b *testing.B) {
 			})
 		}
 	}
+}
+
+// sized is head, words, tail: n bytes of JSON text.
+func sized(head string, n int, tail string) []byte {
+	words := strings.Repeat("lorem ipsum dolor sit amet ", n/27+1)
+	return []byte(head + words[:n-len(head)-len(tail)] + tail)
 }

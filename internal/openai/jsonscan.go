@@ -1,4 +1,4 @@
-package proxy
+package openai
 
 import (
 	"bytes"
@@ -9,29 +9,29 @@ import (
 )
 
 // A JSON body is read member by member: its object's members are found
-// in its bytes — noted by the check as it reads them (objectMembers,
-// checkJSONMembers), else by a scan (eachMember) — and only those the
+// in its bytes — noted by the check as it reads them (ObjectMembers,
+// CheckJSONMembers), else by a scan (EachMember) — and only those the
 // router reads are parsed,
 // one at a time, within a bound on the tree they may grow (memberParser).
 // fastjson builds a tree of ~400 bytes per value, and ~90 ns: parsed
 // whole, one client's 8 MiB of "[0,0,0,…]" under a key nobody reads took
 // 2 GB of heap and 2.9 s (TestReadRequestManyValues).
 
-// maxTreeValues is the most JSON values the router parses out of one
+// MaxTreeValues is the most JSON values the router parses out of one
 // body: ~25 MB of parse tree and ~25 ms at most. A request holds a few
 // hundred; prompts of token ids, which can hold a model's whole context,
-// are read from their bytes (idArrays) instead.
-const maxTreeValues = 1 << 16
+// are read from their bytes (IDArrays) instead.
+const MaxTreeValues = 1 << 16
 
-// pooledTreeValues is the most values a pooled parser parses (~2 MB of
+// PooledTreeValues is the most values a pooled parser parses (~2 MB of
 // tree it then keeps); more take a parser of their own (memberParser.tree).
-const pooledTreeValues = 4096
+const PooledTreeValues = 4096
 
-// eachMember calls fn with each member of obj, a JSON object that
-// checkJSON passed, in order: its key as written (within the quotes,
+// EachMember calls fn with each member of obj, a JSON object that
+// CheckJSON passed, in order: its key as written (within the quotes,
 // escapes left) and its value's bytes. It stops at fn's first error; an
 // object that does not end where obj does is errJSONSyntax.
-func eachMember(obj []byte, fn func(key, raw []byte) error) error {
+func EachMember(obj []byte, fn func(key, raw []byte) error) error {
 	i := skipJSONSpace(obj, 1)
 	for i < len(obj) && obj[i] == '"' {
 		ke := stringEnd(obj, i)
@@ -62,22 +62,22 @@ func eachMember(obj []byte, fn func(key, raw []byte) error) error {
 	return nil
 }
 
-// maxMembers is how many members objectMembers notes: more than an
+// MaxMembers is how many members ObjectMembers notes: more than an
 // OpenAI request or answer has at its top level.
-const maxMembers = 32
+const MaxMembers = 32
 
-// objectMembers are where a JSON object's members are in its bytes, as
-// checkJSONMembers found them. Its zero value holds none.
-type objectMembers struct {
+// ObjectMembers are where a JSON object's members are in its bytes, as
+// CheckJSONMembers found them. Its zero value holds none.
+type ObjectMembers struct {
 	n    int
-	over bool // more than maxMembers: each scans the object instead
-	at   [maxMembers]struct{ key, keyEnd, val, valEnd int32 }
+	over bool // more than MaxMembers: each scans the object instead
+	at   [MaxMembers]struct{ key, keyEnd, val, valEnd int32 }
 }
 
 // key notes a member whose key is the string from k to end (its
 // quotes).
-func (m *objectMembers) key(k, end int) {
-	if m.over || m.n == maxMembers || end > math.MaxInt32 {
+func (m *ObjectMembers) key(k, end int) {
+	if m.over || m.n == MaxMembers || end > math.MaxInt32 {
 		m.over = true
 		return
 	}
@@ -88,7 +88,7 @@ func (m *objectMembers) key(k, end int) {
 // value notes where the last member's value starts (end false) or ends.
 // An offset past int32 (a body over 2 GiB) leaves the members to the
 // scan.
-func (m *objectMembers) value(i int, end bool) {
+func (m *ObjectMembers) value(i int, end bool) {
 	switch {
 	case m.over:
 	case i > math.MaxInt32:
@@ -100,10 +100,10 @@ func (m *objectMembers) value(i int, end bool) {
 	}
 }
 
-// each is eachMember(obj, fn) for obj, the object m was noted from.
-func (m *objectMembers) each(obj []byte, fn func(key, raw []byte) error) error {
+// Each is EachMember(obj, fn) for obj, the object m was noted from.
+func (m *ObjectMembers) Each(obj []byte, fn func(key, raw []byte) error) error {
 	if m.over {
-		return eachMember(obj, fn)
+		return EachMember(obj, fn)
 	}
 	for _, a := range m.at[:m.n] {
 		if err := fn(obj[a.key:a.keyEnd], obj[a.val:a.valEnd]); err != nil {
@@ -113,11 +113,11 @@ func (m *objectMembers) each(obj []byte, fn func(key, raw []byte) error) error {
 	return nil
 }
 
-// member is the value of obj's first member named name, as a parse's Get
+// Member is the value of obj's first member named name, as a parse's Get
 // finds it (nil when there is none); known is false when m cannot tell —
 // more members than it notes, or a key with escapes before that member —
-// and obj must be scanned (eachMember).
-func (m *objectMembers) member(obj []byte, name string) (raw []byte, known bool) {
+// and obj must be scanned (EachMember).
+func (m *ObjectMembers) Member(obj []byte, name string) (raw []byte, known bool) {
 	if m.over {
 		return nil, false
 	}
@@ -140,44 +140,44 @@ func skipJSONSpace(b []byte, i int) int {
 	return i
 }
 
-// memberKey is a member's key unescaped, as fastjson reads keys; a key
+// MemberKey is a member's key unescaped, as fastjson reads keys; a key
 // without escapes is a view of the body, valid while it is.
-func memberKey(p *fastjson.Parser, key []byte) string {
+func MemberKey(p *fastjson.Parser, key []byte) string {
 	if bytes.IndexByte(key, '\\') < 0 {
-		return bytesView(key)
+		return BytesView(key)
 	}
 	q := make([]byte, 0, len(key)+2)
 	q = append(append(append(q, '"'), key...), '"')
 	v, err := p.ParseBytes(q)
 	if err != nil {
-		return bytesView(key)
+		return BytesView(key)
 	}
 	return string(v.GetStringBytes())
 }
 
 // memberParser parses the members a reader reads, out of one budget of
-// maxTreeValues values for the whole body: the tree one body may grow,
+// MaxTreeValues values for the whole body: the tree one body may grow,
 // and the time spent growing it, stay bounded however its members repeat.
 type memberParser struct {
 	p    *fastjson.Parser
 	left int // values the body's members may still hold
 }
 
-func newMemberParser(p *fastjson.Parser) memberParser {
-	return memberParser{p: p, left: maxTreeValues}
+func NewMemberParser(p *fastjson.Parser) memberParser {
+	return memberParser{p: p, left: MaxTreeValues}
 }
 
-// tree parses one member's value, refusing it (an error naming the
-// member) when the body's members would hold more than maxTreeValues
+// Tree parses one member's value, refusing it (an error naming the
+// member) when the body's members would hold more than MaxTreeValues
 // values; the tree is valid until the next parse.
-func (m *memberParser) tree(name string, raw []byte) (*fastjson.Value, error) {
+func (m *memberParser) Tree(name string, raw []byte) (*fastjson.Value, error) {
 	n := jsonValues(raw, m.left)
 	if n > m.left {
-		return nil, badParam(name, fmt.Sprintf("more than %d JSON values in the body", maxTreeValues))
+		return nil, BadParam(name, fmt.Sprintf("more than %d JSON values in the body", MaxTreeValues))
 	}
 	m.left -= n
 	p := m.p
-	if n > pooledTreeValues {
+	if n > PooledTreeValues {
 		// A parser keeps its tree's memory for its next parse, in the
 		// pool: a large tree is grown by a parser of its own, dropped
 		// with the request.
@@ -185,7 +185,7 @@ func (m *memberParser) tree(name string, raw []byte) (*fastjson.Value, error) {
 	}
 	v, err := p.ParseBytes(raw)
 	if err != nil {
-		return nil, badParam("body", fmt.Sprintf("JSON nested more than %d levels deep", maxJSONDepth))
+		return nil, BadParam("body", fmt.Sprintf("JSON nested more than %d levels deep", MaxJSONDepth))
 	}
 	return v, nil
 }
@@ -193,13 +193,13 @@ func (m *memberParser) tree(name string, raw []byte) (*fastjson.Value, error) {
 // jsonValues bounds the JSON values raw holds by its commas and opening
 // brackets outside strings, plus one; past max it stops counting. Three
 // counts at memchr speed, which count the bytes within strings too, settle
-// a value with few of them (no more than pooledTreeValues, so that such a
+// a value with few of them (no more than PooledTreeValues, so that such a
 // count never sends a parse out of the pool); one with many is read
 // through, its strings skipped, so that text full of commas is not
 // counted as values.
 func jsonValues(raw []byte, max int) int {
-	n := 1 + bytes.Count(raw, comma) + bytes.Count(raw, openBrace) + bytes.Count(raw, openBracket)
-	if n <= pooledTreeValues {
+	n := 1 + bytes.Count(raw, []byte{','}) + bytes.Count(raw, []byte{'{'}) + bytes.Count(raw, []byte{'['})
+	if n <= PooledTreeValues {
 		return n
 	}
 	n = 1
@@ -218,13 +218,11 @@ func jsonValues(raw []byte, max int) int {
 	return n
 }
 
-var comma, openBrace, openBracket = []byte{','}, []byte{'{'}, []byte{'['}
-
-// idArrays reads a prompt of token ids from its bytes, without a parse
+// IDArrays reads a prompt of token ids from its bytes, without a parse
 // tree: an array of numbers (one prompt) or of arrays of numbers (several).
-// size is textSize's (4 bytes a token), cont promptCont's; ok is false for
+// size is TextSize's (4 bytes a token), cont PromptCont's; ok is false for
 // any other value, which is parsed.
-func idArrays(raw []byte) (size int, cont contFlags, ok bool) {
+func IDArrays(raw []byte) (size int, cont ContFlags, ok bool) {
 	if len(raw) < 2 || raw[0] != '[' {
 		return 0, 0, false
 	}
@@ -275,18 +273,18 @@ func idArrays(raw []byte) (size int, cont contFlags, ok bool) {
 	}
 	switch {
 	case first == '0':
-		cont = contPromptIDs // one prompt of token ids
+		cont = ContPromptIDs // one prompt of token ids
 	case elems > 1:
-		cont = contNo // several prompts
+		cont = ContNo // several prompts
 	case first == '[':
-		cont = contPromptIDs
+		cont = ContPromptIDs
 	}
 	return size, cont, true
 }
 
-// rawType is the type of the JSON value raw (which checkJSON passed), read
+// RawType is the type of the JSON value raw (which CheckJSON passed), read
 // from its first byte.
-func rawType(raw []byte) fastjson.Type {
+func RawType(raw []byte) fastjson.Type {
 	if len(raw) == 0 {
 		return fastjson.TypeNull
 	}

@@ -1,36 +1,38 @@
-package proxy
+package openai
 
 import (
 	"bytes"
+	"strings"
 
 	"github.com/tidwall/gjson"
 )
 
-// eventKind classifies one SSE event of an OpenAI-style stream.
-type eventKind uint8
+// EventKind classifies one SSE event of an OpenAI-style stream.
+type EventKind uint8
 
 const (
-	evOther     eventKind = iota // comments, keep-alives, unknown shapes: relayed as is
-	evToken                      // a chunk whose choices carry output (text, reasoning, a tool call): counts for TTFT/ITL
-	evChoice                     // a chunk whose choices carry none: a chat stream's role-only first chunk, a last one with its finish_reason alone
-	evUsageOnly                  // choices empty, usage present: the final usage chunk
-	evDone                       // data: [DONE]
-	evError                      // data: {"error": ...}
+	EventOther     EventKind = iota // comments, keep-alives, unknown shapes: relayed as is
+	EventToken                      // a chunk whose choices carry output (text, reasoning, a tool call): counts for TTFT/ITL
+	EventChoice                     // a chunk whose choices carry none: a chat stream's role-only first chunk, a last one with its finish_reason alone
+	EventUsageOnly                  // choices empty, usage present: the final usage chunk
+	EventDone                       // data: [DONE]
+	EventError                      // data: {"error": ...}
 )
 
-var (
-	dataPrefix   = []byte("data:")
-	donePayload  = []byte("[DONE]")
-	choicesKey   = []byte(`"choices":`)
-	usageKey     = []byte(`"usage":`)
-	errorPrefix  = []byte(`{"error"`)
-	objectPrefix = []byte(`{"object":"error"`)
+// What the classification looks for in an event, as engines write it.
+const (
+	dataPrefix   = "data:"
+	DonePayload  = "[DONE]"
+	ChoicesKey   = `"choices":`
+	UsageKey     = `"usage":`
+	errorPrefix  = `{"error"`
+	objectPrefix = `{"object":"error"`
 )
 
-// nextEvent finds the first complete event in buf (terminated by a blank
+// NextEvent finds the first complete event in buf (terminated by a blank
 // line) and returns its length including the terminator, or -1 when buf
 // holds no complete event yet. Both \n\n and \r\n\r\n are accepted.
-func nextEvent(buf []byte) int {
+func NextEvent(buf []byte) int {
 	for i := 0; i < len(buf); {
 		j := bytes.IndexByte(buf[i:], '\n')
 		if j < 0 {
@@ -45,8 +47,8 @@ func nextEvent(buf []byte) int {
 	return -1
 }
 
-// eventData returns the payload of the event's first data: line, trimmed.
-func eventData(ev []byte) []byte {
+// EventData returns the payload of the event's first data: line, trimmed.
+func EventData(ev []byte) []byte {
 	for len(ev) > 0 {
 		line := ev
 		if k := bytes.IndexByte(ev, '\n'); k >= 0 {
@@ -54,60 +56,60 @@ func eventData(ev []byte) []byte {
 		} else {
 			ev = nil
 		}
-		if bytes.HasPrefix(line, dataPrefix) {
+		if strings.HasPrefix(BytesView(line), dataPrefix) {
 			return bytes.TrimSpace(line[len(dataPrefix):])
 		}
 	}
 	return nil
 }
 
-// chunkHints are where a stream's previous chunk had its choices and its
-// output (keyHint, outputHint): an engine writes every chunk of a stream
+// ChunkHints are where a stream's previous chunk had its choices and its
+// output (KeyHint, outputHint): an engine writes every chunk of a stream
 // alike, so each is found with a comparison or two.
-type chunkHints struct {
-	choices keyHint
+type ChunkHints struct {
+	choices KeyHint
 	output  outputHint
 }
 
-// classifyEvent says what an event is without decoding its JSON: streams
+// ClassifyEvent says what an event is without decoding its JSON: streams
 // carry thousands of events per second and only the usage chunk needs a
 // real parse. hints are the stream's (nil: none kept).
-func classifyEvent(payload []byte, hints *chunkHints) eventKind {
+func ClassifyEvent(payload []byte, hints *ChunkHints) EventKind {
 	switch {
 	case len(payload) == 0:
-		return evOther
-	case bytes.Equal(payload, donePayload):
-		return evDone
-	case bytes.HasPrefix(payload, errorPrefix) || bytes.HasPrefix(payload, objectPrefix):
-		return evError
+		return EventOther
+	case string(payload) == DonePayload:
+		return EventDone
+	case strings.HasPrefix(BytesView(payload), errorPrefix) || strings.HasPrefix(BytesView(payload), objectPrefix):
+		return EventError
 	}
-	var choices *keyHint
+	var choices *KeyHint
 	var output *outputHint
 	if hints != nil {
 		choices, output = &hints.choices, &hints.output
 	}
-	i := choices.index(payload, choicesKey)
+	i := choices.Index(payload, ChoicesKey)
 	if i < 0 {
-		if indexKey(payload, usageKey) >= 0 {
-			return evUsageOnly
+		if IndexKey(payload, UsageKey) >= 0 {
+			return EventUsageOnly
 		}
-		return evOther
+		return EventOther
 	}
-	rest := bytes.TrimLeft(payload[i+len(choicesKey):], " \t\r\n")
+	rest := bytes.TrimLeft(payload[i+len(ChoicesKey):], " \t\r\n")
 	if len(rest) == 0 || rest[0] != '[' {
-		return evOther
+		return EventOther
 	}
 	rest = bytes.TrimLeft(rest[1:], " \t\r\n")
 	if len(rest) > 0 && rest[0] == ']' {
 		if hasUsage(payload) {
-			return evUsageOnly
+			return EventUsageOnly
 		}
-		return evOther
+		return EventOther
 	}
 	if carriesOutput(payload, i, output) {
-		return evToken
+		return EventToken
 	}
-	return evChoice
+	return EventChoice
 }
 
 // The members of a choice that carry output, as outputMember names them: a
@@ -161,7 +163,7 @@ func carriesOutput(payload []byte, from int, h *outputHint) bool {
 	for key := range outputMembers {
 		k := outputMember(key)
 		for i := from; i < len(payload); {
-			j := indexKeyString(payload[i:], k)
+			j := IndexKey(payload[i:], k)
 			if j < 0 {
 				break
 			}
@@ -195,30 +197,30 @@ func isOutput(v []byte, key int) bool {
 
 // hasUsage reports a non-null "usage" object in the chunk.
 func hasUsage(payload []byte) bool {
-	i := indexKey(payload, usageKey)
+	i := IndexKey(payload, UsageKey)
 	if i < 0 {
 		return false
 	}
-	rest := bytes.TrimLeft(payload[i+len(usageKey):], " \t\r\n")
+	rest := bytes.TrimLeft(payload[i+len(UsageKey):], " \t\r\n")
 	return len(rest) > 0 && rest[0] == '{'
 }
 
-// readUsage extracts prompt and completion token counts from a chunk or a
+// ReadUsage extracts prompt and completion token counts from a chunk or a
 // whole response body; ok is false when it carries no usage.
-func readUsage(payload []byte) (prompt, completion int, ok bool) {
+func ReadUsage(payload []byte) (prompt, completion int, ok bool) {
 	if !hasUsage(payload) {
 		return 0, 0, false
 	}
 	// A view, not a copy: only numbers are taken from it.
-	u := gjson.Get(bytesView(payload), "usage")
+	u := gjson.Get(BytesView(payload), "usage")
 	if !u.IsObject() {
 		return 0, 0, false
 	}
 	return int(u.Get("prompt_tokens").Int()), int(u.Get("completion_tokens").Int()), true
 }
 
-// keyHint is where a key sat in a stream's previous chunk, plus one; the
-// zero value (and a nil *keyHint) holds none. An engine writes a stream's
+// KeyHint is where a key sat in a stream's previous chunk, plus one; the
+// zero value (and a nil *KeyHint) holds none. An engine writes a stream's
 // chunks with the same fields in the same order, so the next chunk mostly
 // has the key at the same offset, and one comparison replaces a search
 // that stops at every quote before it — the largest part of the relay's
@@ -226,33 +228,30 @@ func readUsage(payload []byte) (prompt, completion int, ok bool) {
 // wanted: a JSON string can't hold `"key":` (its quotes are escaped), so
 // the pattern at the hinted offset is that key; choices is the first
 // object of a chunk, so nothing before it holds another.
-type keyHint uint32
+type KeyHint uint32
 
-// index returns key's offset in b: the hinted one when b has key there,
+// Index returns key's offset in b: the hinted one when b has key there,
 // else the first (which becomes the hint), or -1.
-func (h *keyHint) index(b, key []byte) int {
+func (h *KeyHint) Index(b []byte, key string) int {
 	if h == nil {
-		return bytes.Index(b, key)
+		return strings.Index(BytesView(b), key)
 	}
-	if at := int(*h) - 1; at >= 0 && at+len(key) <= len(b) && bytes.Equal(b[at:at+len(key)], key) {
+	if at := int(*h) - 1; at >= 0 && at+len(key) <= len(b) && string(b[at:at+len(key)]) == key {
 		return at
 	}
-	i := bytes.Index(b, key)
+	i := strings.Index(BytesView(b), key)
 	if i >= 0 {
-		*h = keyHint(i + 1)
+		*h = KeyHint(i + 1)
 	}
 	return i
 }
 
-// indexKey is bytes.Index(b, key) for a key written `"name":`, anchored
+// IndexKey is bytes.Index(b, key) for a key written `"name":`, anchored
 // on the name's first letter rather than on the quote, which a chunk has
-// dozens of: bytes.Index stops at each quote to compare, indexKey only
+// dozens of: bytes.Index stops at each quote to compare, IndexKey only
 // where the letter is ("usage", absent from nearly every chunk, stops at
 // the u of "chunk" and of two nulls).
-func indexKey(b, key []byte) int { return indexKeyString(b, bytesView(key)) }
-
-// indexKeyString is indexKey with the key as a string.
-func indexKeyString(b []byte, key string) int {
+func IndexKey(b []byte, key string) int {
 	name := key[1:]
 	for i := 1; i < len(b); i++ {
 		j := bytes.IndexByte(b[i:], name[0])

@@ -1,4 +1,4 @@
-package proxy
+package openai
 
 import (
 	"bytes"
@@ -9,38 +9,38 @@ import (
 	"github.com/valyala/fastjson"
 )
 
-// maxJSONDepth is how deep a body the router reads may nest: fastjson's
-// parser goes no deeper (readRequest), so the check below refuses more.
-const maxJSONDepth = fastjson.MaxDepth
+// MaxJSONDepth is how deep a body the router reads may nest: fastjson's
+// parser goes no deeper (ReadRequest), so the check below refuses more.
+const MaxJSONDepth = fastjson.MaxDepth
 
-// Why checkJSON refused a body.
+// Why CheckJSON refused a body.
 var (
 	errJSONSyntax = errors.New("malformed JSON")
-	errJSONDepth  = errors.New("JSON nested too deep")
+	ErrJSONDepth  = errors.New("JSON nested too deep")
 )
 
-// checkJSON checks that b is one strict JSON value — gjson.Valid's verdict
+// CheckJSON checks that b is one strict JSON value — gjson.Valid's verdict
 // (FuzzValidJSON): no UTF-8 check within strings, as gjson makes none —
-// nested no more than maxJSONDepth levels (errJSONDepth when a bracket
+// nested no more than MaxJSONDepth levels (ErrJSONDepth when a bracket
 // past that comes before any error). Requests and whole answers are
 // checked before they are read or passed on.
 //
 // It reads b once, without recursion: the open arrays and objects are a
-// stack of maxJSONDepth bytes, so a client's 8 MiB of "[" costs a 400,
+// stack of MaxJSONDepth bytes, so a client's 8 MiB of "[" costs a 400,
 // not the goroutine's stack (TestReadRequestDeepBody). segmentio's
 // validator, which it replaced, cost more per value and per call: on the
 // harness's 300-byte request and 500-byte answer, which every
 // non-streamed request has checked, 490 and 640 ns against ~160 and
 // ~370; on 8 KB of prose 0.85 µs against ~1.0, and on 8 KB of source code
 // (an escape every few bytes) ~10 µs against ~8 (BenchmarkValidJSON).
-func checkJSON(b []byte) error { return checkJSONMembers(b, nil) }
+func CheckJSON(b []byte) error { return CheckJSONMembers(b, nil) }
 
-// checkJSONMembers is checkJSON, noting in m, when b is an object and m
-// is not nil, where its members are: the scan that readRequest and
+// CheckJSONMembers is CheckJSON, noting in m, when b is an object and m
+// is not nil, where its members are: the scan that ReadRequest and
 // wholeUsage made of a body's members after checking it, ~1 µs of a
 // request (BenchmarkRouterWork), is then no second pass.
-func checkJSONMembers(b []byte, m *objectMembers) error {
-	var closers [maxJSONDepth]byte // '}' or ']' for each open level
+func CheckJSONMembers(b []byte, m *ObjectMembers) error {
+	var closers [MaxJSONDepth]byte // '}' or ']' for each open level
 	depth := 0
 	i := 0
 	if m != nil {
@@ -57,8 +57,8 @@ func checkJSONMembers(b []byte, m *objectMembers) error {
 		}
 		switch c := b[i]; c {
 		case '{', '[':
-			if depth == maxJSONDepth {
-				return errJSONDepth
+			if depth == MaxJSONDepth {
+				return ErrJSONDepth
 			}
 			closer := c + 2 // '{'+2 is '}', '['+2 is ']'
 			i = skipJSONSpace(b, i+1)
@@ -134,8 +134,8 @@ func checkJSONMembers(b []byte, m *objectMembers) error {
 	}
 }
 
-// validJSON is checkJSON's verdict alone.
-func validJSON(b []byte) bool { return checkJSON(b) == nil }
+// ValidJSON is CheckJSON's verdict alone.
+func ValidJSON(b []byte) bool { return CheckJSON(b) == nil }
 
 // memberHead reads an object member's key and colon at b[i]: the index
 // after the key's string, and next, the index after the colon; next is

@@ -1,4 +1,4 @@
-package proxy
+package openai
 
 import (
 	"encoding/json"
@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-// withIncludeUsage asks for the usage chunk in every shape of body: no
+// WithIncludeUsage asks for the usage chunk in every shape of body: no
 // stream_options (added as the first member), stream_options null
 // (replaced), an object (include_usage set within); the result is valid
 // JSON with one stream_options and the body's other members unchanged.
@@ -22,11 +22,11 @@ func TestWithIncludeUsage(t *testing.T) {
 		`{"stream":true,"stream_options":{}}`,
 		`{"stream":true,"stream_options":{"include_usage":false,"continuous_usage_stats":false}}`,
 	} {
-		r, err := parseRequest([]byte(body), epCompletions)
+		r, err := parseRequest([]byte(body), Completions)
 		if err != nil && !strings.Contains(err.Error(), "prompt") {
 			t.Fatalf("%s: %v", body, err)
 		}
-		out, err := withIncludeUsage([]byte(body), &r)
+		out, err := WithIncludeUsage([]byte(body), &r)
 		if err != nil {
 			t.Fatalf("%s: %v", body, err)
 		}
@@ -53,14 +53,14 @@ func TestWithIncludeUsage(t *testing.T) {
 // 8 KB prompt and no stream_options: one copy.
 func BenchmarkIncludeUsage(b *testing.B) {
 	body := []byte(`{"model":"m","stream":true,"max_tokens":128,"messages":[{"role":"user","content":"` + strings.Repeat("The quick brown fox jumps over the lazy dog, again and again. ", 130) + `"}]}`)
-	r, err := parseRequest(body, epChat)
+	r, err := parseRequest(body, Chat)
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
 	b.SetBytes(int64(len(body)))
 	for b.Loop() {
-		if _, err := withIncludeUsage(body, &r); err != nil {
+		if _, err := WithIncludeUsage(body, &r); err != nil {
 			b.Fatal(err)
 		}
 	}
