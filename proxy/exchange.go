@@ -10,6 +10,7 @@ import (
 	"github.com/gpurouter/gpurouter/balancer"
 	"github.com/gpurouter/gpurouter/internal/openai"
 	"github.com/gpurouter/gpurouter/proxy/auth"
+	"github.com/gpurouter/gpurouter/proxy/observe"
 	"go.uber.org/zap"
 )
 
@@ -218,16 +219,23 @@ func (x *exchange) finish(err error, status int) {
 			x.lease.ObserveDecode(x.completionTokens, decode)
 		}
 	}
-	s.records.add(x.record(e2eEnd))
+	s.records.Add(x.record(e2eEnd))
 	x.logLine(err, end, e2eEnd, model, replica)
 }
 
 // logLine writes the exchange's access log line: the common kind straight
-// (accessLog), the others through zap.
+// (observe.AccessLog), the others through zap.
 func (x *exchange) logLine(err error, end, e2eEnd time.Time, model, replica string) {
 	s := x.s
-	if s.access.write(x, err, end, model, replica, e2eEnd.Sub(x.received)) {
-		return
+	if err == nil && (x.mig == nil || x.mig.migrations == 0) {
+		// The common kind, with no error to report and no migration.
+		line := observe.Line{ID: x.id, Endpoint: x.ep.String(), Model: model, Replica: replica, Arm: x.arm, KeyID: x.principal.ID,
+			Status: x.status, Outcome: x.outcome.String(), Stream: x.req.Stream, Attempts: x.attempts,
+			TTFT: sinceOr(x.firstTok, x.received), E2E: e2eEnd.Sub(x.received), PromptTokens: x.promptTokens,
+			CompletionTokens: x.completionTokens, End: end}
+		if s.access.Write(&line) {
+			return
+		}
 	}
 	if ce := s.log.Check(zap.InfoLevel, "request"); ce != nil {
 		keyID := zap.Skip() // the key's id only, never the key
@@ -261,7 +269,7 @@ func (x *exchange) logLine(err error, end, e2eEnd time.Time, model, replica stri
 }
 
 // accessFields are the fields of an access log line that goes through zap
-// (accessLog writes the common ones itself). Passed to zap as a literal
+// (observe.AccessLog writes the common ones itself). Passed to zap as a literal
 // list they would be a 1,152-byte heap slice a line — zap's cores are
 // interfaces, so the slice escapes. Server.accessFields pools them: a zap
 // core encodes the fields it is given before Write returns, and keeps none

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpurouter/gpurouter/proxy/observe"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
@@ -59,7 +60,7 @@ func TestRequestLoopRawAnswersAreFasthttps(t *testing.T) {
 			var answers, lines []string
 			for _, path := range []string{"raw", "parsed", "goroutines"} {
 				logs := &lockedBuffer{}
-				log := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(LogEncoderConfig()), zapcore.AddSync(logs), zap.InfoLevel))
+				log := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(observe.LogEncoderConfig()), zapcore.AddSync(logs), zap.InfoLevel))
 				tr := startRouterWith(t, []string{up}, func(o *Options) { o.Logger, o.AccessLog = log, logs },
 					withConfig(func(c *Config) {
 						c.RequestLoops, c.GoroutineRequests, c.parseWholeAnswers = 1, path == "goroutines", path == "parsed"

@@ -8,6 +8,7 @@ import (
 
 	"github.com/gpurouter/gpurouter/balancer"
 	"github.com/gpurouter/gpurouter/internal/openai"
+	"github.com/gpurouter/gpurouter/proxy/observe"
 	"github.com/prometheus/common/expfmt"
 	"github.com/valyala/fasthttp"
 )
@@ -125,7 +126,7 @@ func (s *Server) serveDebugRequests(ctx *fasthttp.RequestCtx) {
 	args := ctx.QueryArgs()
 	since, _ := strconv.ParseInt(string(args.Peek("since")), 10, 64)
 	limit, _ := strconv.Atoi(string(args.Peek("limit")))
-	b, err := recordsJSON(s.records.since(since, limit))
+	b, err := observe.RecordsJSON(s.records.Since(since, limit))
 	if err != nil {
 		writeError(ctx, err)
 		return
@@ -200,4 +201,31 @@ func requestPath(ctx *fasthttp.RequestCtx) []byte {
 		}
 	}
 	return uri
+}
+
+// serveDebugLatency answers GET /debug/latency?since=UNIX_NS&until=UNIX_NS:
+// per pool and replica, the router's ITL and queue-time sketches merged
+// over the windows the interval overlaps. until defaults to now and since
+// to until minus the retention; either later than now counts as now, so a
+// client whose clock runs ahead reads the current window.
+func (s *Server) serveDebugLatency(ctx *fasthttp.RequestCtx) {
+	now := s.now()
+	args := ctx.QueryArgs()
+	// Each no later than now (UnixNano of a time, which has no min).
+	at := func(name string, def time.Time) time.Time {
+		v, err := strconv.ParseInt(string(args.Peek(name)), 10, 64)
+		if err != nil {
+			return def
+		}
+		return time.Unix(0, min(v, now.UnixNano()))
+	}
+	until := at("until", now)
+	since := at("since", until.Add(-observe.LatencyRetention))
+	b, err := json.Marshal(s.lat.Collect(since, until))
+	if err != nil {
+		writeError(ctx, err)
+		return
+	}
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/gpurouter/gpurouter/admission"
 	"github.com/gpurouter/gpurouter/balancer"
 	"github.com/gpurouter/gpurouter/proxy/auth"
+	"github.com/gpurouter/gpurouter/proxy/observe"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
@@ -93,8 +94,8 @@ type Server struct {
 	plainEst *admission.Estimator
 	authM    *authMetrics
 	parsers  fastjson.ParserPool // JSON bodies' parsers: requests (openai.ReadRequest), whole responses (wholeUsage)
-	records  *recordRing
-	lat      *latencyStore // ITL and queue-time sketches per replica (latency.go)
+	records  *observe.Records
+	lat      *observe.Latency // ITL and queue-time sketches per replica (latency.go)
 	srv      *fasthttp.Server
 	pumps    []*streamPump  // the stream loops, run by Serve (pump_linux.go)
 	nextPump atomic.Uint64  // the loop the last stream went to
@@ -108,7 +109,7 @@ type Server struct {
 	// accessFields pools the access log line's fields (*accessFields,
 	// exchange.finish); access writes the common lines without them.
 	accessFields sync.Pool
-	access       accessLog
+	access       observe.AccessLog
 
 	now    func() time.Time
 	jitter func(int64) int64
@@ -155,7 +156,7 @@ func New(o Options) (*Server, error) {
 	s.to = newTimeouts(s.cfg)
 	s.flows.New = func() any { return new(flow) }
 	s.accessFields.New = func() any { return new(accessFields) }
-	s.access.w = o.AccessLog
+	s.access.W = o.AccessLog
 	s.statusToken = o.StatusToken
 	s.base, s.stopBase = context.WithCancelCause(context.Background())
 	if s.log == nil {
@@ -193,8 +194,8 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("proxy: metrics: %w", err)
 	}
 	s.keys.Store(o.Keys)
-	s.records = newRecordRing(s.cfg.RecordRing)
-	s.lat = newLatencyStore()
+	s.records = observe.NewRecords(s.cfg.RecordRing)
+	s.lat = observe.NewLatency()
 	s.plainEst = admission.NewEstimator(admission.EstimateConfig{})
 	for range s.cfg.StreamLoops {
 		s.pumps = append(s.pumps, newStreamPump(s.cfg, s.m, o.Now, s.batchOff))

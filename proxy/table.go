@@ -3,13 +3,15 @@ package proxy
 import (
 	"errors"
 	"fmt"
-	"github.com/prometheus/client_golang/prometheus"
 	"sort"
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/gpurouter/gpurouter/admission"
 	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/gpurouter/gpurouter/proxy/observe"
 )
 
 // Route is one pool as the router serves it: the pool, the admission
@@ -55,7 +57,15 @@ func (s *Server) SetRoutes(routes []Route) error {
 		return err
 	}
 	s.routes.Store(rt)
-	s.lat.retain(rt, now)
+	models := make([]string, 0, len(rt.pools))
+	for _, p := range rt.pools {
+		models = append(models, p.Model())
+	}
+	live := make(map[*observe.ReplicaLatency]bool, len(rt.upstreams))
+	for _, u := range rt.upstreams {
+		live[u.lat] = true
+	}
+	s.lat.Retain(models, live, now)
 	return nil
 }
 
@@ -88,7 +98,7 @@ type prefixRoute struct {
 	route  *poolRoute
 }
 
-func buildRoutes(routes []Route, plain *admission.Estimator, cfg Config, to *timeouts, m *metrics, lat *latencyStore, now time.Time, prev *routeTable) (*routeTable, error) {
+func buildRoutes(routes []Route, plain *admission.Estimator, cfg Config, to *timeouts, m *metrics, lat *observe.Latency, now time.Time, prev *routeTable) (*routeTable, error) {
 	rt := &routeTable{
 		byModel:   make(map[string]*poolRoute),
 		upstreams: make(map[*balancer.Replica]*upstream),

@@ -28,8 +28,8 @@ func TestTTFTIsTheFirstChunkWithOutput(t *testing.T) {
 		if resp.StatusCode != 200 || len(events) == 0 || events[len(events)-1] != "[DONE]" {
 			t.Fatalf("request %d: status %d, events %q", i, resp.StatusCode, events)
 		}
-		waitFor(t, "the record", func() bool { return len(tr.srv.records.since(0, 0)) == i+1 })
-		rec := tr.srv.records.since(0, 0)[i]
+		waitFor(t, "the record", func() bool { return len(tr.srv.records.Since(0, 0)) == i+1 })
+		rec := tr.srv.records.Since(0, 0)[i]
 		if rec.TTFTS < lead.Seconds() || rec.PlacedTTFTS < lead.Seconds() {
 			t.Errorf("request %d (%s): TTFT %.3fs, placed %.3fs; want at least the role chunk's lead, %v", i, c.path, rec.TTFTS, rec.PlacedTTFTS, lead)
 		}
@@ -41,7 +41,7 @@ func TestTTFTIsTheFirstChunkWithOutput(t *testing.T) {
 		}
 	}
 	var sum float64
-	for _, rec := range tr.srv.records.since(0, 0) {
+	for _, rec := range tr.srv.records.Since(0, 0) {
 		sum += rec.TTFTS
 	}
 	mfs, err := tr.reg.Gather()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpurouter/gpurouter/balancer"
 	"github.com/gpurouter/gpurouter/internal/netloop"
+	"github.com/gpurouter/gpurouter/proxy/observe"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 )
@@ -22,11 +23,11 @@ type upstream struct {
 	pool    *balancer.Pool
 	client  upstreamClient // a *fasthttp.HostClient, but for benchmarks of the router's own work
 	all     *metrics
-	byArm   []*replicaMetrics   // children for the pool's arms at build time
-	lat     *replicaLatency     // the replica's ITL and queue-time sketches (latency.go)
-	pending pendingSet          // requests sent and not yet answered
-	idle    idleConns           // connections streams taken from fasthttp gave back (pump_linux.go)
-	connect prometheus.Observer // the replica's connect-time histogram child
+	byArm   []*replicaMetrics       // children for the pool's arms at build time
+	lat     *observe.ReplicaLatency // the replica's ITL and queue-time sketches (latency.go)
+	pending pendingSet              // requests sent and not yet answered
+	idle    idleConns               // connections streams taken from fasthttp gave back (pump_linux.go)
+	connect prometheus.Observer     // the replica's connect-time histogram child
 	// cap counts the replica's connections, both paths', held to
 	// MaxConnsPerReplica (conncap.go).
 	cap connCap
@@ -39,8 +40,8 @@ type upstreamClient interface {
 	Do(req *fasthttp.Request, resp *fasthttp.Response) error
 }
 
-func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, to *timeouts, m *metrics, lat *latencyStore) *upstream {
-	u := &upstream{replica: r, pool: p, all: m, lat: lat.forReplica(p.Model(), r.Name())}
+func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, to *timeouts, m *metrics, lat *observe.Latency) *upstream {
+	u := &upstream{replica: r, pool: p, all: m, lat: lat.Replica(p.Model(), r.Name())}
 	u.cap.max = int64(cfg.MaxConnsPerReplica)
 	u.idle.maxIdle, u.idle.cap = cfg.MaxIdleConnTime, &u.cap
 	for _, a := range p.Arms() {

@@ -1,4 +1,11 @@
-package proxy
+// Package observe is what the router keeps and shows of the requests it
+// serves, apart from serving them: each finished request's record (a ring
+// read by /debug/requests, bench and the status page), every inter-token
+// gap and queue time in latency sketches per replica (/debug/latency), the
+// access log's common line written without zap, and the operators' status
+// page. proxy hands it values — a Record, a Line, a gap, a view — as a
+// request ends or a page is asked for; it reads nothing of proxy's.
+package observe
 
 import (
 	"io"
@@ -23,7 +30,7 @@ func LogEncoderConfig() zapcore.EncoderConfig {
 	return c
 }
 
-// accessLog writes the common access log line — an exchange with no error
+// AccessLog writes the common access log line — an exchange with no error
 // to report and no migration, nearly every one — without zap: the same
 // bytes zap's JSON encoder writes with LogEncoderConfig (the format of
 // `gpurouter serve`'s log; FuzzAccessLine holds the two to it), at a
@@ -34,16 +41,29 @@ func LogEncoderConfig() zapcore.EncoderConfig {
 // (Options.Now, time.Now by default), where zap reads its own clock a
 // moment later. Its zero value is unset: every line goes through the
 // logger.
-type accessLog struct {
-	w     io.Writer // Options.AccessLog; nil: unset
+type AccessLog struct {
+	W     io.Writer // Options.AccessLog; nil: unset
 	bufs  sync.Pool // *[]byte
 	stamp stampCache
 }
 
-// write writes x's line, finished at end; false when x's line is not the
-// common kind (the caller logs it through zap).
-func (a *accessLog) write(x *exchange, err error, end time.Time, model, replica string, e2e time.Duration) bool {
-	if a.w == nil || err != nil || (x.mig != nil && x.mig.migrations > 0) {
+// Line is a request's access log line: what its exchange was,
+// when it ended, and its times (ttft 0: no token came).
+type Line struct {
+	ID, Endpoint, Model, Replica, Arm, KeyID string
+	Status                                   int
+	Outcome                                  string
+	Stream                                   bool
+	Attempts                                 int
+	TTFT, E2E                                time.Duration
+	PromptTokens, CompletionTokens           int
+	End                                      time.Time
+}
+
+// Write writes l; false when the writer is unset (the caller logs it
+// through zap).
+func (a *AccessLog) Write(l *Line) bool {
+	if a.W == nil {
 		return false
 	}
 	bp, _ := a.bufs.Get().(*[]byte)
@@ -51,39 +71,39 @@ func (a *accessLog) write(x *exchange, err error, end time.Time, model, replica 
 		bp = new([]byte)
 	}
 	b := append((*bp)[:0], `{"level":"info","ts":"`...)
-	b = a.stamp.append(b, end)
+	b = a.stamp.append(b, l.End)
 	b = append(b, `","msg":"request","request_id":"`...)
-	b = appendJSONText(b, x.id)
+	b = appendJSONText(b, l.ID)
 	b = append(b, `","endpoint":"`...)
-	b = appendJSONText(b, x.ep.String())
+	b = appendJSONText(b, l.Endpoint)
 	b = append(b, `","model":"`...)
-	b = appendJSONText(b, model)
+	b = appendJSONText(b, l.Model)
 	b = append(b, `","replica":"`...)
-	b = appendJSONText(b, replica)
+	b = appendJSONText(b, l.Replica)
 	b = append(b, `","arm":"`...)
-	b = appendJSONText(b, x.arm)
-	if x.principal.ID != "" {
+	b = appendJSONText(b, l.Arm)
+	if l.KeyID != "" {
 		b = append(b, `","key_id":"`...)
-		b = appendJSONText(b, x.principal.ID)
+		b = appendJSONText(b, l.KeyID)
 	}
 	b = append(b, `","status":`...)
-	b = strconv.AppendInt(b, int64(x.status), 10)
+	b = strconv.AppendInt(b, int64(l.Status), 10)
 	b = append(b, `,"outcome":"`...)
-	b = append(b, x.outcome.String()...)
+	b = append(b, l.Outcome...)
 	b = append(b, `","stream":`...)
-	b = strconv.AppendBool(b, x.req.Stream)
+	b = strconv.AppendBool(b, l.Stream)
 	b = append(b, `,"attempts":`...)
-	b = strconv.AppendInt(b, int64(x.attempts), 10)
+	b = strconv.AppendInt(b, int64(l.Attempts), 10)
 	b = append(b, `,"ttft":`...)
-	b = appendSeconds(b, sinceOr(x.firstTok, x.received))
+	b = appendSeconds(b, l.TTFT)
 	b = append(b, `,"e2e":`...)
-	b = appendSeconds(b, e2e)
+	b = appendSeconds(b, l.E2E)
 	b = append(b, `,"prompt_tokens":`...)
-	b = strconv.AppendInt(b, int64(x.promptTokens), 10)
+	b = strconv.AppendInt(b, int64(l.PromptTokens), 10)
 	b = append(b, `,"completion_tokens":`...)
-	b = strconv.AppendInt(b, int64(x.completionTokens), 10)
+	b = strconv.AppendInt(b, int64(l.CompletionTokens), 10)
 	b = append(b, "}\n"...)
-	a.w.Write(b) //nolint:errcheck // as zap's: a log that can't be written is not the request's failure
+	a.W.Write(b) //nolint:errcheck // as zap's: a log that can't be written is not the request's failure
 	// A line grown by a client's 16 KiB X-Request-Id is not kept.
 	if cap(b) <= maxPooledLine {
 		*bp = b

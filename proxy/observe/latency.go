@@ -1,15 +1,12 @@
-package proxy
+package observe
 
 import (
 	"cmp"
-	"encoding/json"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/gpurouter/gpurouter/sketch"
-	"github.com/valyala/fasthttp"
 )
 
 // The router's exact latency percentiles. Every inter-token gap and every
@@ -21,7 +18,7 @@ import (
 // bucket is a guess; these are not. `gpurouter bench` reads them for its
 // run (bench/routerlatency.go).
 //
-// Memory is fixed per replica: two rings (ITL, queue) of latencyWindows
+// Memory is fixed per replica: two rings (ITL, queue) of LatencyWindows
 // sketches of sketch.Bins() 4-byte counters — 2 × 16 × ~7.4 KB ≈ 236 KB
 // (latencyBytesPerReplica; TestLatencyMemoryPerReplica states it). A
 // replica that leaves the route table keeps its rings for one retention
@@ -31,69 +28,75 @@ const (
 	// Windows are coarse because bench never needs them fine (it
 	// subtracts what the run's first window held at the start); the ring
 	// reaches back 16 min, the longest run bench reads exactly.
-	latencyWindow  = time.Minute // one window's width
-	latencyWindows = 16          // windows per ring: 16 min of history
+	LatencyWindow  = time.Minute // one window's width
+	LatencyWindows = 16          // windows per ring: 16 min of history
 )
+
+// LatencyRetention is how far back the rings reach.
+const LatencyRetention = LatencyWindow * LatencyWindows
 
 // latencyBytesPerReplica is what one replica's rings hold.
 func latencyBytesPerReplica() int {
-	return 2 * sketch.NewWindows(latencyWindow, latencyWindows).Bytes()
+	return 2 * sketch.NewWindows(LatencyWindow, LatencyWindows).Bytes()
 }
 
-// replicaLatency is one replica's rings, resolved once per upstream
+// ReplicaLatency is one replica's rings, resolved once per upstream
 // (newUpstream) so the hot path only records. The replica "" of a pool
 // counts the queue times of its requests that reached no replica.
-type replicaLatency struct {
+type ReplicaLatency struct {
 	model, replica string
 	itl, queue     *sketch.Windows
-	retired        time.Time // guarded by latencyStore.mu; zero while in the route table
+	retired        time.Time // guarded by Latency.mu; zero while in the route table
 }
 
-// latencyStore holds every replica's rings, keyed by pool model and
+// Gap counts one inter-token gap d at now.
+func (rl *ReplicaLatency) Gap(now time.Time, d time.Duration) { rl.itl.Record(now, d) }
+
+// Queued counts one router queue time d, ended at at.
+func (rl *ReplicaLatency) Queued(at time.Time, d time.Duration) { rl.queue.Record(at, d) }
+
+// Latency holds every replica's rings, keyed by pool model and
 // replica name, across route-table changes. The zero value is not usable:
-// newLatencyStore.
-type latencyStore struct {
+// NewLatency.
+type Latency struct {
 	mu     sync.Mutex
-	byKey  map[latencyKey]*replicaLatency
+	byKey  map[latencyKey]*ReplicaLatency
 	models []string // pool models in route-table order, for the document
 }
 
 type latencyKey struct{ model, replica string }
 
-func newLatencyStore() *latencyStore {
-	return &latencyStore{byKey: make(map[latencyKey]*replicaLatency)}
+func NewLatency() *Latency {
+	return &Latency{byKey: make(map[latencyKey]*ReplicaLatency)}
 }
 
 // forReplica returns the rings of (model, replica), making them on first
 // use; a retired replica that is back is served again.
-func (ls *latencyStore) forReplica(model, replica string) *replicaLatency {
+func (ls *Latency) Replica(model, replica string) *ReplicaLatency {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	k := latencyKey{model, replica}
 	rl := ls.byKey[k]
 	if rl == nil {
-		rl = &replicaLatency{model: model, replica: replica,
-			itl: sketch.NewWindows(latencyWindow, latencyWindows), queue: sketch.NewWindows(latencyWindow, latencyWindows)}
+		rl = &ReplicaLatency{model: model, replica: replica,
+			itl: sketch.NewWindows(LatencyWindow, LatencyWindows), queue: sketch.NewWindows(LatencyWindow, LatencyWindows)}
 		ls.byKey[k] = rl
 	}
 	rl.retired = time.Time{}
 	return rl
 }
 
-// retain follows a new route table: replicas outside it are retired at
-// now, and dropped once retired for longer than the rings reach back.
-func (ls *latencyStore) retain(rt *routeTable, now time.Time) {
-	live := make(map[*replicaLatency]bool, len(rt.upstreams))
-	for _, u := range rt.upstreams {
-		live[u.lat] = true
-	}
+// Retain follows a new route table, whose pools serve models (in its
+// order) and whose replicas' rings are live: the other replicas are
+// retired at now, and dropped once retired for longer than the rings reach
+// back.
+func (ls *Latency) Retain(models []string, live map[*ReplicaLatency]bool, now time.Time) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	ls.models = ls.models[:0]
-	pools := make(map[string]bool, len(rt.pools))
-	for _, p := range rt.pools {
-		ls.models = append(ls.models, p.Model())
-		pools[p.Model()] = true
+	ls.models = append(ls.models[:0], models...)
+	pools := make(map[string]bool, len(models))
+	for _, m := range models {
+		pools[m] = true
 	}
 	for k, rl := range ls.byKey {
 		switch {
@@ -101,37 +104,23 @@ func (ls *latencyStore) retain(rt *routeTable, now time.Time) {
 			rl.retired = time.Time{}
 		case rl.retired.IsZero():
 			rl.retired = now
-		case now.Sub(rl.retired) > latencyWindow*latencyWindows:
+		case now.Sub(rl.retired) > LatencyWindow*LatencyWindows:
 			delete(ls.byKey, k)
 		}
 	}
 }
 
-// recordGap counts one inter-token gap at now in the replica that sent it.
-func (x *exchange) recordGap(now time.Time, gap time.Duration) {
-	if x.up != nil {
-		x.up.lat.itl.Record(now, gap)
-	}
-}
-
-// recordQueue counts the request's router queue time (received →
-// admitted) at admitted, in the replica that answered, or in its pool's
-// replica "" when none did.
-func (x *exchange) recordQueue(admitted time.Time) {
-	q := admitted.Sub(x.received)
-	if x.up != nil {
-		x.up.lat.queue.Record(admitted, q)
-		return
-	}
-	x.s.lat.forReplica(x.route.Pool.Model(), "").queue.Record(admitted, q)
-}
-
-// latencyQuantiles are the percentiles the document spells out; the
+// Quantiles are the percentiles the document spells out; the
 // serialized sketch answers any other.
-var latencyQuantiles = [...]struct {
-	name string
-	q    float64
-}{{"p50", 0.5}, {"p90", 0.9}, {"p95", 0.95}, {"p99", 0.99}, {"p99.9", 0.999}}
+func Quantiles() []latencyQuantile {
+	return []latencyQuantile{{"p50", 0.5}, {"p90", 0.9}, {"p95", 0.95}, {"p99", 0.99}, {"p99.9", 0.999}}
+}
+
+// Quantile is one percentile of the document: its name and rank.
+type latencyQuantile struct {
+	Name string
+	Rank float64
+}
 
 // LatencySummary is one sketch in the /debug/latency document: its
 // statistics in seconds (quantiles within 0.5%, the rest exact) and the
@@ -157,9 +146,9 @@ func summarize(s sketch.Snapshot) LatencySummary {
 	}
 	out.MeanS = s.Mean().Seconds()
 	out.MinS, out.MaxS = time.Duration(s.MinNs).Seconds(), time.Duration(s.MaxNs).Seconds()
-	for _, lq := range latencyQuantiles {
-		v, _ := s.Quantile(lq.q)
-		out.Quantiles[lq.name] = v.Seconds()
+	for _, lq := range Quantiles() {
+		v, _ := s.Quantile(lq.Rank)
+		out.Quantiles[lq.Name] = v.Seconds()
 	}
 	return out
 }
@@ -199,11 +188,11 @@ type LatencyDoc struct {
 	Pools            []LatencyPool `json:"pools"`
 }
 
-// collect merges every replica's windows over [since, until].
-func (ls *latencyStore) collect(since, until time.Time) LatencyDoc {
+// Collect merges every replica's windows over [since, until].
+func (ls *Latency) Collect(since, until time.Time) LatencyDoc {
 	ls.mu.Lock()
-	rows := make([]*replicaLatency, 0, len(ls.byKey))
-	served := make(map[*replicaLatency]bool, len(ls.byKey))
+	rows := make([]*ReplicaLatency, 0, len(ls.byKey))
+	served := make(map[*ReplicaLatency]bool, len(ls.byKey))
 	for _, rl := range ls.byKey {
 		rows = append(rows, rl)
 		served[rl] = rl.retired.IsZero()
@@ -213,7 +202,7 @@ func (ls *latencyStore) collect(since, until time.Time) LatencyDoc {
 		order[m] = i
 	}
 	ls.mu.Unlock()
-	slices.SortFunc(rows, func(a, b *replicaLatency) int {
+	slices.SortFunc(rows, func(a, b *ReplicaLatency) int {
 		ia, okA := order[a.model]
 		ib, okB := order[b.model]
 		switch {
@@ -231,9 +220,9 @@ func (ls *latencyStore) collect(since, until time.Time) LatencyDoc {
 	// The windows [since, until] overlaps, as far back as a ring reaches;
 	// a replica whose ring lost some narrows From.
 	last := windowStart(until)
-	first := max(windowStart(since), last-(latencyWindows-1)*int64(latencyWindow))
-	doc := LatencyDoc{SinceUnixNs: since.UnixNano(), UntilUnixNs: until.UnixNano(), FromUnixNs: first, ToUnixNs: last + int64(latencyWindow),
-		WindowS: latencyWindow.Seconds(), Windows: latencyWindows, RelativeAccuracy: sketch.RelativeAccuracy, Pools: []LatencyPool{}}
+	first := max(windowStart(since), last-(LatencyWindows-1)*int64(LatencyWindow))
+	doc := LatencyDoc{SinceUnixNs: since.UnixNano(), UntilUnixNs: until.UnixNano(), FromUnixNs: first, ToUnixNs: last + int64(LatencyWindow),
+		WindowS: LatencyWindow.Seconds(), Windows: LatencyWindows, RelativeAccuracy: sketch.RelativeAccuracy, Pools: []LatencyPool{}}
 	var pool *LatencyPool
 	var pitl, pqueue sketch.Snapshot
 	flush := func() {
@@ -264,42 +253,9 @@ func (ls *latencyStore) collect(since, until time.Time) LatencyDoc {
 	return doc
 }
 
-// serveDebugLatency answers GET /debug/latency?since=UNIX_NS&until=UNIX_NS:
-// per pool and replica, the router's ITL and queue-time sketches merged
-// over the windows the interval overlaps. until defaults to now and since
-// to until minus the retention; either later than now counts as now, so a
-// client whose clock runs ahead reads the current window.
-func (s *Server) serveDebugLatency(ctx *fasthttp.RequestCtx) {
-	now := s.now()
-	args := ctx.QueryArgs()
-	until := now
-	if v, err := strconv.ParseInt(string(args.Peek("until")), 10, 64); err == nil {
-		until = time.Unix(0, v)
-	}
-	until = minTime(until, now)
-	since := until.Add(-latencyWindow * latencyWindows)
-	if v, err := strconv.ParseInt(string(args.Peek("since")), 10, 64); err == nil {
-		since = minTime(time.Unix(0, v), now)
-	}
-	b, err := json.Marshal(s.lat.collect(since, until))
-	if err != nil {
-		writeError(ctx, err)
-		return
-	}
-	ctx.SetContentType("application/json")
-	ctx.SetBody(b)
-}
-
 // windowStart is the Unix ns at which t's window begins (windows are
 // aligned to the epoch, as sketch.Windows aligns them).
 func windowStart(t time.Time) int64 {
-	ns, w := t.UnixNano(), int64(latencyWindow)
+	ns, w := t.UnixNano(), int64(LatencyWindow)
 	return ns - ((ns%w)+w)%w
-}
-
-func minTime(a, b time.Time) time.Time {
-	if b.Before(a) {
-		return b
-	}
-	return a
 }

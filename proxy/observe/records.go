@@ -1,9 +1,8 @@
-package proxy
+package observe
 
 import (
 	"encoding/json"
 	"sync"
-	"time"
 )
 
 // Record is one finished request as the router measured it, kept in a
@@ -57,75 +56,17 @@ type Record struct {
 	MigrationStallS float64 `json:"migration_stall_s"`
 }
 
-func unixNs(t time.Time) int64 {
-	if t.IsZero() {
-		return 0
-	}
-	return t.UnixNano()
-}
-
-func (x *exchange) record(end time.Time) Record {
-	r := Record{
-		RequestID:        x.id,
-		Status:           x.status,
-		Outcome:          x.outcome.String(),
-		Stream:           x.req.Stream,
-		Attempts:         x.attempts,
-		ReceivedNs:       unixNs(x.received),
-		AdmittedNs:       unixNs(x.admittedAt()),
-		FirstByteNs:      unixNs(x.firstByte),
-		FirstTokenNs:     unixNs(x.firstTok),
-		DoneNs:           unixNs(end),
-		E2ES:             end.Sub(x.received).Seconds(),
-		ITLCount:         int(x.itlCount),
-		PromptTokens:     x.promptTokens,
-		CompletionTokens: x.completionTokens,
-		EstPromptTokens:  x.cost.PromptTokens,
-	}
-	if p := x.pool(); p != nil {
-		r.Model = p.Model()
-	}
-	if x.last != nil {
-		r.Replica = x.last.Name()
-	}
-	if a := x.admittedAt(); !a.IsZero() {
-		r.QueueS = a.Sub(x.received).Seconds()
-	}
-	if !x.firstTok.IsZero() {
-		r.TTFTS = x.firstTok.Sub(x.received).Seconds()
-		if !x.sent.IsZero() && x.sent.Before(x.firstTok) {
-			r.PlacedTTFTS = x.firstTok.Sub(x.sent).Seconds()
-			r.PredictedTTFTS = x.lease.PredictedTTFT().Seconds()
-		}
-	}
-	if x.itlCount > 0 {
-		r.ITLMeanS = x.itlSum.Seconds() / float64(x.itlCount)
-		r.ITLMaxS = x.itlMax.Seconds()
-	}
-	x.mig.recordInto(&r)
-	return r
-}
-
-// admittedAt is when the request left the router's queue: admission's
-// verdict, or (without admission) when it was handed to the upstream.
-func (x *exchange) admittedAt() time.Time {
-	if !x.admitted.IsZero() {
-		return x.admitted
-	}
-	return x.sent
-}
-
-// recordRing keeps the most recent records; older ones are overwritten.
-type recordRing struct {
+// Records keeps the most recent records; older ones are overwritten.
+type Records struct {
 	mu   sync.Mutex // guards buf, next, full
 	buf  []Record
 	next int
 	full bool
 }
 
-func newRecordRing(n int) *recordRing { return &recordRing{buf: make([]Record, n)} }
+func NewRecords(n int) *Records { return &Records{buf: make([]Record, n)} }
 
-func (r *recordRing) add(rec Record) {
+func (r *Records) Add(rec Record) {
 	r.mu.Lock()
 	r.buf[r.next] = rec
 	r.next++
@@ -135,9 +76,9 @@ func (r *recordRing) add(rec Record) {
 	r.mu.Unlock()
 }
 
-// since returns records finished at or after sinceNs, oldest first, at most
+// Since returns records finished at or after sinceNs, oldest first, at most
 // limit of them (the newest ones when more match).
-func (r *recordRing) since(sinceNs int64, limit int) []Record {
+func (r *Records) Since(sinceNs int64, limit int) []Record {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var out []Record
@@ -159,8 +100,8 @@ func (r *recordRing) since(sinceNs int64, limit int) []Record {
 	return out
 }
 
-// recordsJSON is the /debug/requests document.
-func recordsJSON(recs []Record) ([]byte, error) {
+// RecordsJSON is the /debug/requests document.
+func RecordsJSON(recs []Record) ([]byte, error) {
 	if recs == nil {
 		recs = []Record{}
 	}
