@@ -91,11 +91,6 @@ type Config struct {
 	// Linux 5.18+, where the kernel and its seccomp profile allow io_uring,
 	// else unbatched with one log line) [false].
 	UnbatchedIO bool
-
-	// parseWholeAnswers: every whole answer on a request loop takes
-	// fasthttp's parse, none is relayed from its bytes (rawAnswer): for
-	// tests that hold the two to the same bytes.
-	parseWholeAnswers bool
 }
 
 func (c Config) withDefaults() Config {

@@ -125,7 +125,7 @@ func (p *streamPump) flushPulls(now time.Time) {
 	if err := t.ring.Run(t.result); err != nil {
 		p.ringFailed(err) // the reads it did not see end failed
 	}
-	p.batched.Add(int64(len(q)))
+	p.batchedReads.Add(float64(len(q)))
 	t.delivering = true
 	for i, b := range q {
 		if b != nil {
@@ -172,7 +172,7 @@ func (p *streamPump) flushSends() {
 		if err := t.ring.Run(t.result); err != nil {
 			p.ringFailed(err)
 		}
-		p.batched.Add(int64(len(q)))
+		p.batchedWrites.Add(float64(len(q)))
 	}
 	for i, s := range q {
 		p.wrote(s.b, t.frames[s.at:s.end], t.n[i], t.err[i], s.then)

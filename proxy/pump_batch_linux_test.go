@@ -88,14 +88,7 @@ func (u *tickedUpstream) run(d time.Duration, stop <-chan struct{}) {
 // its request loops' and its stream loops' (the streams served on
 // fasthttp's path).
 func batchedOps(tr *testRouter) int64 {
-	var n int64
-	for _, l := range tr.srv.reqLoops {
-		n += l.host.batched.Load()
-	}
-	for _, p := range tr.srv.pumps {
-		n += p.batched.Load()
-	}
-	return n
+	return int64(testutil.ToFloat64(tr.srv.m.streamReads) + testutil.ToFloat64(tr.srv.m.streamWrites))
 }
 
 // readStream reads a stream's token events from r: their numbers in

@@ -71,9 +71,9 @@ type streamPump struct {
 	// loop's batch could not open.
 	unbatched bool
 	batchOff  func(error)
-	// batched counts the reads and writes made in batches of two or more,
-	// for tests.
-	batched atomic.Int64
+	// batchedReads and batchedWrites count the reads and writes made in
+	// batches (gpurouter_loop_batched_io_total).
+	batchedReads, batchedWrites prometheus.Counter
 
 	// hosted: a request loop's (reqloop_stream_linux.go), which relays
 	// its streams in its own set with these methods (host, pull, expire,
@@ -115,7 +115,7 @@ const pumpScan = 100 * time.Millisecond
 // why the loop's reads and writes are not batched (openBatch), nil: no one.
 func newStreamPump(cfg Config, m *metrics, clock func() time.Time, batchOff func(error)) *streamPump {
 	p := &streamPump{ep: -1, wake: -1, in: m.loopIn, loops: cfg.StreamLoops, clock: clock,
-		unbatched: cfg.UnbatchedIO, batchOff: batchOff}
+		unbatched: cfg.UnbatchedIO, batchOff: batchOff, batchedReads: m.streamReads, batchedWrites: m.streamWrites}
 	for e := range p.out {
 		p.out[e] = m.loopOut.WithLabelValues(loopExit(e).String())
 	}

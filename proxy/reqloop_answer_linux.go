@@ -44,7 +44,7 @@ type rawField struct{ name, value []byte }
 func (l *requestLoop) rawAnswer(c *loopConn, u *loopConn) bool {
 	r := c.r
 	ctx := r.f.ctx
-	if u.toClose || l.s.cfg.parseWholeAnswers || !ctx.Request.Header.IsHTTP11() {
+	if u.toClose || !ctx.Request.Header.IsHTTP11() {
 		return false
 	}
 	head, status, ok := h1.ReadHead(u.in.B[u.headAt:u.headLen])
@@ -105,7 +105,7 @@ func (l *requestLoop) rawAnswer(c *loopConn, u *loopConn) bool {
 	}
 
 	// From here on as whole, answer, respondWhole and respond do it.
-	l.rawAnswers.Add(1)
+	l.s.m.rawAnswers.Inc()
 	s, x := l.s, r.f.x
 	buf := bytebufferpool.Get()
 	buf.B = append(buf.B[:0], u.in.B[u.headLen:u.headLen+length]...)

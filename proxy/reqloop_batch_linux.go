@@ -131,7 +131,7 @@ func (l *requestLoop) flushReads() {
 		l.host.ringFailed(err)
 		defer func() { l.reads.buf = nil }()
 	}
-	l.batchedReads.Add(int64(len(q)))
+	l.s.m.requestReads.Add(float64(len(q)))
 	t.taking = true
 	defer l.flushWrites()
 	for i, c := range q {
@@ -229,7 +229,7 @@ func (l *requestLoop) flushWrites() {
 		if err := ring.Run(t.sent); err != nil {
 			l.host.ringFailed(err)
 		}
-		l.batchedWrites.Add(int64(ops))
+		l.s.m.requestWrites.Add(float64(ops))
 	}
 	for i, c := range q {
 		if c != nil && c.fd >= 0 {

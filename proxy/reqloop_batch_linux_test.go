@@ -18,6 +18,7 @@ import (
 	"github.com/gpurouter/gpurouter/internal/netloop/looptest"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -118,11 +119,11 @@ func TestRequestLoopBatchesRequestsReadyTogether(t *testing.T) {
 	}
 	// The engine's answers come together every round; the clients'
 	// requests when the goroutines happen to send them together.
-	for r := 0; r < 40 && (l.batchedReads.Load() == 0 || l.batchedWrites.Load() == 0 || r < 5); r++ {
+	for r := 0; r < 40 && (testutil.ToFloat64(l.s.m.requestReads) == 0 || testutil.ToFloat64(l.s.m.requestWrites) == 0 || r < 5); r++ {
 		round(r)
 	}
-	if l.batchedReads.Load() == 0 || l.batchedWrites.Load() == 0 {
-		t.Fatalf("%d reads and %d writes batched in 40 rounds of %d clients; want some of each", l.batchedReads.Load(), l.batchedWrites.Load(), clients)
+	if testutil.ToFloat64(l.s.m.requestReads) == 0 || testutil.ToFloat64(l.s.m.requestWrites) == 0 {
+		t.Fatalf("%v reads and %v writes batched in 40 rounds of %d clients; want some of each", testutil.ToFloat64(l.s.m.requestReads), testutil.ToFloat64(l.s.m.requestWrites), clients)
 	}
 }
 
@@ -220,8 +221,8 @@ func TestRequestLoopKeptWrites(t *testing.T) {
 	peerHas(pipelinedPeer, "written at once too")
 
 	l.flushWrites()
-	if n := l.batchedWrites.Load(); n != 4 {
-		t.Errorf("%d writes batched, want 4", n)
+	if n := testutil.ToFloat64(l.s.m.requestWrites); n != 4 {
+		t.Errorf("%v writes batched, want 4", n)
 	}
 
 	peerHas(plainPeer, "answer one, and two")

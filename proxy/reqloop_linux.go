@@ -81,13 +81,9 @@ type requestLoop struct {
 	holdP      bool // wait as a raw system call while relaying streams (wait)
 	// An answer relayed from its bytes (rawAnswer): the client's head and
 	// body, and the Date field's value for the second dateSec.
-	ans        []byte
-	dateText   []byte
-	dateSec    int64
-	rawAnswers atomic.Int64 // answers relayed from their bytes, for tests
-	// Reads and writes of clients and engines made in batches
-	// (reqloop_batch_linux.go), for tests.
-	batchedReads, batchedWrites atomic.Int64
+	ans      []byte
+	dateText []byte
+	dateSec  int64
 }
 
 // newRequestLoop is a loop of s's; clock is the exchanges' (Options.Now),

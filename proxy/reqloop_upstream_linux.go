@@ -258,16 +258,19 @@ func finalHead(b []byte) (at, end int) {
 }
 
 // headLength is the Content-Length of a response head, -1 when it has
-// none (or fasthttp can't read it: the parse at the close judges it).
+// none, headUnread when fasthttp can't read it.
 func (l *requestLoop) headLength(head []byte) int {
 	var h fasthttp.ResponseHeader
 	l.rd.Reset(head)
 	l.br.Reset(&l.rd)
 	if h.Read(l.br) != nil {
-		return -1
+		return headUnread
 	}
 	return max(h.ContentLength(), -1)
 }
+
+// headUnread is headLength's word for a head fasthttp's parse refuses.
+const headUnread = -2
 
 // tooLarge ends c's request whose answer on u runs past
 // limits.max_response_bytes, as respondWhole does.
@@ -290,6 +293,10 @@ func (l *requestLoop) whole(c *loopConn, u *loopConn) {
 	l.rd.Reset(u.in.B)
 	l.br.Reset(&l.rd)
 	err := resp.ReadLimitBody(l.br, l.s.cfg.MaxResponseBytes)
+	// A head fasthttp's parse refuses fails the attempt before any answer
+	// came, as fasthttp's client fails it on the goroutine path; a body it
+	// refuses fails the answer.
+	headless := err != nil && l.headLength(u.in.B[u.headAt:u.headLen]) == headUnread
 	extra := u.extra
 	bytebufferpool.Put(u.in)
 	u.in = nil
@@ -298,6 +305,10 @@ func (l *requestLoop) whole(c *loopConn, u *loopConn) {
 		fasthttp.ReleaseResponse(resp)
 		u.peer = nil
 		l.closeUpstream(u)
+		if headless {
+			l.act(c, c.r.f.failed(err))
+			return
+		}
 		l.attemptError(c, u, err)
 		return
 	}
@@ -317,6 +328,7 @@ func (l *requestLoop) whole(c *loopConn, u *loopConn) {
 	}
 	buf := bytebufferpool.Get()
 	buf.Set(resp.Body())
+	l.s.m.parsedAnswers.Inc()
 	l.act(c, f.whole(resp, buf))
 }
 
