@@ -123,7 +123,7 @@ func benchStream(b *testing.B, c *fasthttp.HostClient, events int, check func(bo
 		req.SetRequestURI("/v1/chat/completions")
 		req.Header.SetHost("router")
 		req.SetBody(body)
-		if err := c.DoTimeout(req, resp, 5*time.Second); err != nil || !bytes.HasSuffix(resp.Body(), doneEvent) {
+		if err := c.DoTimeout(req, resp, 5*time.Second); err != nil || !bytes.HasSuffix(resp.Body(), []byte(doneEvent)) {
 			b.Fatalf("%v %q", err, resp.Body())
 		}
 		if check != nil {

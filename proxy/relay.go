@@ -21,7 +21,7 @@ var errBrokenStream = fmt.Errorf("%w: stream ended without [DONE]", ErrUpstream)
 // blank line is broken, not a reason to grow memory without bound.
 const maxEventBytes = 4 << 20
 
-var doneEvent = []byte("data: [DONE]\n\n")
+const doneEvent = "data: [DONE]\n\n"
 
 // relay streams an upstream SSE response to the client event by event. It
 // is the body stream fasthttp reads from after the handler returns: every

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/gpurouter/gpurouter/balancer"
 	"github.com/gpurouter/gpurouter/internal/netloop"
+	"github.com/gpurouter/gpurouter/internal/openai"
 	"github.com/gpurouter/gpurouter/proxy/observe"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
@@ -363,7 +365,7 @@ func (s *pendingSet) shard(seq uint64) *pendingShard { return &s.shards[seq%pend
 // seqHeader carries the router's number of a request to its replica.
 const seqHeader = "X-Gpurouter-Seq"
 
-var seqLine = []byte("\r\n" + seqHeader + ": ")
+const seqLine = "\r\n" + seqHeader + ": "
 
 // expect registers the request numbered seq before it is sent.
 func (s *pendingSet) expect(seq uint64, stream bool) *pendingReq {
@@ -401,7 +403,7 @@ func (s *pendingSet) of(head []byte) *pendingReq {
 	if s == nil {
 		return nil
 	}
-	i := bytes.Index(head, seqLine)
+	i := strings.Index(openai.BytesView(head), seqLine)
 	if i < 0 {
 		return nil
 	}
