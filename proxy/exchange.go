@@ -78,7 +78,7 @@ type exchange struct {
 	// stream's relay may take from fasthttp (pump_linux.go); else nil.
 	upc *deadlineConn
 
-	// Step 6 (relay.go, forward.go's respondWhole): tokens as they came.
+	// Step 6 (relay.go, respond.go): tokens as they came.
 	firstTok time.Time // first token chunk relayed
 	lastTok  time.Time // last token chunk relayed
 	itlSum   time.Duration

@@ -13,7 +13,7 @@ import (
 
 // retryable reports an upstream status that says "not now, try elsewhere"
 // before the engine started on the request: a 502 from a proxy in front of
-// the engine. (429 and 503 are refusals: see forward.)
+// the engine. (429 and 503 are refusals: see judge.)
 func retryable(status int) bool { return status == fasthttp.StatusBadGateway }
 
 // pickRequest is what the picker reads about the request.

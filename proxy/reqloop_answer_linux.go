@@ -104,7 +104,7 @@ func (l *requestLoop) rawAnswer(c *loopConn, u *loopConn) bool {
 		return false
 	}
 
-	// From here on as whole, answer, respondWhole and respond do it.
+	// From here on as whole, flow.whole and respond do it.
 	l.s.m.rawAnswers.Inc()
 	s, x := l.s, r.f.x
 	buf := bytebufferpool.Get()

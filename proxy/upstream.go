@@ -36,7 +36,7 @@ type upstream struct {
 }
 
 // upstreamClient sends a request to a replica and reads its response's
-// head (the body is streamed when resp.StreamBody is set): what forward
+// head (the body is streamed when resp.StreamBody is set): what send
 // needs of fasthttp's HostClient.
 type upstreamClient interface {
 	Do(req *fasthttp.Request, resp *fasthttp.Response) error
