@@ -239,11 +239,12 @@ func TestDecodeStoredWithoutMatchingTokens(t *testing.T) {
 func TestDecodeReusesStorage(t *testing.T) {
 	payload := handArrayBatch()
 	var b Batch
-	if err := DecodeBatch(payload, &b); err != nil {
+	var d Decoder
+	if err := d.Decode(payload, &b); err != nil {
 		t.Fatal(err)
 	}
 	allocs := testing.AllocsPerRun(100, func() {
-		if err := DecodeBatch(payload, &b); err != nil {
+		if err := d.Decode(payload, &b); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -327,10 +328,11 @@ func BenchmarkDecodeBatch(b *testing.B) {
 		b.Run(enc.String(), func(b *testing.B) {
 			payload := AppendBatch(nil, benchBatch(), enc)
 			var got Batch
+			var d Decoder
 			b.SetBytes(int64(len(payload)))
 			b.ReportAllocs()
 			for b.Loop() {
-				if err := DecodeBatch(payload, &got); err != nil {
+				if err := d.Decode(payload, &got); err != nil {
 					b.Fatal(err)
 				}
 			}

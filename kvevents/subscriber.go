@@ -105,6 +105,7 @@ type Subscriber struct {
 	next     int64 // next sequence number expected; -1 before the first
 	dupFloor int64 // lowest sequence number replay delivered last
 	batch    Batch
+	decoder  Decoder
 }
 
 // NewSubscriber checks cfg. It starts nothing and connects nothing.
@@ -337,7 +338,7 @@ func (s *Subscriber) catchUp(ctx context.Context, from, until int64) bool {
 // batch missed: the sink is reset.
 func (s *Subscriber) apply(seq int64, payload []byte) bool {
 	s.next = seq + 1
-	if err := DecodeBatch(payload, &s.batch); err != nil {
+	if err := s.decoder.Decode(payload, &s.batch); err != nil {
 		s.m.err("decode")
 		s.resetSink("a batch did not decode")
 		return false
