@@ -21,6 +21,13 @@ type PrefixCache struct {
 	// (AcquireRequest) and age out as its KV capacity says they must.
 	// False: the engines' KV-cache events feed it, and placements don't.
 	Approximate bool
+	// Tokenizer and Chat turn a request's prompt into the engines' tokens
+	// when the index is keyed by them (not Approximate): the keys are
+	// prefixcache.AppendKeys(RootSeed, tokens, BlockSize), as the
+	// events' Tracker keys the engines' blocks. Nil when Approximate: the
+	// keys are prefixcache.TextKeys over the prompt's text.
+	Tokenizer prefixcache.Tokenizer
+	Chat      prefixcache.ChatTemplate
 }
 
 // SetPrefixCache gives the pool its prefix cache (nil: none). Replicas
@@ -104,13 +111,15 @@ func (r *Request) uncached(c *Replica) int {
 	return max(r.PromptTokens-r.CachedTokens(c), 0)
 }
 
-// recordPlacement stores a placed request's blocks on the replica in an
-// approximate index (PrefixCache.Approximate): the engine will hold them
-// once it has prefilled the prompt.
-func (r *Replica) recordPlacement(keys []uint64) {
+// recordPlacement counts a placed request's predicted hits and, in an
+// approximate index (PrefixCache.Approximate), stores its blocks on the
+// replica: the engine will hold them once it has prefilled the prompt.
+func (r *Replica) recordPlacement(keys []uint64, uncached, cached int64) {
 	if len(keys) == 0 {
 		return
 	}
+	r.prefixPrompt.Add(max(uncached, 0) + max(cached, 0))
+	r.prefixCached.Add(max(cached, 0))
 	p := r.pool.Load()
 	if p == nil {
 		return
@@ -122,4 +131,36 @@ func (r *Replica) recordPlacement(keys []uint64) {
 	if s, ok := r.PrefixSlot(); ok {
 		pc.Index.Store(s, keys)
 	}
+}
+
+// PrefixStats is a replica's view in its pool's prefix index.
+type PrefixStats struct {
+	// Blocks is how many keys the index holds for the replica.
+	Blocks int `json:"blocks"`
+	// PromptTokens sums the prompts placed on the replica with keys;
+	// CachedTokens how many of those tokens the index said it held.
+	PromptTokens int64 `json:"prompt_tokens"`
+	CachedTokens int64 `json:"predicted_cached_tokens"`
+	// HitRate is CachedTokens / PromptTokens: the index's predicted
+	// prefix-cache hit rate (0 before any request).
+	HitRate float64 `json:"predicted_hit_rate"`
+}
+
+// PrefixStats is the replica's prefix index view; nil when its pool has
+// no index or the replica no slot in it.
+func (r *Replica) PrefixStats() *PrefixStats {
+	p := r.pool.Load()
+	if p == nil {
+		return nil
+	}
+	pc := p.prefix.Load()
+	s, ok := r.PrefixSlot()
+	if pc == nil || !ok {
+		return nil
+	}
+	st := &PrefixStats{Blocks: pc.Index.Len(s), PromptTokens: r.prefixPrompt.Load(), CachedTokens: r.prefixCached.Load()}
+	if st.PromptTokens > 0 {
+		st.HitRate = float64(st.CachedTokens) / float64(st.PromptTokens)
+	}
+	return st
 }
