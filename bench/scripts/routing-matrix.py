@@ -17,7 +17,8 @@ import sys
 
 SPEEDS = {"even": [1, 1, 1, 1], "uneven": [1, 1, 1, 0.5]}
 ISSUE14 = ("conv85", "conv130", "burst")  # and their bounds, on the uneven fleet
-ROUTER = ("default", "default_admission_off")
+ROUTER = ("default", "default_admission_off", "default_events")
+PREFIX = ("mooncake85", "mooncake130")  # issue 51's bounds: prefix-cache hits near the ideal
 FIGURES = ("p50", "p90", "p99", "tpot", "good", "fail", "preempt", "prefix", "ideal", "kv", "lag")
 LAG_WARN = 0.05  # a run whose simulator ran this much late measured the machine, not the router
 TOL = 0.05
@@ -110,8 +111,17 @@ def verdicts(med, args):
                     checks.append((f"goodput >= 1.3x", g >= 1.3))
                 elif w in ISSUE14:
                     checks.append((f"[info] P99 TTFT {r99:.2f}x lower", None))
+                if w in PREFIX:
+                    checks.append((f"goodput >= 1.5x", g >= 1.5))
+                    checks.append((f"P50 TTFT <= 0.5x HAProxy's", d["p50"] <= 0.5 * h["p50"]))
                 if d.get("kv") is not None and h.get("kv") is not None:
                     checks.append((f"[info] mean KV {pct(d['kv'])}% vs HAProxy {pct(h['kv'])}%", None))
+            if w in PREFIX:
+                for c in ("default", "default_events"):
+                    m = med.get((w, fl, c))
+                    if m and m.get("prefix") is not None and m.get("ideal"):
+                        ok = m["prefix"] >= 0.8 * m["ideal"] if c == "default" else None
+                        checks.append((f"{c} prefix hits {pct(m['prefix'])}% of ideal {pct(m['ideal'])}% (>= 80%)", ok))
             if d and off:
                 worse = [f"{name} {d[k] / off[k]:.2f}x" for name, k in (("P50 TTFT", "p50"), ("P99 TTFT", "p99"), ("P99 TPOT", "tpot"))
                          if off[k] and d[k] > off[k] * (1 + TOL)]

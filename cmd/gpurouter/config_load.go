@@ -265,10 +265,8 @@ func applyDefaults(cfg *fileConfig) {
 		setInt(&p.Migration.MaxSeqLen, proxy.DefaultMigrationMaxSeqLen)
 		setDuration(&p.Migration.DrainGrace, proxy.DefaultDrainGrace)
 		setString(&p.PrefixCache.Mode, string(fleet.PrefixApproximate))
-		if p.PrefixCache.Mode == string(fleet.PrefixEvents) {
-			setInt(&p.PrefixCache.BlockSize, fleet.DefaultPrefixBlockSize)
-			setString(&p.PrefixCache.Tokenizer, fleet.DefaultPrefixTokenizer)
-		}
+		setInt(&p.PrefixCache.BlockSize, fleet.DefaultPrefixBlockSize)
+		setString(&p.PrefixCache.Tokenizer, fleet.DefaultPrefixTokenizer)
 		applyDiscoveryDefaults(p)
 		// "aliases: []" and no aliases are the same configuration; one
 		// spelling keeps printed-then-reloaded configs equal.
