@@ -1,6 +1,8 @@
 package balancer
 
 import (
+	"math"
+
 	"github.com/gpurouter/gpurouter/prefixcache"
 )
 
@@ -104,6 +106,49 @@ func (r *Request) CachedTokens(c *Replica) int {
 	}
 	n := int(int64(r.PromptTokens) * int64(r.prefix.held[s]) / int64(len(r.Prefix)))
 	return max(min(n, r.PromptTokens-1), 0)
+}
+
+// meanLoad is the requests in flight per replica over candidates, this
+// one included: what cachedWithin bounds a replica's load by.
+func meanLoad(candidates []*Replica) float64 {
+	var total int64
+	if g := candidates[0].group.Load(); g != nil {
+		total = g.Load()
+	} else {
+		for _, c := range candidates {
+			total += c.inFlight.Load()
+		}
+	}
+	return float64(total+1) / float64(len(candidates))
+}
+
+// cachedWithin is CachedTokens(c) while c's load is within the bound
+// that keeps cache affinity from making a hot spot, else 0: in flight
+// (this request included, per unit of capacity) at most
+// ⌈(1 + ε + f)·mean⌉, f the share of the prompt c holds. A replica
+// holding most of a long prompt saves its whole prefill there — seconds
+// at tens of thousands of tokens, more than the extra requests in its
+// batch cost — so it may run up to about (2 + ε)× the mean before the
+// request goes elsewhere; one holding a short shared system prompt
+// little more than (1 + ε)×, as bounded-load hashing allows. The other
+// replicas soon hold a prefix they are sent, so a hot prefix spreads.
+func (r *Request) cachedWithin(c *Replica, cfg *ScoreConfig, mean float64) int {
+	cached := r.CachedTokens(c)
+	if cached == 0 {
+		return 0
+	}
+	f := float64(cached) / float64(max(r.PromptTokens, 1))
+	if float64(c.inFlight.Load()+1)/c.capacity() > math.Ceil((1+cfg.Epsilon+f)*mean) {
+		return 0
+	}
+	return cached
+}
+
+// cachedRoom reports whether c holds most of r's prompt (at least half
+// of its tokens) in its prefix cache: enough that its prefill there is a
+// fraction of what it is anywhere else.
+func (r *Request) cachedRoom(c *Replica) bool {
+	return r.PromptTokens > 0 && 2*r.CachedTokens(c) >= r.PromptTokens
 }
 
 // uncached is r's prompt tokens c would have to prefill.
