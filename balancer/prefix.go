@@ -125,20 +125,20 @@ func meanLoad(candidates []*Replica) float64 {
 // cachedWithin is CachedTokens(c) while c's load is within the bound
 // that keeps cache affinity from making a hot spot, else 0: in flight
 // (this request included, per unit of capacity) at most
-// ⌈(1 + ε + f)·mean⌉, f the share of the prompt c holds. A replica
+// ⌈(1 + ε·(1 + 2f))·mean⌉, f the share of the prompt c holds. A replica
 // holding most of a long prompt saves its whole prefill there — seconds
-// at tens of thousands of tokens, more than the extra requests in its
-// batch cost — so it may run up to about (2 + ε)× the mean before the
-// request goes elsewhere; one holding a short shared system prompt
-// little more than (1 + ε)×, as bounded-load hashing allows. The other
-// replicas soon hold a prefix they are sent, so a hot prefix spreads.
+// at tens of thousands of tokens — so it may run up to (1 + 3ε)× the
+// mean (1.75× by default) before the request goes elsewhere; one holding
+// a sliver of it (1 + ε)×, as bounded-load hashing allows. No replica
+// takes much more than its share of a hot prefix, and the others soon
+// hold the prefixes they are sent, so a hot one spreads.
 func (r *Request) cachedWithin(c *Replica, cfg *ScoreConfig, mean float64) int {
 	cached := r.CachedTokens(c)
 	if cached == 0 {
 		return 0
 	}
 	f := float64(cached) / float64(max(r.PromptTokens, 1))
-	if float64(c.inFlight.Load()+1)/c.capacity() > math.Ceil((1+cfg.Epsilon+f)*mean) {
+	if float64(c.inFlight.Load()+1)/c.capacity() > math.Ceil((1+cfg.Epsilon*(1+2*f))*mean) {
 		return 0
 	}
 	return cached

@@ -160,7 +160,10 @@ func TestPrefixEventsRouting(t *testing.T) {
 
 // Cache affinity yields to load: many long requests sharing one cached
 // prefix at once spread over the fleet instead of piling onto the replica
-// that holds it.
+// that holds it. The holder may run up to 1.75× the mean in flight
+// (balancer: cachedWithin), so of 30 requests arriving together on three
+// replicas it takes about 58% until the others hold the prefix too; never
+// the 90% of an unbounded affinity.
 func TestPrefixEventsLoadBound(t *testing.T) {
 	f := startKVFleet(t, 3)
 	router := startConfiguredRouter(t, eventsConfig(f))
@@ -185,7 +188,7 @@ func TestPrefixEventsLoadBound(t *testing.T) {
 	wg.Wait()
 	t.Logf("requests per replica: %v (the prefix is on %s)", counts, first)
 	for r, c := range counts {
-		if c > n*2/3 {
+		if c > n*7/10 {
 			t.Fatalf("replica %s took %d of %d requests: a hot spot (%v)", r, c, n, counts)
 		}
 	}
