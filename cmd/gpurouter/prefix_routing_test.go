@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -256,4 +257,63 @@ func TestPrefixApproximateByDefault(t *testing.T) {
 	if b := indexBlocks(t, router); b[first] == 0 {
 		t.Fatalf("index sizes %v: nothing recorded on %s", b, first)
 	}
+}
+
+// The router's keys for a prompt are the engine's blocks: what the index
+// predicts a repeated completion prompt has cached is exactly what the
+// engine then reports it served from cache (vllm:prefix_cache_hits_total).
+func TestPrefixEventsKeysMatchTheEngine(t *testing.T) {
+	f := startKVFleet(t, 2)
+	router := startConfiguredRouter(t, eventsConfig(f))
+	prompt := longText("doc", 700)
+	send := func() string {
+		body := fmt.Sprintf(`{"model":"m","max_tokens":2,"ignore_eos":true,"prompt":%q}`, prompt)
+		resp, err := http.Post(router+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		return resp.Header.Get("X-Gpurouter-Replica")
+	}
+	first := send()
+	waitUntil(t, 10*time.Second, "the index to hold the prompt", func() bool { return indexBlocks(t, router)[first] > 0 })
+	if again := send(); again != first {
+		t.Fatalf("the repeated prompt went to %s, its blocks are on %s", again, first)
+	}
+	var v prefixView
+	getJSON(t, router+"/debug/pools", &v)
+	var predicted int64
+	for _, r := range v.Pools[0].Replicas {
+		if r.Name == first && r.Prefix != nil {
+			predicted = r.Prefix.CachedTokens
+		}
+	}
+	i := int(first[1] - '0')
+	hits := engineCounter(t, f.URLs()[i], "vllm:prefix_cache_hits_total")
+	if predicted == 0 || float64(predicted) != hits {
+		t.Fatalf("the index predicted %d cached tokens on %s, the engine served %v from cache", predicted, first, hits)
+	}
+}
+
+// engineCounter sums a counter's series on an engine's /metrics.
+func engineCounter(t *testing.T, url, name string) float64 {
+	t.Helper()
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var sum float64
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, name); ok && (strings.HasPrefix(rest, "{") || strings.HasPrefix(rest, " ")) {
+			var v float64
+			fmt.Sscan(rest[strings.LastIndexByte(rest, ' ')+1:], &v)
+			sum += v
+		}
+	}
+	return sum
 }
