@@ -21,6 +21,8 @@ type Collector struct {
 	capacity, gpuFault        *prometheus.Desc
 	util, memUsed, memTotal   *prometheus.Desc
 	power, temp, throttled    *prometheus.Desc
+	prefixBlocks              *prometheus.Desc
+	prefixPrompt, prefixHits  *prometheus.Desc
 }
 
 // NewCollector builds a collector over the current pools.
@@ -45,13 +47,18 @@ func NewCollector(pools func() []*Pool) *Collector {
 		temp:     d("gpurouter_replica_gpu_temperature_celsius", "GPU core temperature, as last read.", gpuLabels, nil),
 		throttled: d("gpurouter_replica_gpu_throttled", "1 while the GPU reports a clock slowdown reason (thermal, power cap), as last read.",
 			gpuLabels, nil),
+		prefixBlocks: d("gpurouter_replica_prefix_index_blocks", "Prompt blocks the pool's prefix index says the replica holds cached.", labels, nil),
+		prefixPrompt: d("gpurouter_replica_prefix_prompt_tokens_total", "Prompt tokens of requests placed on the replica with prefix-index keys.", labels, nil),
+		prefixHits: d("gpurouter_replica_prefix_predicted_cached_tokens_total",
+			"Of those, the tokens the prefix index predicted the replica had cached: over prompt tokens, the router's predicted prefix-cache hit rate.", labels, nil),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.inFlight, c.healthy, c.breaker, c.running, c.waiting, c.kvUsage,
-		c.capacity, c.gpuFault, c.util, c.memUsed, c.memTotal, c.power, c.temp, c.throttled} {
+		c.capacity, c.gpuFault, c.util, c.memUsed, c.memTotal, c.power, c.temp, c.throttled,
+		c.prefixBlocks, c.prefixPrompt, c.prefixHits} {
 		ch <- d
 	}
 }
@@ -70,6 +77,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 				gauge(c.running, float64(e.Running))
 				gauge(c.waiting, float64(e.Waiting))
 				gauge(c.kvUsage, e.KVUsage)
+			}
+			if ps := r.PrefixStats(); ps != nil {
+				gauge(c.prefixBlocks, float64(ps.Blocks))
+				ch <- prometheus.MustNewConstMetric(c.prefixPrompt, prometheus.CounterValue, float64(ps.PromptTokens), p.Model(), r.Name())
+				ch <- prometheus.MustNewConstMetric(c.prefixHits, prometheus.CounterValue, float64(ps.CachedTokens), p.Model(), r.Name())
 			}
 			g := r.GPULoad()
 			if g == nil {

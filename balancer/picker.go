@@ -47,7 +47,11 @@ type Request struct {
 	// roomButPrefill relaxes the room pass to "room but for the prefill
 	// queued there" (Predictive.Pick's second look).
 	roomButPrefill bool
-	poolScore      *ScoreConfig // the pool's staleness rule, for Room's loads
+	// roomForCache relaxes the room pass for a replica holding most of
+	// the prompt in its prefix cache (cachedRoom): Predictive.Pick's
+	// last pass.
+	roomForCache bool
+	poolScore    *ScoreConfig // the pool's staleness rule, for Room's loads
 	// soonest is, during a predictive pick, the earliest predicted finish
 	// (TTFT + output × TPOT, seconds from now) among the replicas usable
 	// for the request, room or not; 0 when its output is unknown.
@@ -68,7 +72,7 @@ func eligible(c *Replica, r *Request) bool {
 	if !usable(c, r) {
 		return false
 	}
-	if r.roomOn {
+	if r.roomOn && !(r.roomForCache && r.cachedRoom(c)) {
 		l := c.loadAt(r.Now, r.poolScore, false)
 		if r.roomButPrefill {
 			l.PrefillWait = 0

@@ -76,6 +76,27 @@ func (p *Predictive) Pick(r *Request, candidates []*Replica) *Replica {
 			return alt
 		}
 	}
+	return p.pickCached(r, candidates, best, miss)
+}
+
+// pickCached is Pick's last pass, for a request most of whose prompt a
+// replica holds in its prefix cache but that replica has no room by
+// admission's rules (its engine has requests waiting, its queued prefill
+// is long): the request would prefill there only what it lacks, so it
+// goes there when the prediction — which counts the prefill queued ahead
+// of it — meets as many objectives as best does, within the cache's
+// load bound (cachedWithin). Elsewhere it would prefill its whole prompt
+// and leave the cached copy unused.
+func (p *Predictive) pickCached(r *Request, candidates []*Replica, best *Replica, miss int) *Replica {
+	if !r.roomOn || !r.prefix.found || (best != nil && r.cachedRoom(best)) {
+		return best
+	}
+	r.roomForCache = true
+	alt, altMiss := p.pick(r, candidates)
+	r.roomForCache = false
+	if alt != nil && r.cachedRoom(alt) && (best == nil || altMiss <= miss) {
+		return alt
+	}
 	return best
 }
 
@@ -96,9 +117,9 @@ func (p *Predictive) pick(r *Request, candidates []*Replica) (*Replica, int) {
 	}
 	st, sp := sloT.Seconds(), sloP.Seconds()
 	r.soonest = p.soonest(r, candidates, &pr) // for rate, within this pick
-	bound := -1.0                             // no cache affinity
+	mean := -1.0                              // no cache affinity
 	if r.prefix.found {
-		bound = loadBound(p.cfg, candidates)
+		mean = meanLoad(candidates)
 	}
 	start := p.next.Add(1) - 1
 	var best *Replica
@@ -112,8 +133,8 @@ func (p *Predictive) pick(r *Request, candidates []*Replica) (*Replica, int) {
 		}
 		miss, cost, load := p.rate(c, r, &pr, st, sp)
 		cached := 0
-		if bound >= 0 && float64(c.inFlight.Load()+1)/c.capacity() <= bound {
-			cached = r.CachedTokens(c)
+		if mean >= 0 {
+			cached = r.cachedWithin(c, p.cfg, mean)
 		}
 		if best == nil || better(miss, cost, load, cached, bestMiss, bestCost, bestLoad, bestCached) {
 			best, bestMiss, bestCost, bestLoad, bestCached, bestAt = c, miss, cost, load, cached, i

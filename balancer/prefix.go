@@ -1,6 +1,8 @@
 package balancer
 
 import (
+	"math"
+
 	"github.com/gpurouter/gpurouter/prefixcache"
 )
 
@@ -21,6 +23,13 @@ type PrefixCache struct {
 	// (AcquireRequest) and age out as its KV capacity says they must.
 	// False: the engines' KV-cache events feed it, and placements don't.
 	Approximate bool
+	// Tokenizer and Chat turn a request's prompt into the engines' tokens
+	// when the index is keyed by them (not Approximate): the keys are
+	// prefixcache.AppendKeys(RootSeed, tokens, BlockSize), as the
+	// events' Tracker keys the engines' blocks. Nil when Approximate: the
+	// keys are prefixcache.TextKeys over the prompt's text.
+	Tokenizer prefixcache.Tokenizer
+	Chat      prefixcache.ChatTemplate
 }
 
 // SetPrefixCache gives the pool its prefix cache (nil: none). Replicas
@@ -99,18 +108,63 @@ func (r *Request) CachedTokens(c *Replica) int {
 	return max(min(n, r.PromptTokens-1), 0)
 }
 
+// meanLoad is the requests in flight per replica over candidates, this
+// one included: what cachedWithin bounds a replica's load by.
+func meanLoad(candidates []*Replica) float64 {
+	var total int64
+	if g := candidates[0].group.Load(); g != nil {
+		total = g.Load()
+	} else {
+		for _, c := range candidates {
+			total += c.inFlight.Load()
+		}
+	}
+	return float64(total+1) / float64(len(candidates))
+}
+
+// cachedWithin is CachedTokens(c) while c's load is within the bound
+// that keeps cache affinity from making a hot spot, else 0: in flight
+// (this request included, per unit of capacity) at most
+// ⌈(1 + ε·(1 + 2f))·mean⌉, f the share of the prompt c holds. A replica
+// holding most of a long prompt saves its whole prefill there — seconds
+// at tens of thousands of tokens — so it may run up to (1 + 3ε)× the
+// mean (1.75× by default) before the request goes elsewhere; one holding
+// a sliver of it (1 + ε)×, as bounded-load hashing allows. No replica
+// takes much more than its share of a hot prefix, and the others soon
+// hold the prefixes they are sent, so a hot one spreads.
+func (r *Request) cachedWithin(c *Replica, cfg *ScoreConfig, mean float64) int {
+	cached := r.CachedTokens(c)
+	if cached == 0 {
+		return 0
+	}
+	f := float64(cached) / float64(max(r.PromptTokens, 1))
+	if float64(c.inFlight.Load()+1)/c.capacity() > math.Ceil((1+cfg.Epsilon*(1+2*f))*mean) {
+		return 0
+	}
+	return cached
+}
+
+// cachedRoom reports whether c holds most of r's prompt (at least half
+// of its tokens) in its prefix cache: enough that its prefill there is a
+// fraction of what it is anywhere else.
+func (r *Request) cachedRoom(c *Replica) bool {
+	return r.PromptTokens > 0 && 2*r.CachedTokens(c) >= r.PromptTokens
+}
+
 // uncached is r's prompt tokens c would have to prefill.
 func (r *Request) uncached(c *Replica) int {
 	return max(r.PromptTokens-r.CachedTokens(c), 0)
 }
 
-// recordPlacement stores a placed request's blocks on the replica in an
-// approximate index (PrefixCache.Approximate): the engine will hold them
-// once it has prefilled the prompt.
-func (r *Replica) recordPlacement(keys []uint64) {
+// recordPlacement counts a placed request's predicted hits and, in an
+// approximate index (PrefixCache.Approximate), stores its blocks on the
+// replica: the engine will hold them once it has prefilled the prompt.
+func (r *Replica) recordPlacement(keys []uint64, uncached, cached int64) {
 	if len(keys) == 0 {
 		return
 	}
+	r.prefixPrompt.Add(max(uncached, 0) + max(cached, 0))
+	r.prefixCached.Add(max(cached, 0))
 	p := r.pool.Load()
 	if p == nil {
 		return
@@ -122,4 +176,36 @@ func (r *Replica) recordPlacement(keys []uint64) {
 	if s, ok := r.PrefixSlot(); ok {
 		pc.Index.Store(s, keys)
 	}
+}
+
+// PrefixStats is a replica's view in its pool's prefix index.
+type PrefixStats struct {
+	// Blocks is how many keys the index holds for the replica.
+	Blocks int `json:"blocks"`
+	// PromptTokens sums the prompts placed on the replica with keys;
+	// CachedTokens how many of those tokens the index said it held.
+	PromptTokens int64 `json:"prompt_tokens"`
+	CachedTokens int64 `json:"predicted_cached_tokens"`
+	// HitRate is CachedTokens / PromptTokens: the index's predicted
+	// prefix-cache hit rate (0 before any request).
+	HitRate float64 `json:"predicted_hit_rate"`
+}
+
+// PrefixStats is the replica's prefix index view; nil when its pool has
+// no index or the replica no slot in it.
+func (r *Replica) PrefixStats() *PrefixStats {
+	p := r.pool.Load()
+	if p == nil {
+		return nil
+	}
+	pc := p.prefix.Load()
+	s, ok := r.PrefixSlot()
+	if pc == nil || !ok {
+		return nil
+	}
+	st := &PrefixStats{Blocks: pc.Index.Len(s), PromptTokens: r.prefixPrompt.Load(), CachedTokens: r.prefixCached.Load()}
+	if st.PromptTokens > 0 {
+		st.HitRate = float64(st.CachedTokens) / float64(st.PromptTokens)
+	}
+	return st
 }

@@ -173,3 +173,33 @@ func BenchmarkPickPrefix(b *testing.B) {
 		}
 	}
 }
+
+// roomNoLong is a Room with no room on a replica counting a long
+// prefill: the stand-in for any of admission's rules saying it is full.
+type roomNoLong struct{}
+
+func (roomNoLong) FitsReplica(l balancer.ReplicaLoad, _, _ int, _ time.Duration) bool {
+	return l.LongPrefills == 0
+}
+
+// A replica holding most of the prompt takes it even when admission's
+// room rules say it is full — there it prefills 1,000 of 16,000 tokens,
+// elsewhere all of them — but not one holding a sliver of it.
+func TestPredictiveTakesTheCacheOverRoom(t *testing.T) {
+	pool, rs, idx, c := prefixPool(t, "predictive", 4, false)
+	for _, r := range []*balancer.Replica{rs[1], rs[3]} {
+		r.AcquireRequest(balancer.LeaseCost{Long: true}) //nolint:errcheck // held: full by the Room's rule
+	}
+	prompt := keys(9, 1000)
+	idx.Store(1, prompt[:window(15000)])
+	req := &balancer.Request{Now: c.now(), PromptTokens: 16000, OutputTokens: 200, Prefix: prompt, Room: roomNoLong{}}
+	if got := pool.Pick(req); got != rs[1] {
+		t.Fatalf("picked %s, want r1 (holds 15,000 of the 16,000 tokens, full only by admission's rules)", got.Name())
+	}
+	other := keys(10, 1000)
+	idx.Store(3, other[:window(2000)])
+	req = &balancer.Request{Now: c.now(), PromptTokens: 16000, OutputTokens: 200, Prefix: other, Room: roomNoLong{}}
+	if got := pool.Pick(req); got == rs[3] || got == rs[1] {
+		t.Fatalf("picked %s, full by admission's rules and holding at most 2,000 of 16,000 tokens", got.Name())
+	}
+}

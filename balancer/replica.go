@@ -119,6 +119,10 @@ type Replica struct {
 	// prefixSlot is the replica's slot in its pool's prefix index plus
 	// one; 0: none (prefix.go).
 	prefixSlot atomic.Int32
+	// prefixPrompt and prefixCached sum the prompt tokens of requests
+	// placed here with prefix keys, and how many of them the index said
+	// were cached (PrefixStats).
+	prefixPrompt, prefixCached atomic.Int64
 
 	// gpuErrs and faultSince belong to StoreGPU (one caller at a time).
 	gpuErrs    uint64
@@ -339,7 +343,10 @@ type LeaseCost struct {
 	PromptTokens int64 // prefill work queued on the replica until the first token — the prompt less what the replica has cached (Request.CachedTokens); 0 = unknown
 	// Prefix is the request's prompt blocks (Request.Prefix): recorded as
 	// held by the replica when its pool's prefix index is approximate.
-	Prefix       []uint64
+	Prefix []uint64
+	// CachedTokens is the prompt tokens the pool's index says the
+	// replica holds (Request.CachedTokens): PromptTokens excludes them.
+	CachedTokens int64
 	OutputTokens int64 // expected output tokens, for the replica's decode headroom; 0 = unknown
 	// TPOTObjective is the request's TPOT objective (its SLO header); 0
 	// means the pool's (ScoreConfig.SLOTPOT).
@@ -387,7 +394,7 @@ func (r *Replica) AcquireRequest(c LeaseCost) (Lease, error) {
 	if c.Long {
 		r.longPrefills.Add(1)
 	}
-	r.recordPlacement(c.Prefix)
+	r.recordPlacement(c.Prefix, c.PromptTokens, c.CachedTokens)
 	if c.PromptTokens > 0 || st.output > 1 {
 		now := r.now() // one reading for the send and what it is judged by
 		if c.PromptTokens > 0 {

@@ -105,6 +105,31 @@ type RouterReplica struct {
 	// Predictor is the router's learned latency model of the replica
 	// (absent on routers without one).
 	Predictor *RouterPredictor `json:"predictor,omitempty"`
+	// PrefixCache is the router's prefix index view of the replica
+	// (absent where its pool has none).
+	PrefixCache *RouterPrefix `json:"prefix_cache,omitempty"`
+}
+
+// RouterPrefix is what bench reads of a replica's prefix index: the
+// prompt tokens placed there with keys since the router started, and how
+// many of them the index predicted cached.
+type RouterPrefix struct {
+	PromptTokens int64 `json:"prompt_tokens"`
+	CachedTokens int64 `json:"predicted_cached_tokens"`
+}
+
+// PrefixTotals sums the replicas' prefix index counters over pools:
+// prompt tokens placed with keys, and those predicted cached.
+func PrefixTotals(pools []RouterPool) (prompt, cached int64) {
+	for _, p := range pools {
+		for _, r := range p.Replicas {
+			if r.PrefixCache != nil {
+				prompt += r.PrefixCache.PromptTokens
+				cached += r.PrefixCache.CachedTokens
+			}
+		}
+	}
+	return prompt, cached
 }
 
 // RouterPredictor is the part of a replica's learned latency model bench

@@ -17,6 +17,7 @@ type state struct {
 	routes   []proxy.Route       // one per pool, in Spec order
 	replicas []*balancer.Replica // every pool's, in Spec order
 	poller   *gpu.Poller         // nil when telemetry is off
+	prefix   []*poolPrefix       // per pool, in Spec order; nil where off
 }
 
 // replicaKey is what identifies a live replica across states: a Spec that
@@ -93,8 +94,21 @@ func (f *Fleet) build(spec Spec, prev *state) (*state, error) {
 		st.replicas = append(st.replicas, pl.reps...)
 		byPool[i] = pl.reps
 	}
+	st.prefix = make([]*poolPrefix, len(plans))
+	for i, pl := range plans {
+		pp, err := f.buildPrefix(spec.Pools[i], pl.reps, prev.prefixOf(pl.old.Pool))
+		if err != nil {
+			for _, b := range st.prefix[:i] {
+				if b != nil {
+					b.undo()
+				}
+			}
+			return nil, fmt.Errorf("pools[%d]: %w", i, err)
+		}
+		st.prefix[i] = pp
+	}
 	var err error
-	if st.poller, err = f.newPoller(spec, st.routes, byPool); err != nil {
+	if st.poller, err = f.newPoller(spec, st, byPool); err != nil {
 		return nil, err
 	}
 
@@ -118,8 +132,25 @@ func (f *Fleet) build(spec Spec, prev *state) (*state, error) {
 	}
 	for i, pl := range plans {
 		applyDraining(spec.Pools[i], pl.reps, prev.draining(spec.Pools[i]))
+		f.applyPrefix(st.routes[i].Pool, pl.reps, st.prefix[i], prev.prefixOf(pl.old.Pool))
+		if prev.prefixOf(pl.old.Pool) == nil {
+			f.logPrefix(spec.Pools[i].Model, st.prefix[i])
+		}
 	}
 	return st, nil
+}
+
+// prefixOf is the prefix index st built for pool; nil when none.
+func (st *state) prefixOf(pool *balancer.Pool) *poolPrefix {
+	if st == nil || pool == nil {
+		return nil
+	}
+	for i, rt := range st.routes {
+		if rt.Pool == pool {
+			return st.prefix[i]
+		}
+	}
+	return nil
 }
 
 // match finds the route of st serving the same routes as pc, and its
@@ -143,7 +174,8 @@ func (st *state) match(pc Pool) (proxy.Route, map[replicaKey]*balancer.Replica) 
 }
 
 // loops are the state's background loops besides health checking: each
-// admission controller and the poller.
+// admission controller, the poller and each replica's KV-events
+// subscriber.
 func (st *state) loops() []runner {
 	var out []runner
 	for _, rt := range st.routes {
@@ -153,6 +185,14 @@ func (st *state) loops() []runner {
 	}
 	if st.poller != nil {
 		out = append(out, st.poller)
+	}
+	for _, pp := range st.prefix {
+		if pp == nil {
+			continue
+		}
+		for _, sub := range pp.subs {
+			out = append(out, sub.Subscriber)
+		}
 	}
 	return out
 }

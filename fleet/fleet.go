@@ -19,6 +19,7 @@ import (
 
 	"github.com/gpurouter/gpurouter/admission"
 	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/gpurouter/gpurouter/kvevents"
 	"github.com/gpurouter/gpurouter/proxy"
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
@@ -40,7 +41,10 @@ type Options struct {
 	// DiscoveredGPU builds the GPU sources discovered endpoints name; nil
 	// means their GPU hints are ignored.
 	DiscoveredGPU DiscoveredGPU
-	Log           *zap.Logger // nil means no logging
+	// KVEventsMetrics receives the KV-event subscribers' series (pools
+	// with a prefix index fed by events); nil means none are exported.
+	KVEventsMetrics *kvevents.Metrics
+	Log             *zap.Logger // nil means no logging
 }
 
 // Fleet is the live configuration and what serves it. Build with New; the

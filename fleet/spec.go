@@ -60,6 +60,10 @@ type Pool struct {
 	// resolving): its requests then get 503 until some appear. False
 	// means at least one replica is required.
 	Discovered bool
+	// Prefix is the pool's prefix-cache index: how the router learns
+	// what each engine has cached, to route a prompt where its prefix is;
+	// the zero value is off.
+	Prefix PrefixCache
 }
 
 // Replica is one engine of a pool. Name, URL and Weight identify it: a
@@ -107,6 +111,14 @@ func (s Spec) clone() Spec {
 func (s Spec) withDefaults() Spec {
 	for i := range s.Pools {
 		p := &s.Pools[i]
+		if p.Prefix.Mode == PrefixEvents {
+			if p.Prefix.BlockSize == 0 {
+				p.Prefix.BlockSize = DefaultPrefixBlockSize
+			}
+			if p.Prefix.Tokenizer == "" {
+				p.Prefix.Tokenizer = DefaultPrefixTokenizer
+			}
+		}
 		for j := range p.Arms {
 			if p.Arms[j].Share == 0 {
 				p.Arms[j].Share = 1

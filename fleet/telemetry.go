@@ -6,7 +6,6 @@ import (
 	"github.com/gpurouter/gpurouter/admission"
 	"github.com/gpurouter/gpurouter/balancer"
 	"github.com/gpurouter/gpurouter/gpu"
-	"github.com/gpurouter/gpurouter/proxy"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -14,7 +13,8 @@ import (
 // and the GPU source its Spec names. It returns nil when telemetry is off.
 // A new poller is built for every state; snapshots live on the replicas,
 // so nothing is lost but the scrape-state counters.
-func (f *Fleet) newPoller(spec Spec, routes []proxy.Route, replicas [][]*balancer.Replica) (*gpu.Poller, error) {
+func (f *Fleet) newPoller(spec Spec, st *state, replicas [][]*balancer.Replica) (*gpu.Poller, error) {
+	routes := st.routes
 	if spec.Telemetry == nil {
 		return nil, nil
 	}
@@ -30,6 +30,7 @@ func (f *Fleet) newPoller(spec Spec, routes []proxy.Route, replicas [][]*balance
 			if ctl := routes[i].Admission; ctl != nil {
 				t.Sink = pokeSink{Replica: r, ctl: ctl}
 			}
+			t.Sink = st.prefixSink(i, r, t.Sink)
 			targets = append(targets, t)
 		}
 	}

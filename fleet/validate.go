@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/gpurouter/gpurouter/kvevents"
+	"github.com/gpurouter/gpurouter/prefixcache"
 )
 
 // Validate reports every problem of s, each prefixed by the path of the
@@ -119,6 +121,7 @@ func (v *validator) pools(pools []Pool) {
 		}
 		v.arms(at, p.Arms)
 		v.replicas(at, p.Replicas, p.Discovered)
+		v.prefix(at, p.Prefix, len(p.Replicas))
 	}
 }
 
@@ -190,4 +193,40 @@ func canonicalURL(raw string) string {
 		return raw
 	}
 	return strings.ToLower(u.Scheme+"://"+u.Host) + strings.TrimSuffix(u.Path, "/")
+}
+
+// prefix checks a pool's prefix index (defaults filled); at is the pool's
+// path, whose prefix_cache and kv_events the file has.
+func (v *validator) prefix(pool string, c PrefixCache, replicas int) {
+	at := pool + ".prefix_cache"
+	switch c.Mode {
+	case PrefixOff, PrefixApproximate, PrefixEvents:
+	default:
+		v.add(at+".mode", "must be approximate, events or off, got %q", c.Mode)
+		return
+	}
+	if c.Mode != PrefixOff && replicas > prefixcache.MaxReplicas {
+		v.add(at, "indexes at most %d replicas, the pool has %d", prefixcache.MaxReplicas, replicas)
+	}
+	if c.Mode != PrefixEvents {
+		return
+	}
+	if c.BlockSize < 1 || c.BlockSize > 1<<16 {
+		v.add(at+".block_size", "must be between 1 and 65536 tokens, got %d", c.BlockSize)
+	}
+	if !slices.Contains([]string{"cl100k_base", "o200k_base"}, c.Tokenizer) {
+		v.add(at+".tokenizer", "must be cl100k_base or o200k_base (embedded), got %q", c.Tokenizer)
+	}
+	// A replica's URL fills the templates; any well-formed one checks them.
+	const probe = "http://127.0.0.1:8000"
+	if c.KVEvents.Endpoint == "" {
+		v.add(pool+".kv_events.endpoint", "required in events mode")
+	} else if _, err := kvevents.ExpandEndpoint(c.KVEvents.Endpoint, probe); err != nil {
+		v.add(pool+".kv_events.endpoint", "%v", err)
+	}
+	if c.KVEvents.ReplayEndpoint != "" {
+		if _, err := kvevents.ExpandEndpoint(c.KVEvents.ReplayEndpoint, probe); err != nil {
+			v.add(pool+".kv_events.replay_endpoint", "%v", err)
+		}
+	}
 }

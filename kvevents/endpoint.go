@@ -11,10 +11,13 @@ import (
 // ExpandEndpoint fills an endpoint template from a replica's base URL:
 // "{host}" becomes the URL's host (bracketed when it is an IPv6 address),
 // so one pool setting (kv_events.endpoint: "tcp://{host}:5557") serves
-// every replica, those found by discovery included. A template without
-// "{host}" is returned as it is (one replica, or an explicit address).
+// every replica, those found by discovery included; "{port}" becomes the
+// URL's port and "{port+N}" (or "{port-N}") that port offset by N, for
+// engines sharing a host that publish on ports beside their HTTP ports. A
+// template without either is returned as it is (one replica, or an
+// explicit address).
 func ExpandEndpoint(template, replicaURL string) (string, error) {
-	if !strings.Contains(template, "{host}") {
+	if !strings.Contains(template, "{host}") && !strings.Contains(template, "{port") {
 		return checkEndpoint(template)
 	}
 	u, err := url.Parse(replicaURL)
@@ -25,7 +28,28 @@ func ExpandEndpoint(template, replicaURL string) (string, error) {
 	if strings.Contains(host, ":") {
 		host = "[" + host + "]"
 	}
-	return checkEndpoint(strings.ReplaceAll(template, "{host}", host))
+	out := strings.ReplaceAll(template, "{host}", host)
+	if i := strings.Index(out, "{port"); i >= 0 {
+		j := strings.IndexByte(out[i:], '}')
+		if j < 0 {
+			return "", fmt.Errorf("%w: %q: unclosed {port", ErrEndpoint, template)
+		}
+		port, err := strconv.Atoi(u.Port())
+		if err != nil {
+			return "", fmt.Errorf("%w: replica URL %q has no port for {port}", ErrEndpoint, replicaURL)
+		}
+		off := 0
+		if arg := out[i+len("{port") : i+j]; arg != "" {
+			if off, err = strconv.Atoi(arg); err != nil || (arg[0] != '+' && arg[0] != '-') {
+				return "", fmt.Errorf("%w: %q: want {port}, {port+N} or {port-N}", ErrEndpoint, template)
+			}
+		}
+		if port+off <= 0 || port+off > 65535 {
+			return "", fmt.Errorf("%w: %q: port %d out of range for %s", ErrEndpoint, template, port+off, replicaURL)
+		}
+		out = out[:i] + strconv.Itoa(port+off) + out[i+j+1:]
+	}
+	return checkEndpoint(out)
 }
 
 // OffsetPort adds n to a tcp endpoint's port, as vLLM offsets each

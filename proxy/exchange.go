@@ -60,6 +60,9 @@ type exchange struct {
 	arm       string         // A/B arm (the policy name outside experiments); the picker may set it in step 4
 	affinity  string         // session key: X-Session-Id, else the body's user
 	principal auth.Principal // the client's API key; zero when auth is off or no valid key came
+	prompt    promptText     // the prompt as prefix indexes key it (prefix.go)
+	prefix    []uint64       // its keys in the pool's index; nil without one
+	cached    int            // prompt tokens the current attempt's replica holds cached (Request.CachedTokens)
 	keys      *auth.KeyStore // the store that authenticated principal; nil when auth is off
 
 	// Step 3 (admit.go): the admission ticket; zero without admission.
@@ -119,7 +122,7 @@ func (x *exchange) pool() *balancer.Pool {
 func (x *exchange) leaseCost() (work, kv int64, long bool) {
 	work = x.prefillWork() + int64(max(x.cost.OutputTokens, 0))
 	if x.ticket.Admitted() {
-		kv = x.cost.Tokens()
+		kv = max(x.cost.Tokens()-int64(x.cached), 0)
 		long = x.ticket.LongPrefillCap() > 0
 	}
 	return work, kv, long
@@ -127,7 +130,11 @@ func (x *exchange) leaseCost() (work, kv int64, long bool) {
 
 // prefillWork is the prompt's share of the lease, handed back when the
 // first token arrives.
-func (x *exchange) prefillWork() int64 { return x.s.score.Cost(x.cost.PromptTokens, 0) }
+func (x *exchange) prefillWork() int64 { return x.s.score.Cost(x.uncached(), 0) }
+
+// uncached is the prompt tokens the replica placed on must prefill: the
+// prompt less what its prefix cache holds.
+func (x *exchange) uncached() int { return max(x.cost.PromptTokens-x.cached, 0) }
 
 // tokenChunk records the arrival of a chunk carrying output.
 func (x *exchange) tokenChunk(now time.Time) {

@@ -110,7 +110,7 @@ func (f *flow) begin(ep openai.Endpoint, prefix *poolRoute) act {
 		return f.end(err)
 	}
 	var err error
-	if x.req, err = s.readBody(ctx.PostBody(), ep); err != nil {
+	if x.req, err = s.readBody(ctx.PostBody(), ep, x.promptSink(f.rt)); err != nil {
 		return f.end(err)
 	}
 	// 2. The pool, the request's cost, the key's model and limits.
@@ -171,7 +171,7 @@ func (f *flow) next() act {
 		if f.plainOnly && rep.TLS() {
 			continue // added over TLS since the request was routed
 		}
-		up, lease, err := f.s.beginAttempt(f.rt, x, rep)
+		up, lease, err := f.s.beginAttempt(f.rt, x, rep, &f.pick)
 		if up != nil {
 			f.rep, f.up, f.lease, f.sending = rep, up, lease, true
 			x.sent = f.s.now()

@@ -21,6 +21,7 @@ func (x *exchange) pickRequest() balancer.Request {
 	r := balancer.Request{
 		AffinityKey: x.affinity,
 		PrefixHash:  x.req.PrefixHash,
+		Prefix:      x.prefix,
 		ArmKey:      x.id,
 		Arm:         x.arm,
 		// When it is placed, not when it arrived: a request that waited
@@ -77,15 +78,19 @@ func (s *Server) retryDelay(n int, x *exchange, lastErr error) (time.Duration, e
 // with the request's cost. A nil upstream means rep can't take it, with
 // the reason (nil when nothing stands against another replica): not an
 // attempt, as nothing was sent.
-func (s *Server) beginAttempt(rt *routeTable, x *exchange, rep *balancer.Replica) (*upstream, balancer.Lease, error) {
+func (s *Server) beginAttempt(rt *routeTable, x *exchange, rep *balancer.Replica, pick *balancer.Request) (*upstream, balancer.Lease, error) {
 	up := s.upstreamOf(rt, rep)
 	if up == nil {
 		// A reload put the replica in its pool and has not yet published
 		// the table that connects to it: not routable yet.
 		return nil, balancer.Lease{}, nil
 	}
+	// The prompt tokens rep holds in its prefix cache are neither prefill
+	// work nor new KV: the lease counts the rest.
+	x.cached = pick.CachedTokens(rep)
 	work, kv, long := x.leaseCost()
-	lease, err := rep.AcquireRequest(balancer.LeaseCost{Work: work, KV: kv, Long: long, PromptTokens: int64(x.cost.PromptTokens),
+	lease, err := rep.AcquireRequest(balancer.LeaseCost{Work: work, KV: kv, Long: long,
+		PromptTokens: int64(x.uncached()), CachedTokens: int64(x.cached), Prefix: pick.Prefix,
 		OutputTokens: int64(max(x.cost.OutputTokens, 0)), TPOTObjective: x.cost.TPOT})
 	if err != nil {
 		// An open breaker: nothing was sent.

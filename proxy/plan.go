@@ -33,12 +33,12 @@ func (s *Server) newExchange(ctx *fasthttp.RequestCtx, ep openai.Endpoint, id []
 	return x
 }
 
-// readBody parses an API request's body (request.go). It has no side
-// effect: the request loop reads a body before deciding which path serves
+// readBody parses an API request's body (request.go), handing its prompt
+// text to sink (nil: none). It has no side effect besides sink: the request loop reads a body before deciding which path serves
 // it (reqloop_linux.go).
-func (s *Server) readBody(body []byte, ep openai.Endpoint) (openai.Request, error) {
+func (s *Server) readBody(body []byte, ep openai.Endpoint, sink openai.PromptSink) (openai.Request, error) {
 	p := s.parsers.Get()
-	req, err := openai.ReadRequest(p, body, ep)
+	req, err := openai.ReadRequestTo(p, body, ep, sink)
 	s.parsers.Put(p)
 	return req, err
 }
@@ -72,6 +72,7 @@ func (s *Server) plan(ctx *fasthttp.RequestCtx, hdr *clientHeaders, x *exchange,
 		}
 	}
 	x.cost = x.route.costOf(&x.req, ep)
+	x.prefix = x.prompt.prefixKeys(x.route.Pool.PrefixCache())
 	if err := s.permit(x); err != nil {
 		return nil, false, err
 	}

@@ -151,6 +151,7 @@ func (s *Server) serveDebugPools(ctx *fasthttp.RequestCtx) {
 		Predictor         balancer.PredictorState `json:"predictor"`
 		Engine            *balancer.EngineLoad    `json:"engine,omitempty"`
 		GPU               *balancer.GPULoad       `json:"gpu,omitempty"`
+		PrefixCache       *balancer.PrefixStats   `json:"prefix_cache,omitempty"`
 	}
 	type poolView struct {
 		Model      string         `json:"model"`
@@ -171,7 +172,7 @@ func (s *Server) serveDebugPools(ctx *fasthttp.RequestCtx) {
 				Name: r.Name(), URL: r.URL(), Weight: r.Weight(), Healthy: r.Healthy(), Draining: r.Draining(),
 				Breaker: r.BreakerState(), InFlight: r.InFlight(), Served: r.Served(),
 				OutstandingTokens: r.OutstandingTokens(), DecodeTokensPerS: r.DecodeSpeed(), Predictor: r.Predictor(),
-				Engine: r.EngineLoad(), GPU: r.GPULoad(),
+				Engine: r.EngineLoad(), GPU: r.GPULoad(), PrefixCache: r.PrefixStats(),
 			})
 		}
 		doc.Pools = append(doc.Pools, pv)

@@ -17,8 +17,9 @@ import sys
 
 SPEEDS = {"even": [1, 1, 1, 1], "uneven": [1, 1, 1, 0.5]}
 ISSUE14 = ("conv85", "conv130", "burst")  # and their bounds, on the uneven fleet
-ROUTER = ("default", "default_admission_off")
-FIGURES = ("p50", "p90", "p99", "tpot", "good", "fail", "preempt", "prefix", "ideal", "kv", "lag")
+ROUTER = ("default", "default_admission_off", "default_events")
+PREFIX = ("mooncake85", "mooncake130")  # issue 51's bounds: prefix-cache hits near the ideal
+FIGURES = ("p50", "p90", "p99", "tpot", "good", "fail", "preempt", "prefix", "pred", "ideal", "kv", "lag")
 LAG_WARN = 0.05  # a run whose simulator ran this much late measured the machine, not the router
 TOL = 0.05
 
@@ -48,6 +49,7 @@ def load_run(out, run):
         preempt=sum(u.get("preemptions") or 0 for u in usage),
         prefix=hits / queries if queries else None,
         ideal=j.get("gpurouter_ideal_prefix_cache_hit_rate"),
+        pred=j.get("gpurouter_router_predicted_prefix_cache_hit_rate"),
         kv=statistics.mean(kvs) if kvs else None,
         shares=[k / n for k in counts], dropped=j.get("gpurouter_dataset_dropped") or 0, lag=lag,
         in_slo=round((j.get("request_goodput") or 0) * j["duration"]), total=len(j["ttfts"]), dur=j["duration"])
@@ -70,7 +72,7 @@ def pct(v):
 
 def table(res, args):
     hdr = (f"{'workload':11} {'fleet':6} {'config':24} {'P50 TTFT':>8} {'P90':>7} {'P99':>7} {'P99 TPOT':>8} "
-           f"{'goodput':>7} {'fail':>4} {'preempt':>7} {'prefix%':>7} {'ideal%':>6} {'KV%':>5} {'lag%':>4}  request share % (capacity %)")
+           f"{'goodput':>7} {'fail':>4} {'preempt':>7} {'prefix%':>7} {'pred%':>5} {'ideal%':>6} {'KV%':>5} {'lag%':>4}  request share % (capacity %)")
     print(hdr)
     print("-" * len(hdr))
     for w in args.workloads:
@@ -82,7 +84,7 @@ def table(res, args):
                     shares = " ".join(f"{s * 100:.0f}" for s in r["shares"])
                     print(f"{w:11} {fl:6} {label:24} {r['p50'] / 1000:7.2f}s {r['p90'] / 1000:6.2f}s {r['p99'] / 1000:6.2f}s "
                           f"{r['tpot']:6.0f}ms {r['good']:7.2f} {r['fail']:4d} {r['preempt']:7.0f} {pct(r['prefix']):>7} "
-                          f"{pct(r['ideal']):>6} {pct(r['kv']):>5} {pct(r['lag']):>4}  {shares} ({' '.join(f'{x * 100:.0f}' for x in cap)})")
+                          f"{pct(r['pred']):>5} {pct(r['ideal']):>6} {pct(r['kv']):>5} {pct(r['lag']):>4}  {shares} ({' '.join(f'{x * 100:.0f}' for x in cap)})")
         late = [r for k, runs in res.items() if k[0] == w for r in runs if (r["lag"] or 0) > LAG_WARN]
         if late:
             print(f"{w}: WARNING: {len(late)} run(s) where the simulator ended its steps over {LAG_WARN * 100:.0f}% late (lag%): "
@@ -117,8 +119,17 @@ def verdicts(med, args):
                     checks.append((f"goodput >= 1.3x", g >= 1.3))
                 elif w in ISSUE14:
                     checks.append((f"[info] P99 TTFT {r99:.2f}x lower", None))
+                if w in PREFIX:
+                    checks.append((f"goodput >= 1.5x", g >= 1.5))
+                    checks.append((f"P50 TTFT <= 0.5x HAProxy's", d["p50"] <= 0.5 * h["p50"]))
                 if d.get("kv") is not None and h.get("kv") is not None:
                     checks.append((f"[info] mean KV {pct(d['kv'])}% vs HAProxy {pct(h['kv'])}%", None))
+            if w in PREFIX:
+                for c in ("default", "default_events"):
+                    m = med.get((w, fl, c))
+                    if m and m.get("prefix") is not None and m.get("ideal"):
+                        ok = m["prefix"] >= 0.8 * m["ideal"] if c == "default" else None
+                        checks.append((f"{c} prefix hits {pct(m['prefix'])}% of ideal {pct(m['ideal'])}% (>= 80%)", ok))
             if d and off:
                 worse = [f"{name} {d[k] / off[k]:.2f}x" for name, k in (("P50 TTFT", "p50"), ("P99 TTFT", "p99"), ("P99 TPOT", "tpot"))
                          if off[k] and d[k] > off[k] * (1 + TOL)]

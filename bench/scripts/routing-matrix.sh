@@ -5,7 +5,11 @@
 # Every run starts a fresh simulated fleet (`gpurouter sim`, 4 replicas) and
 # puts one configuration in front of it: round_robin; HAProxy 2.6 `balance
 # leastconn` (bench/scripts/haproxy.cfg); the router's default (no --policy);
-# the default with --admission off. Fleets: even (speeds 1,1,1,1) and uneven
+# the default with --admission off; default_events, the default with its
+# prefix index fed by the engines' KV-cache events (the sims publish them,
+# `--kv-events-endpoint`, PUB on BASE_PORT+50+i and replay on
+# BASE_PORT+60+i; the router reads them, prefix_cache.mode events) where
+# the default's index is approximate (fed by its own placements). Fleets: even (speeds 1,1,1,1) and uneven
 # (1,1,1,0.5). Workloads, each at ~85% and ~130% of what the fleet sustains
 # behind HAProxy (see "Rates" below):
 #   conv85 conv130  the first $CONV_PROMPTS rows of the Azure conversation
@@ -190,8 +194,13 @@ start_fleet() { # RUN PROFILE SPEEDS [SIM FLAGS...]
   local run=$1 profile=$2 speeds=$3
   shift 3
   for i in $(seq 0 $((nrep - 1))) 100; do port_free $((BASE_PORT + i)); done
+  local kv=()
+  if [ "${run##*.}" = default_events ]; then
+    for i in $(seq 0 $((nrep - 1))); do port_free $((BASE_PORT + 50 + i)); port_free $((BASE_PORT + 60 + i)); done
+    kv=(--kv-events-endpoint "tcp://127.0.0.1:$((BASE_PORT + 50))" --kv-events-replay-endpoint "tcp://127.0.0.1:$((BASE_PORT + 60))")
+  fi
   "$bin" sim --replicas "$nrep" --base-port "$BASE_PORT" --profile "$profile" --speed "$speeds" \
-    --served-model-name m --seed "$SEED" "$@" >"$out/$run.sim.log" 2>&1 &
+    --served-model-name m --seed "$SEED" "${kv[@]}" "$@" >"$out/$run.sim.log" 2>&1 &
   pids+=($!)
   for i in $(seq 0 $((nrep - 1))); do wait_up "http://127.0.0.1:$((BASE_PORT + i))/health"; done
 }
@@ -206,13 +215,17 @@ start_front() { # CONFIG RUN
     pids+=($!)
     wait_up "http://127.0.0.1:$fport/v1/models"
     return ;;
-  round_robin | default | default_admission_off) ;;
+  round_robin | default | default_admission_off | default_events) ;;
   *) echo "unknown config $1"; exit 2 ;;
   esac
   [ "$1" = default_admission_off ] && flags=(--admission off)
-  if [ -n "$SERVE_CONFIG" ]; then # the file, plus this fleet as pool m
-    { cat "$SERVE_CONFIG"; echo "pools:"; echo "  - model: m"
+  if [ -n "$SERVE_CONFIG" ] || [ "$1" = default_events ]; then # the file, plus this fleet as pool m
+    { [ -z "$SERVE_CONFIG" ] || cat "$SERVE_CONFIG"; echo "pools:"; echo "  - model: m"
       [ "$1" = round_robin ] && echo "    policy: round_robin"
+      if [ "$1" = default_events ]; then
+        echo "    prefix_cache: {mode: events}"
+        echo "    kv_events: {endpoint: \"tcp://{host}:{port+50}\", replay_endpoint: \"tcp://{host}:{port+60}\"}"
+      fi
       echo "    replicas:"; for u in ${replicas//,/ }; do echo "      - url: $u"; done; } >"$work/serve.yaml"
     flags+=(--config "$work/serve.yaml")
   else

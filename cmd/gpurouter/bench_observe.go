@@ -54,6 +54,10 @@ func observeAfter(ctx context.Context, obs *bench.Observer, res *bench.Result, s
 	}
 	side.breakdown = breakdownOf(rep.Decomposition)
 	side.extra = rep.JSON(ps)
+	if rep.PredictedPrefixHitRate >= 0 {
+		fmt.Fprintf(stdout, "Router's prefix index: %.1f%% of the prompt tokens predicted cached where they were sent\n", 100*rep.PredictedPrefixHitRate)
+		side.extra["gpurouter_router_predicted_prefix_cache_hit_rate"] = rep.PredictedPrefixHitRate
+	}
 	return side, nil
 }
 

@@ -171,6 +171,32 @@ type poolConfig struct {
 	Engine string `yaml:"engine"`
 
 	Migration migrationConfig `yaml:"migration"`
+
+	PrefixCache prefixCacheConfig `yaml:"prefix_cache"`
+	KVEvents    kvEventsConfig    `yaml:"kv_events"`
+}
+
+// prefixCacheConfig is a pool's prefix-cache index: what the router knows
+// of each engine's cached prompt blocks, so that a prompt goes where its
+// prefix is cached (predictive, prefix_affinity).
+type prefixCacheConfig struct {
+	// Mode: approximate (the router's own placements, keyed by the
+	// prompt's text) | events (the engines' KV-cache events, kv_events) |
+	// off; default approximate.
+	Mode      string `yaml:"mode"`
+	BlockSize int    `yaml:"block_size"` // events: the engines' KV block size in tokens (vLLM --block-size); default 16
+	Tokenizer string `yaml:"tokenizer"`  // events: embedded vocabulary the prompt is tokenized with, cl100k_base|o200k_base; default cl100k_base
+}
+
+// kvEventsConfig is where a pool's engines publish KV-cache events (vLLM
+// --kv-events-config); both of vLLM's encodings are read.
+type kvEventsConfig struct {
+	// Endpoint is the PUB socket, a template filled per replica:
+	// {host} its host, {port} its HTTP port, {port+N} that plus N;
+	// e.g. tcp://{host}:5557. Required with prefix_cache.mode events.
+	Endpoint       string `yaml:"endpoint"`
+	ReplayEndpoint string `yaml:"replay_endpoint"` // the replay socket, same template; "" = none (a gap drops the replica's entries); default ""
+	Topic          string `yaml:"topic"`           // subscription prefix; "" = every topic; default ""
 }
 
 // migrationConfig continues a pool's streams on another replica when

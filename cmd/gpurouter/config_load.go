@@ -264,6 +264,9 @@ func applyDefaults(cfg *fileConfig) {
 		}
 		setInt(&p.Migration.MaxSeqLen, proxy.DefaultMigrationMaxSeqLen)
 		setDuration(&p.Migration.DrainGrace, proxy.DefaultDrainGrace)
+		setString(&p.PrefixCache.Mode, string(fleet.PrefixApproximate))
+		setInt(&p.PrefixCache.BlockSize, fleet.DefaultPrefixBlockSize)
+		setString(&p.PrefixCache.Tokenizer, fleet.DefaultPrefixTokenizer)
 		applyDiscoveryDefaults(p)
 		// "aliases: []" and no aliases are the same configuration; one
 		// spelling keeps printed-then-reloaded configs equal.

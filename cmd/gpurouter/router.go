@@ -13,6 +13,7 @@ import (
 	"github.com/gpurouter/gpurouter/admission"
 	"github.com/gpurouter/gpurouter/balancer"
 	"github.com/gpurouter/gpurouter/fleet"
+	"github.com/gpurouter/gpurouter/kvevents"
 	"github.com/gpurouter/gpurouter/proxy"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -79,6 +80,7 @@ func newRouterWith(cfg fileConfig, log *zap.Logger, deps routerDeps) (*router, e
 		},
 		Prober:           prober,
 		AdmissionMetrics: am,
+		KVEventsMetrics:  kvevents.NewMetrics(r.reg),
 		DiscoveredGPU:    r.discoveredGPU,
 		Log:              log,
 	})

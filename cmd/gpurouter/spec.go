@@ -68,6 +68,7 @@ func specPools(pcs []poolConfig) []fleet.Pool {
 		// validate reports an unknown name; here it reads as auto.
 		p.Engine, _ = gpu.ParseEngine(pc.Engine)
 		p.Migration = specMigration(pc.Migration, p.Engine)
+		p.Prefix = specPrefix(pc.PrefixCache, pc.KVEvents)
 		for _, a := range pc.Arms {
 			p.Arms = append(p.Arms, balancer.Arm{Name: a.Name, Policy: a.Policy, Share: a.Share})
 		}
@@ -103,6 +104,7 @@ func filePools(spec fleet.Spec, file []poolConfig) []poolConfig {
 			Migration:      fileMigration(p.Migration),
 			Discovery:      disc,
 		}
+		pc.PrefixCache, pc.KVEvents = filePrefix(p.Prefix)
 		for _, a := range p.Arms {
 			pc.Arms = append(pc.Arms, armConfig{Name: a.Name, Policy: a.Policy, Share: a.Share})
 		}
@@ -137,6 +139,26 @@ func fileMigration(m proxy.Migration) migrationConfig {
 		mc.DrainGrace = -time.Second // never
 	}
 	return mc
+}
+
+// specPrefix translates a pool's prefix index options; "off" is the
+// fleet's zero mode.
+func specPrefix(pc prefixCacheConfig, kv kvEventsConfig) fleet.PrefixCache {
+	c := fleet.PrefixCache{Mode: fleet.PrefixMode(pc.Mode), BlockSize: pc.BlockSize, Tokenizer: pc.Tokenizer,
+		KVEvents: fleet.KVEvents{Endpoint: kv.Endpoint, ReplayEndpoint: kv.ReplayEndpoint, Topic: kv.Topic}}
+	if pc.Mode == "off" {
+		c.Mode = fleet.PrefixOff
+	}
+	return c
+}
+
+// filePrefix is specPrefix's inverse, for display.
+func filePrefix(c fleet.PrefixCache) (prefixCacheConfig, kvEventsConfig) {
+	pc := prefixCacheConfig{Mode: string(c.Mode), BlockSize: c.BlockSize, Tokenizer: c.Tokenizer}
+	if c.Mode == fleet.PrefixOff {
+		pc.Mode = "off"
+	}
+	return pc, kvEventsConfig{Endpoint: c.KVEvents.Endpoint, ReplayEndpoint: c.KVEvents.ReplayEndpoint, Topic: c.KVEvents.Topic}
 }
 
 // engineName is the file's spelling of a pool's engine.

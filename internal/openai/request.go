@@ -147,6 +147,10 @@ func BytesView(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(
 // alone) stays as written where gjson made it U+FFFD: only the size and
 // prefix hash of such a (not Unicode) string move.
 func ReadRequest(p *fastjson.Parser, body []byte, ep Endpoint) (Request, error) {
+	return readRequest(p, body, ep, nil)
+}
+
+func readRequest(p *fastjson.Parser, body []byte, ep Endpoint, sink PromptSink) (Request, error) {
 	var r Request
 	trimmed := bytes.TrimSpace(body)
 	if len(trimmed) == 0 {
@@ -254,7 +258,7 @@ func ReadRequest(p *fastjson.Parser, body []byte, ep Endpoint) (Request, error) 
 			if err != nil {
 				return err
 			}
-			return r.readMessages(v)
+			return r.readMessages(v, sink)
 		case "prompt":
 			if ep != Completions {
 				return nil
@@ -274,6 +278,7 @@ func ReadRequest(p *fastjson.Parser, body []byte, ep Endpoint) (Request, error) 
 			}
 			r.PrefixHash = firstTextHash(v)
 			r.Cont |= PromptCont(v)
+			writePrompt(sink, v)
 		case "input":
 			if ep != Embeddings {
 				return nil
@@ -344,7 +349,7 @@ func IntOf(v *fastjson.Value) int64 {
 }
 
 // readMessages checks a chat messages array and sums its text size.
-func (r *Request) readMessages(v *fastjson.Value) error {
+func (r *Request) readMessages(v *fastjson.Value, sink PromptSink) error {
 	msgs, e := v.Array()
 	if e != nil {
 		return BadParam("messages", "must be an array of message objects")
@@ -369,6 +374,7 @@ func (r *Request) readMessages(v *fastjson.Value) error {
 		}
 		r.PromptBytes += n + len(role.GetStringBytes())
 		r.messages++
+		writeMessage(sink, role, content)
 	}
 	if r.messages == 0 {
 		return BadParam("messages", "must not be empty")

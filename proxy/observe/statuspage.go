@@ -78,10 +78,12 @@ type replicaStatus struct {
 	EngineAge time.Duration
 	Capacity  float64 // the GPU capacity credited; 0 when no GPU telemetry
 	GPUs      []gpu.GPUStats
+	Prefix    *balancer.PrefixStats // nil when its pool has no prefix index
 }
 
 func ReplicaStatusOf(r *balancer.Replica, now time.Time) replicaStatus {
-	rs := replicaStatus{Name: r.Name(), Healthy: r.Healthy(), Breaker: r.BreakerState(), InFlight: r.InFlight(), Served: r.Served()}
+	rs := replicaStatus{Name: r.Name(), Healthy: r.Healthy(), Breaker: r.BreakerState(), InFlight: r.InFlight(), Served: r.Served(),
+		Prefix: r.PrefixStats()}
 	if r.Draining() {
 		rs.Notes = append(rs.Notes, "draining")
 	}

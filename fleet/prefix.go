@@ -1,0 +1,259 @@
+package fleet
+
+import (
+	"fmt"
+
+	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/gpurouter/gpurouter/gpu"
+	"github.com/gpurouter/gpurouter/kvevents"
+	"github.com/gpurouter/gpurouter/prefixcache"
+	"go.uber.org/zap"
+)
+
+// PrefixMode is where a pool's prefix index learns what each engine has
+// cached.
+type PrefixMode string
+
+// The prefix modes. The zero value is PrefixOff.
+const (
+	// PrefixOff: no index; requests route as if nothing were cached.
+	PrefixOff PrefixMode = ""
+	// PrefixApproximate: the router's own placements feed the index,
+	// keyed by the prompt's text, aged by each engine's KV capacity.
+	PrefixApproximate PrefixMode = "approximate"
+	// PrefixEvents: the engines' KV-cache events feed it, keyed by the
+	// prompt's tokens in the engines' block size.
+	PrefixEvents PrefixMode = "events"
+)
+
+// Defaults of PrefixCache's zero fields.
+const (
+	// DefaultPrefixBlockSize is vLLM's block size on CUDA, used until
+	// the file says otherwise.
+	DefaultPrefixBlockSize = 16
+	// DefaultPrefixTokenizer is the embedded vocabulary the simulator
+	// renders with.
+	DefaultPrefixTokenizer = "cl100k_base"
+	// defaultPrefixCapacityTokens bounds a replica's index entries until
+	// its engine reports its KV capacity: 1M tokens of blocks.
+	defaultPrefixCapacityTokens = 1 << 20
+)
+
+// PrefixCache is a pool's prefix index configuration. Its zero value is
+// off. It is comparable: an unchanged one keeps the live index across
+// changes.
+type PrefixCache struct {
+	Mode PrefixMode
+	// BlockSize is the engines' KV block size in tokens (vLLM's
+	// --block-size; events of another size are ignored); 0 means
+	// DefaultPrefixBlockSize. Events mode only.
+	BlockSize int
+	// Tokenizer is the embedded vocabulary a request's prompt is
+	// tokenized with (prefixcache.NewBPE: cl100k_base, o200k_base); ""
+	// means DefaultPrefixTokenizer. Events mode only.
+	Tokenizer string
+	// KVEvents is where each replica publishes its events; events mode
+	// requires Endpoint.
+	KVEvents KVEvents
+}
+
+// KVEvents says where a pool's engines publish their KV-cache events
+// (vLLM's --kv-events-config). Endpoints are templates filled from each
+// replica's URL by kvevents.ExpandEndpoint ("tcp://{host}:5557"). Both of
+// vLLM's encodings (array, map) are read.
+type KVEvents struct {
+	Endpoint       string // the PUB socket; required in events mode
+	ReplayEndpoint string // the replay ROUTER socket; "" = none (every gap resyncs)
+	Topic          string // subscription prefix; "" = every topic
+}
+
+// blockTokens is how many prompt tokens one index key stands for: the
+// engines' block size with events, a text block's bytes at four bytes a
+// token when approximate.
+func (c PrefixCache) blockTokens() int {
+	if c.Mode == PrefixEvents {
+		return c.BlockSize
+	}
+	return prefixcache.DefaultBlockBytes / 4
+}
+
+// poolPrefix is one pool's prefix index and what feeds it.
+type poolPrefix struct {
+	cfg   PrefixCache
+	pc    *balancer.PrefixCache
+	slots map[*balancer.Replica]int
+	subs  map[*balancer.Replica]*replicaSub // events mode
+	added []int                             // slots this build added (removed again if it fails)
+}
+
+// replicaSub is one replica's events subscriber and the endpoint it
+// follows.
+type replicaSub struct {
+	*kvevents.Subscriber
+	endpoint, replay string
+}
+
+// buildPrefix makes pool pc's prefix index for reps, carrying over prev's
+// index (and each replica's slot and subscriber) when its configuration
+// is unchanged. It touches no live replica or pool: applyPrefix does.
+func (f *Fleet) buildPrefix(pc Pool, reps []*balancer.Replica, prev *poolPrefix) (*poolPrefix, error) {
+	cfg := pc.Prefix
+	if cfg.Mode == PrefixOff {
+		return nil, nil
+	}
+	pp := &poolPrefix{cfg: cfg, slots: map[*balancer.Replica]int{}, subs: map[*balancer.Replica]*replicaSub{}}
+	if prev != nil && prev.cfg == cfg {
+		pp.pc = prev.pc
+	} else {
+		prev = nil
+		pp.pc = &balancer.PrefixCache{Index: prefixcache.NewIndex(), BlockSize: cfg.BlockSize, Approximate: cfg.Mode == PrefixApproximate}
+		if cfg.Mode == PrefixEvents {
+			tok, err := prefixcache.NewBPE(cfg.Tokenizer)
+			if err != nil {
+				return nil, err
+			}
+			pp.pc.Tokenizer, pp.pc.Chat = tok, prefixcache.CL100KChat()
+		} else {
+			pp.pc.BlockSize = prefixcache.DefaultBlockBytes
+		}
+	}
+	idx := pp.pc.Index
+	for _, r := range reps {
+		if prev != nil {
+			if s, ok := prev.slots[r]; ok {
+				pp.slots[r] = s
+				continue
+			}
+		}
+		s, err := idx.Add(r.Name(), defaultPrefixCapacityTokens/cfg.blockTokens())
+		if err != nil {
+			pp.undo()
+			return nil, fmt.Errorf("prefix_cache: replica %s: %w", r.Name(), err)
+		}
+		pp.slots[r], pp.added = s, append(pp.added, s)
+	}
+	if cfg.Mode != PrefixEvents {
+		return pp, nil
+	}
+	for _, r := range reps {
+		ep, err := kvevents.ExpandEndpoint(cfg.KVEvents.Endpoint, r.URL())
+		if err != nil {
+			pp.undo()
+			return nil, fmt.Errorf("kv_events.endpoint: %w", err)
+		}
+		var replay string
+		if cfg.KVEvents.ReplayEndpoint != "" {
+			if replay, err = kvevents.ExpandEndpoint(cfg.KVEvents.ReplayEndpoint, r.URL()); err != nil {
+				pp.undo()
+				return nil, fmt.Errorf("kv_events.replay_endpoint: %w", err)
+			}
+		}
+		if prev != nil {
+			if old := prev.subs[r]; old != nil && old.endpoint == ep && old.replay == replay {
+				pp.subs[r] = old
+				continue
+			}
+		}
+		sub, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{
+			Pool: pc.Model, Replica: r.Name(), Endpoint: ep, ReplayEndpoint: replay, Topic: cfg.KVEvents.Topic,
+			Sink:    prefixcache.NewTracker(idx, pp.slots[r], cfg.BlockSize, 0),
+			Metrics: f.opts.KVEventsMetrics, Log: f.opts.Log,
+		})
+		if err != nil {
+			pp.undo()
+			return nil, fmt.Errorf("kv_events: replica %s: %w", r.Name(), err)
+		}
+		pp.subs[r] = &replicaSub{Subscriber: sub, endpoint: ep, replay: replay}
+	}
+	return pp, nil
+}
+
+// undo removes the slots a failed build added to a live index.
+func (pp *poolPrefix) undo() {
+	for _, s := range pp.added {
+		pp.pc.Index.Remove(s)
+	}
+}
+
+// applyPrefix gives pool and its replicas their prefix index (pp nil:
+// none), and forgets in prev's index the replicas pp no longer has. Only
+// once nothing can fail.
+func (f *Fleet) applyPrefix(pool *balancer.Pool, reps []*balancer.Replica, pp, prev *poolPrefix) {
+	if pp == nil {
+		pool.SetPrefixCache(nil)
+		for _, r := range reps {
+			r.SetPrefixSlot(-1)
+		}
+	} else {
+		for r, s := range pp.slots {
+			r.SetPrefixSlot(s)
+		}
+		for r, sub := range pp.subs {
+			if prev != nil && prev.pc == pp.pc && prev.subs[r] != nil && prev.subs[r] != sub {
+				// A new subscriber rebuilds the replica's entries from
+				// the engine's replay: drop what the old one knew.
+				pp.pc.Index.Clear(pp.slots[r])
+			}
+		}
+		pool.SetPrefixCache(pp.pc)
+	}
+	if prev == nil {
+		return
+	}
+	for r, s := range prev.slots {
+		if pp == nil || pp.pc != prev.pc {
+			break // the old index goes with its state
+		}
+		if _, kept := pp.slots[r]; !kept {
+			prev.pc.Index.Remove(s)
+		}
+	}
+	for r := range prev.subs {
+		if pp == nil || pp.subs[r] != prev.subs[r] {
+			f.opts.KVEventsMetrics.Forget(pool.Model(), r.Name())
+		}
+	}
+}
+
+// prefixTelemetry bounds a replica's index entries by what its engine
+// reports it can hold (vllm:cache_config_info), as the scrapes arrive.
+type prefixTelemetry struct {
+	gpu.Sink
+	idx         *prefixcache.Index
+	slot        int
+	blockTokens int
+	last        int // the capacity last set, in keys; the poller's goroutine only
+}
+
+func (s *prefixTelemetry) StoreEngine(e *gpu.EngineStats) {
+	s.Sink.StoreEngine(e)
+	if e == nil || e.KVCapacityTokens <= 0 {
+		return
+	}
+	if n := max(e.KVCapacityTokens/s.blockTokens, 1); n != s.last {
+		s.last = n
+		s.idx.SetCapacity(s.slot, n)
+	}
+}
+
+// prefixSink wraps a replica's telemetry sink when its pool has an index.
+func (st *state) prefixSink(pool int, r *balancer.Replica, sink gpu.Sink) gpu.Sink {
+	if pool >= len(st.prefix) || st.prefix[pool] == nil {
+		return sink
+	}
+	pp := st.prefix[pool]
+	s, ok := pp.slots[r]
+	if !ok {
+		return sink
+	}
+	return &prefixTelemetry{Sink: sink, idx: pp.pc.Index, slot: s, blockTokens: pp.cfg.blockTokens()}
+}
+
+// logPrefix says once per pool how its index is fed.
+func (f *Fleet) logPrefix(model string, pp *poolPrefix) {
+	if pp == nil {
+		return
+	}
+	f.opts.Log.Info("fleet: prefix index", zap.String("pool", model), zap.String("mode", string(pp.cfg.Mode)),
+		zap.Int("replicas", len(pp.slots)), zap.Int("subscribers", len(pp.subs)))
+}

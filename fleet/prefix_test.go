@@ -1,0 +1,113 @@
+package fleet
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/gpurouter/gpurouter/balancer"
+)
+
+// slotsOf is each replica's slot in its pool's index, by name.
+func slotsOf(t *testing.T, p *balancer.Pool) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	for _, r := range p.Replicas() {
+		s, ok := r.PrefixSlot()
+		if !ok {
+			t.Fatalf("replica %s has no prefix slot", r.Name())
+		}
+		out[r.Name()] = s
+	}
+	return out
+}
+
+// A pool's index lives as long as its configuration: a reload that
+// changes the replicas keeps it (and the slots of the replicas kept),
+// frees a removed replica's slot and gives a new one its own; another
+// mode builds a new one; off takes it away.
+func TestPrefixIndexAcrossChanges(t *testing.T) {
+	a, b, c := Replica{Name: "a", URL: "http://127.0.0.1:1"}, Replica{Name: "b", URL: "http://127.0.0.1:2"}, Replica{Name: "c", URL: "http://127.0.0.1:3"}
+	spec := onePool(a, b)
+	spec.Pools[0].Prefix = PrefixCache{Mode: PrefixApproximate}
+	f, tb := newFleet(t, spec)
+	pool := tb.last()[0].Pool
+	pc := pool.PrefixCache()
+	if pc == nil || !pc.Approximate {
+		t.Fatalf("prefix cache %+v, want an approximate one", pc)
+	}
+	before := slotsOf(t, pool)
+	pc.Index.Store(before["a"], []uint64{1, 2, 3})
+
+	spec.Pools[0].Replicas = []Replica{a, c}
+	if err := f.Reload(spec); err != nil {
+		t.Fatal(err)
+	}
+	pool = tb.last()[0].Pool
+	if pool.PrefixCache() != pc {
+		t.Fatal("a reload with the same prefix configuration built a new index")
+	}
+	after := slotsOf(t, pool)
+	if after["a"] != before["a"] || pc.Index.Len(after["a"]) != 3 {
+		t.Fatalf("replica a: slot %d → %d holding %d, want its slot and blocks kept", before["a"], after["a"], pc.Index.Len(after["a"]))
+	}
+	if after["c"] == after["a"] || pc.Index.Len(after["c"]) != 0 {
+		t.Fatalf("replica c got slot %d holding %d", after["c"], pc.Index.Len(after["c"]))
+	}
+
+	spec.Pools[0].Prefix = PrefixCache{Mode: PrefixEvents, KVEvents: KVEvents{Endpoint: "tcp://{host}:{port+100}"}}
+	if err := f.Reload(spec); err != nil {
+		t.Fatal(err)
+	}
+	pool = tb.last()[0].Pool
+	ev := pool.PrefixCache()
+	if ev == nil || ev == pc || ev.Approximate || ev.Tokenizer == nil || ev.BlockSize != DefaultPrefixBlockSize {
+		t.Fatalf("events mode: %+v", ev)
+	}
+	subs := 0
+	for _, l := range f.state.Load().loops() {
+		if _, ok := l.(interface{ Resync() }); ok {
+			subs++
+		}
+	}
+	if subs != 2 {
+		t.Fatalf("%d event subscribers running, want one per replica", subs)
+	}
+
+	spec.Pools[0].Prefix = PrefixCache{}
+	if err := f.Reload(spec); err != nil {
+		t.Fatal(err)
+	}
+	if pc := tb.last()[0].Pool.PrefixCache(); pc != nil {
+		t.Fatalf("prefix off: the pool still has %+v", pc)
+	}
+	for _, r := range tb.last()[0].Pool.Replicas() {
+		if _, ok := r.PrefixSlot(); ok {
+			t.Fatalf("prefix off: replica %s keeps a slot", r.Name())
+		}
+	}
+}
+
+// Events mode needs an endpoint, and the templates must fill.
+func TestPrefixValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		pc   PrefixCache
+		want string
+	}{
+		{"unknown mode", PrefixCache{Mode: "exact"}, "prefix_cache.mode"},
+		{"events without endpoint", PrefixCache{Mode: PrefixEvents}, "kv_events.endpoint: required"},
+		{"not tcp", PrefixCache{Mode: PrefixEvents, KVEvents: KVEvents{Endpoint: "ipc:///x"}}, "kv_events.endpoint"},
+		{"bad port offset", PrefixCache{Mode: PrefixEvents, KVEvents: KVEvents{Endpoint: "tcp://{host}:{port*2}"}}, "kv_events.endpoint"},
+		{"replay", PrefixCache{Mode: PrefixEvents, KVEvents: KVEvents{Endpoint: "tcp://{host}:5557", ReplayEndpoint: "tcp://{host}"}}, "kv_events.replay_endpoint"},
+		{"tokenizer", PrefixCache{Mode: PrefixEvents, Tokenizer: "/models/tokenizer.json", KVEvents: KVEvents{Endpoint: "tcp://{host}:5557"}}, "prefix_cache.tokenizer"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := onePool(Replica{URL: "http://127.0.0.1:1"})
+			s.Pools[0].Prefix = tc.pc
+			err := s.Validate()
+			if err == nil || !strings.Contains(err.Error(), "pools[0]."+tc.want) {
+				t.Fatalf("Validate() = %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
