@@ -119,6 +119,8 @@ type Replica struct {
 	// prefixSlot is the replica's slot in its pool's prefix index plus
 	// one; 0: none (prefix.go).
 	prefixSlot atomic.Int32
+	// lora is the router's record of the adapters on the replica (lora.go).
+	lora loraTable
 
 	// gpuErrs and faultSince belong to StoreGPU (one caller at a time).
 	gpuErrs    uint64
@@ -328,6 +330,8 @@ type leaseState struct {
 	// the lease's place in the replica's ledger (under its lock).
 	made     atomic.Int64
 	ledgerAt int
+
+	adapter uint64 // adapterKey of the LoRA adapter counted in the replica's table; 0: none
 }
 
 // LeaseCost is what a request brings to the replica it is placed on, for
@@ -344,6 +348,10 @@ type LeaseCost struct {
 	// TPOTObjective is the request's TPOT objective (its SLO header); 0
 	// means the pool's (ScoreConfig.SLOTPOT).
 	TPOTObjective time.Duration
+	// Adapter is the LoRA adapter the request runs (Request.Adapter):
+	// counted on the replica until Done, so that the next request for it
+	// goes where it runs. "" for the base model.
+	Adapter string
 }
 
 // Acquire asks the breaker for permission and counts the request in flight.
@@ -388,6 +396,10 @@ func (r *Replica) AcquireRequest(c LeaseCost) (Lease, error) {
 		r.longPrefills.Add(1)
 	}
 	r.recordPlacement(c.Prefix)
+	if c.Adapter != "" {
+		st.adapter = adapterKey(c.Adapter)
+		r.lora.acquire(st.adapter, r.now().UnixNano())
+	}
 	if c.PromptTokens > 0 || st.output > 1 {
 		now := r.now() // one reading for the send and what it is judged by
 		if c.PromptTokens > 0 {
@@ -494,6 +506,10 @@ func (l Lease) Done(err error) {
 		l.r.kv.remove(l.st)
 	}
 	l.st.kv = 0
+	if l.st.adapter != 0 {
+		l.r.lora.release(l.st.adapter, l.r.now().UnixNano())
+		l.st.adapter = 0
+	}
 	if err == nil {
 		l.r.markAlive(l.r.now())
 	}

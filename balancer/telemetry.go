@@ -24,6 +24,12 @@ type EngineLoad struct {
 	// traffic (OthersPerS stays 0).
 	RequestsFinished uint64
 	FinishedKnown    bool
+	// LoRAMax is the engine's max_lora (vllm:lora_requests_info): the most
+	// distinct adapters one batch holds; 0 when it reports no LoRA state.
+	LoRAMax int
+	// loraActive is the keys (adapterKey) of the adapters with requests
+	// running or waiting there, as that report says.
+	loraActive []uint64
 	// OthersPerS is the rate, in requests per second, at which requests
 	// this router did not send — other routers' — arrived at the replica
 	// over the last scrapes (peers.go): 0 with one router.
