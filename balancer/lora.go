@@ -200,15 +200,9 @@ func (r *Replica) servesAdapter(key uint64) bool {
 // loraMatch is a request's adapter as its pool resolved it, once.
 type loraMatch struct {
 	looked bool
-	name   string // "" for the base model
-	key    uint64
-	aware  bool // the pool places it knowing where adapters are
+	key    uint64 // adapterKey; 0 for the base model
+	aware  bool   // the pool places it knowing where adapters are
 }
-
-// Adapter is the LoRA adapter r asks for, as its pool resolved it in Pick:
-// its model when that is not the pool's base model or an alias; "" for
-// the base model, or before a pick.
-func (r *Request) Adapter() string { return r.lora.name }
 
 // tier rates c for r's adapter (tierRunning … tierAbsent): tierNeutral
 // for a request for the base model, a blind pool, or a replica that
@@ -261,9 +255,16 @@ func (p *Pool) lookupAdapter(r *Request) {
 		return
 	}
 	r.lora.looked = true
-	m := r.Model
-	if m == "" || m == p.cfg.Model || slices.Contains(p.cfg.Aliases, m) {
-		return
+	if m := p.AdapterOf(r.Model); m != "" {
+		r.lora = loraMatch{looked: true, key: adapterKey(m), aware: !p.cfg.LoRA.Blind}
 	}
-	r.lora = loraMatch{looked: true, name: m, key: adapterKey(m), aware: !p.cfg.LoRA.Blind}
+}
+
+// AdapterOf is the LoRA adapter a request naming model asks of the pool:
+// model, unless it is empty, the pool's base model or an alias ("").
+func (p *Pool) AdapterOf(model string) string {
+	if p.adapterName(model) {
+		return model
+	}
+	return ""
 }

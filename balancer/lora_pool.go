@@ -23,6 +23,9 @@ type loraCatalog struct {
 	cat atomic.Pointer[adapterCatalog]
 }
 
+// LoRA is the pool's LoRA configuration.
+func (p *Pool) LoRA() LoRAConfig { return p.cfg.LoRA }
+
 // HasAdapter reports whether name is one of the pool's LoRA adapters:
 // declared, listed by a replica, or seen in a replica's metrics.
 func (p *Pool) HasAdapter(name string) bool {

@@ -348,7 +348,7 @@ type LeaseCost struct {
 	// TPOTObjective is the request's TPOT objective (its SLO header); 0
 	// means the pool's (ScoreConfig.SLOTPOT).
 	TPOTObjective time.Duration
-	// Adapter is the LoRA adapter the request runs (Request.Adapter):
+	// Adapter is the LoRA adapter the request runs (Pool.AdapterOf):
 	// counted on the replica until Done, so that the next request for it
 	// goes where it runs. "" for the base model.
 	Adapter string

@@ -171,6 +171,26 @@ type poolConfig struct {
 	Engine string `yaml:"engine"`
 
 	Migration migrationConfig `yaml:"migration"`
+
+	LoRA loraConfig `yaml:"lora"`
+}
+
+// loraConfig is how a pool serves LoRA adapters of its model: requests
+// naming an adapter are routed to the pool, and placed where the adapter
+// runs or sits in a GPU slot.
+type loraConfig struct {
+	// Adapters are adapter names routed to the pool before any replica
+	// lists them (its /v1/models, or its metrics); default none.
+	Adapters []string `yaml:"adapters"`
+	// Aware places a request for an adapter where the adapter runs or
+	// sits in a slot, then where a slot is free, before a replica that
+	// must evict one — within the load bound; false places it as a
+	// request for the base model. Default true.
+	Aware *bool `yaml:"aware"`
+	// ModelsInterval is how often each replica's /v1/models is read for
+	// the adapters it serves (with telemetry on, engine vllm or auto);
+	// negative = never. Default 10s.
+	ModelsInterval time.Duration `yaml:"models_interval"`
 }
 
 // migrationConfig continues a pool's streams on another replica when

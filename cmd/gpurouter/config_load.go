@@ -264,6 +264,14 @@ func applyDefaults(cfg *fileConfig) {
 		}
 		setInt(&p.Migration.MaxSeqLen, proxy.DefaultMigrationMaxSeqLen)
 		setDuration(&p.Migration.DrainGrace, proxy.DefaultDrainGrace)
+		if p.LoRA.Aware == nil {
+			aware := true
+			p.LoRA.Aware = &aware
+		}
+		setDuration(&p.LoRA.ModelsInterval, fleet.DefaultModelsInterval)
+		if len(p.LoRA.Adapters) == 0 {
+			p.LoRA.Adapters = nil
+		}
 		applyDiscoveryDefaults(p)
 		// "aliases: []" and no aliases are the same configuration; one
 		// spelling keeps printed-then-reloaded configs equal.

@@ -68,6 +68,8 @@ func specPools(pcs []poolConfig) []fleet.Pool {
 		// validate reports an unknown name; here it reads as auto.
 		p.Engine, _ = gpu.ParseEngine(pc.Engine)
 		p.Migration = specMigration(pc.Migration, p.Engine)
+		p.LoRA = fleet.LoRA{LoRAConfig: balancer.LoRAConfig{Adapters: slices.Clone(pc.LoRA.Adapters),
+			Blind: pc.LoRA.Aware != nil && !*pc.LoRA.Aware}, ModelsInterval: pc.LoRA.ModelsInterval}
 		for _, a := range pc.Arms {
 			p.Arms = append(p.Arms, balancer.Arm{Name: a.Name, Policy: a.Policy, Share: a.Share})
 		}
@@ -101,6 +103,7 @@ func filePools(spec fleet.Spec, file []poolConfig) []poolConfig {
 			MaxTokensLimit: p.MaxTokens,
 			Engine:         engineName(p.Engine),
 			Migration:      fileMigration(p.Migration),
+			LoRA:           fileLoRA(p.LoRA),
 			Discovery:      disc,
 		}
 		for _, a := range p.Arms {
@@ -137,6 +140,12 @@ func fileMigration(m proxy.Migration) migrationConfig {
 		mc.DrainGrace = -time.Second // never
 	}
 	return mc
+}
+
+// fileLoRA is the file's spelling of a pool's LoRA options, for display.
+func fileLoRA(l fleet.LoRA) loraConfig {
+	aware := !l.Blind
+	return loraConfig{Adapters: slices.Clone(l.Adapters), Aware: &aware, ModelsInterval: l.ModelsInterval}
 }
 
 // engineName is the file's spelling of a pool's engine.
