@@ -129,10 +129,11 @@ func (t *loraTable) release(key uint64, nowNs int64) {
 
 // state reads key's place on the replica: whether the router has requests
 // for it in flight there, whether it is among the slots adapters the
-// router used there most recently, and how many distinct adapters have
+// router used there most recently, how many distinct adapters have
 // requests there (by the router's count; the engine's report adds its
-// own in tier).
-func (t *loraTable) state(key uint64, slots int) (inFlight, resident bool, active int) {
+// own in tier) and the fewest requests one of them has (the adapter
+// likeliest to leave its slot first; 0 when none has any).
+func (t *loraTable) state(key uint64, slots int) (inFlight, resident bool, active int, fewest int32) {
 	var last int64 = -1
 	for i := range t.e {
 		e := &t.e[i]
@@ -143,13 +144,16 @@ func (t *loraTable) state(key uint64, slots int) (inFlight, resident bool, activ
 		n := e.inFlight.Load()
 		if n > 0 {
 			active++
+			if fewest == 0 || n < fewest {
+				fewest = n
+			}
 		}
 		if k == key {
 			inFlight, last = n > 0, e.last.Load()
 		}
 	}
 	if last < 0 {
-		return inFlight, false, active
+		return inFlight, false, active, fewest
 	}
 	newer := 0
 	for i := range t.e {
@@ -158,7 +162,7 @@ func (t *loraTable) state(key uint64, slots int) (inFlight, resident bool, activ
 			newer++
 		}
 	}
-	return inFlight, newer < slots, active
+	return inFlight, newer < slots, active, fewest
 }
 
 // inFlightOf reports whether the router has requests for key in flight.
@@ -208,30 +212,33 @@ type loraMatch struct {
 // for a request for the base model, a blind pool, or a replica that
 // reports no LoRA state. bound is the bounded-load limit: over it, a
 // replica loses its advantage (the adapter running or resident there),
-// not its drawbacks.
-func (r *Request) tier(c *Replica, e *EngineLoad, bound float64) int {
+// not its drawbacks. For tierEvict, wait orders the replicas by how soon
+// a slot may free there (lower sooner): the adapters there beyond its
+// slots, which wait for one first, then the fewest requests one of its
+// adapters has — the one to drain first.
+func (r *Request) tier(c *Replica, e *EngineLoad, bound float64) (tier int, wait float64) {
 	if !r.lora.aware || r.lora.key == 0 {
-		return tierNeutral
+		return tierNeutral, 0
 	}
 	if !c.servesAdapter(r.lora.key) {
-		return tierAbsent
+		return tierAbsent, 0
 	}
 	if e == nil || e.LoRAMax <= 0 {
-		return tierNeutral
+		return tierNeutral, 0
 	}
-	t := c.slotTier(r.lora.key, e)
+	t, wait := c.slotTier(r.lora.key, e)
 	if t < tierNeutral && float64(c.inFlight.Load()+1)/c.capacity() > bound {
-		return tierNeutral
+		return tierNeutral, 0
 	}
-	return t
+	return t, wait
 }
 
 // slotTier is tier without the load bound, for a replica whose engine
 // reports e.
-func (c *Replica) slotTier(key uint64, e *EngineLoad) int {
-	inFlight, resident, active := c.lora.state(key, e.LoRAMax)
+func (c *Replica) slotTier(key uint64, e *EngineLoad) (int, float64) {
+	inFlight, resident, active, fewest := c.lora.state(key, e.LoRAMax)
 	if inFlight || slices.Contains(e.loraActive, key) {
-		return tierRunning
+		return tierRunning, 0
 	}
 	for _, k := range e.loraActive {
 		if !c.lora.inFlightOf(k) {
@@ -240,12 +247,17 @@ func (c *Replica) slotTier(key uint64, e *EngineLoad) int {
 	}
 	switch {
 	case active >= e.LoRAMax:
-		return tierEvict
+		return tierEvict, float64(active-e.LoRAMax)*slotWaitStep + float64(fewest)
 	case resident:
-		return tierResident
+		return tierResident, 0
 	}
-	return tierNeutral
+	return tierNeutral, 0
 }
+
+// slotWaitStep is what one adapter waiting for a slot ahead of a request
+// weighs against the requests of the adapter to drain first: more than
+// any such count.
+const slotWaitStep = 1 << 20
 
 // lookupAdapter resolves r's adapter, once: r.Model when it names neither
 // the pool's base model nor an alias (the route table sent it here as one

@@ -92,6 +92,25 @@ func (p *Pool) adapterName(n string) bool {
 	return n != "" && n != p.cfg.Model && !slices.Contains(p.cfg.Aliases, n)
 }
 
+// slotBound reports whether an engine's batch is bound by its adapter
+// slots, not by room: it holds max_lora adapters and requests for another
+// adapter wait. Its waiting queue is then mostly requests waiting for a
+// slot, which a request for a running adapter does not queue behind.
+// vLLM up to 0.11 lists running and waiting adapters apart; later
+// versions list every adapter with a request in both, which never reads
+// as bound.
+func slotBound(l gpu.LoRAStats) bool {
+	if len(l.Running) < l.MaxLoRAs {
+		return false
+	}
+	for _, w := range l.Waiting {
+		if !slices.Contains(l.Running, w) {
+			return true
+		}
+	}
+	return false
+}
+
 // storeLoRA fills e's LoRA fields from the engine's report and teaches the
 // replica's pool the adapters it names.
 func (r *Replica) storeLoRA(e *EngineLoad, s *gpu.EngineStats) {
@@ -99,6 +118,10 @@ func (r *Replica) storeLoRA(e *EngineLoad, s *gpu.EngineStats) {
 		return
 	}
 	e.LoRAMax = s.LoRA.MaxLoRAs
+	e.loraBound = slotBound(s.LoRA)
+	for _, n := range s.LoRA.Running {
+		e.loraRunning = append(e.loraRunning, adapterKey(n))
+	}
 	for _, list := range [][]string{s.LoRA.Running, s.LoRA.Waiting} {
 		for _, n := range list {
 			if k := adapterKey(n); !slices.Contains(e.loraActive, k) {

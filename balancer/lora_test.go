@@ -280,6 +280,9 @@ func TestLoRAPickAllocs(t *testing.T) {
 		c := newFakeClock()
 		p, rs := loraPool(t, c, policy, 4, 4, balancer.LoRAConfig{})
 		reportLoRA(rs[1], c, gpu.LoRAStats{MaxLoRAs: 4, Running: []string{"a", "b"}, Waiting: []string{"c"}})
+		// rs[2]'s batch is bound by its slots: a joins it.
+		rs[2].StoreEngine(&gpu.EngineStats{At: c.now(), Waiting: 9, Reported: gpu.FieldRunning | gpu.FieldWaiting | gpu.FieldLoRA,
+			LoRA: gpu.LoRAStats{MaxLoRAs: 4, Running: []string{"a", "b", "c", "d"}, Waiting: []string{"e"}}})
 		place(t, p, c, "a")
 		req := &balancer.Request{Model: "a", Now: c.now(), PromptTokens: 500, OutputTokens: 50}
 		if n := testing.AllocsPerRun(200, func() { p.Pick(req) }); n != 0 {

@@ -51,20 +51,21 @@ func (p *scanPicker) Pick(r *Request, candidates []*Replica) *Replica {
 	var best *Replica
 	var bestScore float64
 	var bestAt uint64
-	bestTier := tierNeutral
+	bestTier, bestWait := tierNeutral, 0.0
 	for i := uint64(0); i < n; i++ {
 		c := candidates[(start+i)%n]
 		if !eligible(c, r) {
 			continue
 		}
-		tier := tierNeutral
+		tier, wait := tierNeutral, 0.0
 		if aware {
 			e, _ := p.cfg.freshEngine(c, r.Now)
-			tier = r.tier(c, e, bound)
+			tier, wait = r.tier(c, e, bound)
 		}
 		// The adapter's tier first (lora.go), then the score.
-		if sc := p.s.score(c, r.Now); best == nil || tier < bestTier || tier == bestTier && sc < bestScore {
-			best, bestScore, bestTier, bestAt = c, sc, tier, i
+		sc := p.s.score(c, r.Now)
+		if best == nil || tier < bestTier || tier == bestTier && (wait < bestWait || wait == bestWait && sc < bestScore) {
+			best, bestScore, bestTier, bestWait, bestAt = c, sc, tier, wait, i
 		}
 	}
 	if best != nil {

@@ -1,6 +1,9 @@
 package balancer
 
-import "sync/atomic"
+import (
+	"slices"
+	"sync/atomic"
+)
 
 var _ Picker = (*Predictive)(nil)
 
@@ -116,7 +119,7 @@ func (p *Predictive) pick(r *Request, candidates []*Replica) (*Replica, int) {
 		}
 		if r.lora.aware {
 			e, _ := p.cfg.freshEngine(c, r.Now)
-			x.tier = r.tier(c, e, bound)
+			x.tier, x.wait = r.tier(c, e, bound)
 			if x.tier >= tierEvict && x.miss < staleMiss {
 				x.miss++ // it waits for a slot: a TTFT the prediction does not see
 			}
@@ -177,6 +180,14 @@ func (p *Predictive) soonest(r *Request, candidates []*Replica, pr *prior) float
 // decides; 0 when the output is unknown.
 func (p *Predictive) rate(c *Replica, r *Request, pr *prior, st, sp float64) (miss int, cost, load float64) {
 	e, stale := p.cfg.freshEngine(c, r.Now)
+	var joins EngineLoad
+	if e != nil && e.loraBound && r.lora.aware && slices.Contains(e.loraRunning, r.lora.key) {
+		// Its adapter runs in a batch bound by its slots: the requests
+		// waiting there wait for a slot, and it joins the batch ahead of them.
+		joins = *e
+		joins.Waiting = 0
+		e = &joins
+	}
 	ttft, tpot := c.predict(r.uncached(c), e, r.Now, pr)
 	if ttft > st {
 		miss++
@@ -206,13 +217,15 @@ func (p *Predictive) rate(c *Replica, r *Request, pr *prior, st, sp float64) (mi
 // every replica alike) and the prompt tokens it holds in its prefix cache.
 type rating struct {
 	miss, tier, cached int
+	wait               float64 // for tierEvict: how soon a slot frees (Request.tier)
 	cost, load         float64
 }
 
 // better orders two ratings: fewer predicted misses; then the better
 // adapter tier (Request.tier: the adapter running there, resident, a free
 // slot, an adapter to evict; a replica over the load bound has no
-// advantage of its adapter); among replicas
+// advantage of its adapter), and among those that must evict, the one
+// whose slot should free soonest; among replicas
 // predicted to meet both objectives, the one holding more of the prompt
 // in its prefix cache (cached: 0 for a replica over the bounded-load
 // limit, loadBound, so a hot prefix spreads instead of making a hot
@@ -231,6 +244,9 @@ func (x *rating) better(b *rating) bool {
 	}
 	if x.tier != b.tier {
 		return x.tier < b.tier
+	}
+	if x.wait != b.wait {
+		return x.wait < b.wait
 	}
 	if x.miss == 0 && x.cached != b.cached {
 		return x.cached > b.cached
