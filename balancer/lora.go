@@ -127,13 +127,18 @@ func (t *loraTable) release(key uint64, nowNs int64) {
 	}
 }
 
-// state reads key's place on the replica: whether the router has requests
-// for it in flight there, whether it is among the slots adapters the
-// router used there most recently, how many distinct adapters have
-// requests there (by the router's count; the engine's report adds its
-// own in tier) and the fewest requests one of them has (the adapter
-// likeliest to leave its slot first; 0 when none has any).
-func (t *loraTable) state(key uint64, slots int) (inFlight, resident bool, active int, fewest int32) {
+// slotState is an adapter's place on a replica by the router's count.
+type slotState struct {
+	own      int32 // the adapter's requests in flight there
+	resident bool  // among the slots adapters the router used there most recently
+	active   int   // distinct adapters with requests in flight there
+	fewest   int32 // the fewest requests in flight one of those has (0: none has any)
+}
+
+// state reads key's place on the replica (slotState); the engine's report
+// adds its own in slotTier.
+func (t *loraTable) state(key uint64, slots int) slotState {
+	var s slotState
 	var last int64 = -1
 	for i := range t.e {
 		e := &t.e[i]
@@ -143,17 +148,17 @@ func (t *loraTable) state(key uint64, slots int) (inFlight, resident bool, activ
 		}
 		n := e.inFlight.Load()
 		if n > 0 {
-			active++
-			if fewest == 0 || n < fewest {
-				fewest = n
+			s.active++
+			if s.fewest == 0 || n < s.fewest {
+				s.fewest = n
 			}
 		}
 		if k == key {
-			inFlight, last = n > 0, e.last.Load()
+			s.own, last = n, e.last.Load()
 		}
 	}
 	if last < 0 {
-		return inFlight, false, active, fewest
+		return s
 	}
 	newer := 0
 	for i := range t.e {
@@ -162,7 +167,8 @@ func (t *loraTable) state(key uint64, slots int) (inFlight, resident bool, activ
 			newer++
 		}
 	}
-	return inFlight, newer < slots, active, fewest
+	s.resident = newer < slots
+	return s
 }
 
 // inFlightOf reports whether the router has requests for key in flight.
@@ -236,8 +242,17 @@ func (r *Request) tier(c *Replica, e *EngineLoad, bound float64) (tier int, wait
 // slotTier is tier without the load bound, for a replica whose engine
 // reports e.
 func (c *Replica) slotTier(key uint64, e *EngineLoad) (int, float64) {
-	inFlight, resident, active, fewest := c.lora.state(key, e.LoRAMax)
-	if inFlight || slices.Contains(e.loraActive, key) {
+	s := c.lora.state(key, e.LoRAMax)
+	active := s.active
+	if s.own > 0 && active > e.LoRAMax && s.own <= s.fewest {
+		// Adapters wait for a slot there, and this one has the fewest
+		// requests: it lets its slot go — a slot free elsewhere, or the
+		// adapter running elsewhere, takes the request instead — else
+		// adapters too rare to fill a batch wait behind those that never
+		// drain.
+		return tierEvict, 0
+	}
+	if s.own > 0 || slices.Contains(e.loraActive, key) {
 		return tierRunning, 0
 	}
 	for _, k := range e.loraActive {
@@ -247,8 +262,8 @@ func (c *Replica) slotTier(key uint64, e *EngineLoad) (int, float64) {
 	}
 	switch {
 	case active >= e.LoRAMax:
-		return tierEvict, float64(active-e.LoRAMax)*slotWaitStep + float64(fewest)
-	case resident:
+		return tierEvict, float64(active-e.LoRAMax)*slotWaitStep + float64(s.fewest)
+	case s.resident:
 		return tierResident, 0
 	}
 	return tierNeutral, 0

@@ -303,3 +303,31 @@ func BenchmarkPickLoRA(b *testing.B) {
 		p.Pick(req)
 	}
 }
+
+// A replica where adapters wait for a slot lets the slot of its adapter
+// with the fewest requests go: that adapter's next request takes a free
+// slot elsewhere, so the one waiting gets a slot as it drains.
+func TestLoRAYieldsSlotToWaiting(t *testing.T) {
+	for _, policy := range scoringPolicies {
+		t.Run(policy, func(t *testing.T) {
+			c := newFakeClock()
+			p, rs := loraPool(t, c, policy, 2, 2, balancer.LoRAConfig{})
+			for _, a := range []string{"hot", "hot", "hot", "hot", "rare", "waiting"} {
+				if _, err := rs[0].AcquireRequest(balancer.LeaseCost{Adapter: a}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for range 6 { // r1 busier, one adapter
+				if _, err := rs[1].AcquireRequest(balancer.LeaseCost{Adapter: "other"}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := p.Pick(&balancer.Request{Model: "rare", Now: c.now()}); got != rs[1] {
+				t.Fatalf("rare went to %v, want r1's free slot", got)
+			}
+			if got := p.Pick(&balancer.Request{Model: "hot", Now: c.now()}); got != rs[0] {
+				t.Fatalf("hot went to %v, want r0 where it runs", got)
+			}
+		})
+	}
+}
