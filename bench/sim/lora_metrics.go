@@ -30,7 +30,7 @@ type loraMetrics struct {
 	last   float64          // the value set last
 	recent [][2]string      // label sets exposed, least recently current first
 
-	swaps, swapSeconds [2]prometheus.Counter // by source
+	swaps, swapSeconds [2]prometheus.Counter  // by source
 	requests           *prometheus.CounterVec // by adapter
 }
 
