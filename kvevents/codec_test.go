@@ -239,11 +239,12 @@ func TestDecodeStoredWithoutMatchingTokens(t *testing.T) {
 func TestDecodeReusesStorage(t *testing.T) {
 	payload := handArrayBatch()
 	var b Batch
-	if err := DecodeBatch(payload, &b); err != nil {
+	var d Decoder
+	if err := d.Decode(payload, &b); err != nil {
 		t.Fatal(err)
 	}
 	allocs := testing.AllocsPerRun(100, func() {
-		if err := DecodeBatch(payload, &b); err != nil {
+		if err := d.Decode(payload, &b); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -295,4 +296,62 @@ func sameEvents(a, b *Batch) bool {
 		}
 	}
 	return true
+}
+
+// benchBatch is a busy engine step's worth of events: 8 stores of 16
+// blocks of 16 tokens (hashes above math.MaxInt64, as vLLM's sha256-derived
+// keys mostly are) and 4 removals of 16 blocks.
+func benchBatch() *Batch {
+	b := &Batch{TS: 1700000000.5, DPRank: Some(0)}
+	h := uint64(0x9E3779B97F4A7C15)
+	for i := 0; i < 8; i++ {
+		e := Event{Kind: KindBlockStored, BlockSize: 16, Medium: SomeString(MediumGPU), ParentHash: h, HasParent: i > 0}
+		for j := 0; j < 16; j++ {
+			h = h*0x100000001B3 | 1<<63
+			e.BlockHashes = append(e.BlockHashes, h)
+			for k := 0; k < 16; k++ {
+				e.TokenIDs = append(e.TokenIDs, uint32((i*4099+j*257+k*31)%151000))
+			}
+		}
+		b.Events = append(b.Events, e)
+	}
+	for i := 0; i < 4; i++ {
+		b.Events = append(b.Events, Event{Kind: KindBlockRemoved, BlockHashes: b.Events[i].BlockHashes, Medium: SomeString(MediumGPU)})
+	}
+	return b
+}
+
+// BenchmarkDecodeBatch decodes a busy step's batch into a reused Batch, as
+// the subscriber does.
+func BenchmarkDecodeBatch(b *testing.B) {
+	for _, enc := range []Encoding{EncodingArray, EncodingMap} {
+		b.Run(enc.String(), func(b *testing.B) {
+			payload := AppendBatch(nil, benchBatch(), enc)
+			var got Batch
+			var d Decoder
+			b.SetBytes(int64(len(payload)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := d.Decode(payload, &got); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkAppendBatch encodes the same batch into a reused buffer, as the
+// publisher does.
+func BenchmarkAppendBatch(b *testing.B) {
+	for _, enc := range []Encoding{EncodingArray, EncodingMap} {
+		b.Run(enc.String(), func(b *testing.B) {
+			batch := benchBatch()
+			buf := AppendBatch(nil, batch, enc)
+			b.SetBytes(int64(len(buf)))
+			b.ReportAllocs()
+			for b.Loop() {
+				buf = AppendBatch(buf[:0], batch, enc)
+			}
+		})
+	}
 }

@@ -1,6 +1,11 @@
 package kvevents
 
-import "fmt"
+import (
+	"bytes"
+	"fmt"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
 
 // Encoding is how events are laid out on the wire.
 type Encoding uint8
@@ -40,8 +45,12 @@ func ParseEncoding(s string) (Encoding, error) {
 // of an array, any of a map), integers in their smallest form, the
 // timestamp as float64. Hashes are written as unsigned ints, vLLM's
 // default.
+//
+// msgpack.Encoder writes each value in the smallest form the msgpack spec
+// allows, as msgspec does; writes to a bytes.Buffer go straight through,
+// so raw bytes (an extra key already in msgpack) can be put between them.
 func AppendBatch(dst []byte, b *Batch, enc Encoding) []byte {
-	w := &writer{b: dst}
+	w := newWriter(dst)
 	n := 2
 	if b.DPRank.Set {
 		n = 3
@@ -55,8 +64,30 @@ func AppendBatch(dst []byte, b *Batch, enc Encoding) []byte {
 	if b.DPRank.Set {
 		w.int(b.DPRank.V)
 	}
-	return w.b
+	return w.buf.Bytes()
 }
+
+// writer is msgpack.Encoder over a bytes.Buffer. A bytes.Buffer only fails
+// by running out of memory, which panics, so the encoder's errors are nil
+// and dropped here.
+type writer struct {
+	buf *bytes.Buffer
+	enc *msgpack.Encoder
+}
+
+func newWriter(dst []byte) *writer {
+	buf := bytes.NewBuffer(dst)
+	return &writer{buf: buf, enc: msgpack.NewEncoder(buf)}
+}
+
+func (w *writer) array(n int)     { _ = w.enc.EncodeArrayLen(n) }
+func (w *writer) mapHeader(n int) { _ = w.enc.EncodeMapLen(n) }
+func (w *writer) float(f float64) { _ = w.enc.EncodeFloat64(f) }
+func (w *writer) int(v int64)     { _ = w.enc.EncodeInt(v) }
+func (w *writer) uint(v uint64)   { _ = w.enc.EncodeUint(v) }
+func (w *writer) str(s string)    { _ = w.enc.EncodeString(s) }
+func (w *writer) nil()            { _ = w.enc.EncodeNil() }
+func (w *writer) raw(b []byte)    { w.buf.Write(b) }
 
 // field is one of an event's fields, for either encoding.
 type field struct {
@@ -102,7 +133,7 @@ func appendEvent(w *writer, e *Event, enc Encoding) {
 						w.nil()
 						continue
 					}
-					w.b = append(w.b, k...)
+					w.raw(k)
 				}
 			}},
 			{name: "group_idx", optional: true, set: e.GroupIdx.Set, write: optIntWriter(e.GroupIdx)},

@@ -20,7 +20,7 @@ type Metrics struct {
 //	gpurouter_kv_event_replays_total{pool,replica}     replay requests
 //	gpurouter_kv_event_resyncs_total{pool,replica}     index entries dropped and rebuilt
 //	gpurouter_kv_event_connects_total{pool,replica}    connections made
-//	gpurouter_kv_event_errors_total{pool,replica,kind} connect, disconnect, decode, replay, replay_timeout
+//	gpurouter_kv_event_errors_total{pool,replica,kind} connect, disconnect, decode, late, replay, replay_timeout
 //
 // The index's size per replica is prefixcache's gauge.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
@@ -35,7 +35,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		replays:  vec("gpurouter_kv_event_replays_total", "Replay requests sent to a replica's replay socket."),
 		resyncs:  vec("gpurouter_kv_event_resyncs_total", "Times a replica's prefix index entries were dropped and rebuilt (events lost, engine restarted)."),
 		connects: vec("gpurouter_kv_event_connects_total", "Connections made to a replica's KV event socket."),
-		errors:   vec("gpurouter_kv_event_errors_total", "KV event failures, by kind (connect, disconnect, decode, replay, replay_timeout).", "kind"),
+		errors:   vec("gpurouter_kv_event_errors_total", "KV event failures, by kind (connect, disconnect, decode, late, replay, replay_timeout).", "kind"),
 	}
 }
 

@@ -104,7 +104,9 @@ type Subscriber struct {
 	// Run's state.
 	next     int64 // next sequence number expected; -1 before the first
 	dupFloor int64 // lowest sequence number replay delivered last
+	heard    bool  // a batch came on the PUB socket since this connection began
 	batch    Batch
+	decoder  Decoder
 }
 
 // NewSubscriber checks cfg. It starts nothing and connects nothing.
@@ -216,6 +218,7 @@ func (s *Subscriber) follow(ctx context.Context, sub zmq4.Socket) {
 			}
 		}
 	}()
+	s.heard = false
 	// What was missed while not connected: everything buffered the first
 	// time, what came after the last applied batch on a reconnect.
 	s.catchUp(ctx, max(s.next, 0), -1)
@@ -255,8 +258,14 @@ func (s *Subscriber) follow(ctx context.Context, sub zmq4.Socket) {
 	}
 }
 
+// maxLate is how far behind the next expected batch a batch may arrive on
+// one connection and still be taken for a late copy, not for an engine
+// that restarted its sequence numbers without the connection noticing.
+const maxLate = 64
+
 // deliver handles one batch from the PUB socket.
 func (s *Subscriber) deliver(ctx context.Context, seq int64, payload []byte) {
+	defer func() { s.heard = true }()
 	switch {
 	case seq < 0:
 		s.m.err("decode")
@@ -271,6 +280,12 @@ func (s *Subscriber) deliver(ctx context.Context, seq int64, payload []byte) {
 	case seq >= s.dupFloor:
 		// Already applied from a replay: the PUB socket's copy arriving
 		// after it.
+	case s.heard && s.next-seq <= maxLate:
+		// Already applied, and older than the last replay: a batch the
+		// publisher sent late, after ones that followed it. An engine that
+		// restarts closes this connection first, so on a connection that
+		// has delivered batches, a step back this small is lateness.
+		s.m.err("late")
 	default:
 		s.restart(ctx, "sequence went back: engine restarted")
 		if seq >= s.next {
@@ -337,7 +352,7 @@ func (s *Subscriber) catchUp(ctx context.Context, from, until int64) bool {
 // batch missed: the sink is reset.
 func (s *Subscriber) apply(seq int64, payload []byte) bool {
 	s.next = seq + 1
-	if err := DecodeBatch(payload, &s.batch); err != nil {
+	if err := s.decoder.Decode(payload, &s.batch); err != nil {
 		s.m.err("decode")
 		s.resetSink("a batch did not decode")
 		return false

@@ -103,6 +103,13 @@ def verdicts(med, args):
             if d and h:
                 g = d["good"] / h["good"] if h["good"] else math.inf
                 checks.append((f"goodput {g:.2f}x HAProxy's (>= 1.1)", g >= 1.1))
+                if h["in_slo"] and h["total"] and h["in_slo"] / h["total"] > 1 / 1.1:
+                    # Goodput is requests in SLO over the run's length, which is
+                    # the arrivals' span plus the last answers': a router that
+                    # kept every request in SLO, in as long a run, gets
+                    # total / in_slo times HAProxy's at most.
+                    checks.append((f"[info] HAProxy kept {pct(h['in_slo'] / h['total'])}% of the requests in SLO: "
+                                   f"at most {h['total'] / h['in_slo']:.2f}x is reachable", None))
                 checks.append((f"P50 TTFT {d['p50'] / 1000:.2f}s vs {h['p50'] / 1000:.2f}s (<=)", d["p50"] <= h["p50"]))
                 r99 = h["p99"] / d["p99"] if d["p99"] else math.inf
                 if w in ISSUE14 and fl == "uneven":
