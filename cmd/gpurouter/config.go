@@ -84,7 +84,7 @@ type routingConfig struct {
 	KVThreshold        float64 `yaml:"kv_threshold"`         // KV-cache usage (0–1) above which a replica is penalised; default 0.9
 	KVPenalty          float64 `yaml:"kv_penalty"`           // load added at 100% KV usage, in requests; default 8
 	PrefillWeight      float64 `yaml:"prefill_weight"`       // prompt token cost relative to an output token; default 0.25
-	BoundedLoadEpsilon float64 `yaml:"bounded_load_epsilon"` // affinity policies: max load (1+ε)× mean; default 0.25
+	BoundedLoadEpsilon float64 `yaml:"bounded_load_epsilon"` // affinity policies, LoRA adapter placement: max load (1+ε)× mean; default 0.25
 	NearEqual          float64 `yaml:"near_equal"`           // least_loaded, predictive: random among replicas within this many requests of the best; default 0 (off)
 }
 
