@@ -26,6 +26,8 @@ for f in $RUN; do
 listen: 127.0.0.1:$front
 log:
   level: warn
+routing:
+  bounded_load_epsilon: ${EPSILON:-0.25}
 pools:
   - model: m
     lora:

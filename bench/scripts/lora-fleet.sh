@@ -57,6 +57,7 @@ RUN=${RUN:-}  # fronts to measure in turn (router, blind, haproxy); empty: print
 HOT=${HOT:-}  # lora-0's share of the requests; empty: Zipf($ZIPF) over all
 GOODPUT=${GOODPUT:-ttft:2000 tpot:100} # goodput's SLOs, ms
 OUT=${OUT:-lora-fleet-out} # where RUN writes its results
+EPSILON=${EPSILON:-0.25} # the router's bounded_load_epsilon: how far over the mean load an adapter's replica still takes it
 
 work=$(mktemp -d)
 pids=()
