@@ -20,6 +20,11 @@ type Request struct {
 	// requests keep a free lane elsewhere.
 	LongPrefillCap int
 	Now            time.Time // when the request is being placed; the clock pickers use
+	// Model is the model the request names ("" none): when it is one of
+	// the pool's LoRA adapters, not its base model or an alias, the
+	// policies place it by where that adapter is (lora.go).
+	Model string
+	lora  loraMatch // the pool's reading of Model, once per request
 
 	// PromptTokens and OutputTokens are the request's estimated size
 	// (0 = unknown): the predictive policy predicts its TTFT from the
@@ -135,11 +140,11 @@ func NewPickerWith(name string, o PickerOptions) (Picker, error) {
 	case "predictive", "":
 		return &Predictive{cfg: &cfg, near: newNearEqual(cfg.NearEqual, rnd)}, nil
 	case "least_loaded":
-		return &scanPicker{s: loadScorer{&cfg}, near: newNearEqual(cfg.NearEqual, rnd)}, nil
+		return &scanPicker{s: loadScorer{&cfg}, near: newNearEqual(cfg.NearEqual, rnd), cfg: &cfg}, nil
 	case "kv_aware":
-		return &scanPicker{s: kvScorer{&cfg}}, nil
+		return &scanPicker{s: kvScorer{&cfg}, cfg: &cfg}, nil
 	case "least_tokens":
-		return &scanPicker{s: tokenScorer{&cfg}}, nil
+		return &scanPicker{s: tokenScorer{&cfg}, cfg: &cfg}, nil
 	case "random":
 		return &Random{rand: rnd}, nil
 	case "p2c":

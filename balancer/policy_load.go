@@ -32,6 +32,9 @@ type scanPicker struct {
 	next atomic.Uint64
 	s    scorer
 	near *nearEqual // nil: the best; else at random among near-equals (near.go)
+	// cfg is the pool's score config: the load bound and staleness rule
+	// a request for a LoRA adapter is placed by (lora.go).
+	cfg *ScoreConfig
 }
 
 func (p *scanPicker) Pick(r *Request, candidates []*Replica) *Replica {
@@ -40,23 +43,38 @@ func (p *scanPicker) Pick(r *Request, candidates []*Replica) *Replica {
 		return nil
 	}
 	start := p.next.Add(1) - 1
+	aware := r.lora.aware && p.cfg != nil
+	bound := 0.0
+	if aware {
+		bound = loadBound(p.cfg, candidates)
+	}
 	var best *Replica
 	var bestScore float64
 	var bestAt uint64
+	bestTier, bestWait := tierNeutral, 0.0
 	for i := uint64(0); i < n; i++ {
 		c := candidates[(start+i)%n]
 		if !eligible(c, r) {
 			continue
 		}
-		if sc := p.s.score(c, r.Now); best == nil || sc < bestScore {
-			best, bestScore, bestAt = c, sc, i
+		tier, wait := tierNeutral, 0.0
+		if aware {
+			e, _ := p.cfg.freshEngine(c, r.Now)
+			tier, wait = r.tier(c, e, bound)
+		}
+		// The adapter's tier first (lora.go), then the score.
+		sc := p.s.score(c, r.Now)
+		if best == nil || tier < bestTier || tier == bestTier && (wait < bestWait || wait == bestWait && sc < bestScore) {
+			best, bestScore, bestTier, bestWait, bestAt = c, sc, tier, wait, i
 		}
 	}
 	if best != nil {
 		// As RoundRobin: among tied replicas the one after a skipped
 		// (ineligible) replica must not inherit its turn.
 		advancePast(&p.next, start, bestAt)
-		best = p.near.pick(p.s, r, candidates, best, bestScore)
+		if bestTier == tierNeutral {
+			best = p.near.pick(p.s, r, candidates, best, bestScore)
+		}
 	}
 	return best
 }

@@ -1,6 +1,9 @@
 package balancer
 
-import "sync/atomic"
+import (
+	"slices"
+	"sync/atomic"
+)
 
 var _ Picker = (*Predictive)(nil)
 
@@ -117,37 +120,46 @@ func (p *Predictive) pick(r *Request, candidates []*Replica) (*Replica, int) {
 	}
 	st, sp := sloT.Seconds(), sloP.Seconds()
 	r.soonest = p.soonest(r, candidates, &pr) // for rate, within this pick
-	mean := -1.0                              // no cache affinity
+	mean, bound := -1.0, -1.0                 // no cache or adapter affinity
 	if r.prefix.found {
 		mean = meanLoad(candidates)
 	}
+	if r.lora.aware {
+		bound = loadBound(p.cfg, candidates)
+	}
 	start := p.next.Add(1) - 1
 	var best *Replica
-	var bestMiss, bestCached int
-	var bestCost, bestLoad float64
+	var b rating
 	var bestAt uint64
 	for i := uint64(0); i < n; i++ {
 		c := candidates[(start+i)%n]
 		if !eligible(c, r) {
 			continue
 		}
-		miss, cost, load := p.rate(c, r, &pr, st, sp)
-		cached := 0
+		x := rating{tier: tierNeutral}
+		x.miss, x.cost, x.load = p.rate(c, r, &pr, st, sp)
 		if mean >= 0 {
-			cached = r.cachedWithin(c, p.cfg, mean)
+			x.cached = r.cachedWithin(c, p.cfg, mean)
 		}
-		if best == nil || better(miss, cost, load, cached, bestMiss, bestCost, bestLoad, bestCached) {
-			best, bestMiss, bestCost, bestLoad, bestCached, bestAt = c, miss, cost, load, cached, i
+		if r.lora.aware {
+			e, _ := p.cfg.freshEngine(c, r.Now)
+			x.tier, x.wait = r.tier(c, e, bound)
+			if x.tier >= tierEvict && x.miss < staleMiss {
+				x.miss++ // it waits for a slot: a TTFT the prediction does not see
+			}
+		}
+		if best == nil || x.better(&b) {
+			best, b, bestAt = c, x, i
 		}
 	}
 	if best == nil {
 		return nil, 0
 	}
 	advancePast(&p.next, start, bestAt)
-	if bestCached > 0 {
-		return best, bestMiss // chosen for its cache: no spreading it away
+	if b.cached > 0 || b.tier < tierNeutral {
+		return best, b.miss // chosen for its cache or adapter: no spreading it away
 	}
-	return p.spread(r, candidates, &pr, st, sp, best, bestMiss, bestCost), bestMiss
+	return p.spread(r, candidates, &pr, st, sp, best, b.miss, b.cost), b.miss
 }
 
 // soonest is the earliest predicted finish of r (TTFT + output × TPOT,
@@ -192,6 +204,14 @@ func (p *Predictive) soonest(r *Request, candidates []*Replica, pr *prior) float
 // decides; 0 when the output is unknown.
 func (p *Predictive) rate(c *Replica, r *Request, pr *prior, st, sp float64) (miss int, cost, load float64) {
 	e, stale := p.cfg.freshEngine(c, r.Now)
+	var joins EngineLoad
+	if e != nil && e.loraBound && r.lora.aware && slices.Contains(e.loraRunning, r.lora.key) {
+		// Its adapter runs in a batch bound by its slots: the requests
+		// waiting there wait for a slot, and it joins the batch ahead of them.
+		joins = *e
+		joins.Waiting = 0
+		e = &joins
+	}
 	ttft, tpot := c.predict(r.uncached(c), e, r.Now, pr)
 	if ttft > st {
 		miss++
@@ -216,7 +236,20 @@ func (p *Predictive) rate(c *Replica, r *Request, pr *prior, st, sp float64) (mi
 	return miss, cost, load
 }
 
-// better orders two ratings: fewer predicted misses; among replicas
+// rating is a replica's predictive rating for a request (Predictive.rate),
+// with its adapter tier (tierNeutral for a request for the base model:
+// every replica alike) and the prompt tokens it holds in its prefix cache.
+type rating struct {
+	miss, tier, cached int
+	wait               float64 // for tierEvict: how soon a slot frees (Request.tier)
+	cost, load         float64
+}
+
+// better orders two ratings: fewer predicted misses; then the better
+// adapter tier (Request.tier: the adapter running there, resident, a free
+// slot, an adapter to evict; a replica over the load bound has no
+// advantage of its adapter), and among those that must evict, the one
+// whose slot should free soonest; among replicas
 // predicted to meet both objectives, the one holding more of the prompt
 // in its prefix cache (cached: 0 for a replica over the bounded-load
 // limit, loadBound, so a hot prefix spreads instead of making a hot
@@ -229,18 +262,24 @@ func (p *Predictive) rate(c *Replica, r *Request, pr *prior, st, sp float64) (mi
 // takes requests only while they predict both objectives met there);
 // among replicas predicted to miss, a cost lower by more than tieMargin,
 // then less load.
-func better(miss int, cost, load float64, cached int, bMiss int, bCost, bLoad float64, bCached int) bool {
-	if miss != bMiss {
-		return miss < bMiss
+func (x *rating) better(b *rating) bool {
+	if x.miss != b.miss {
+		return x.miss < b.miss
 	}
-	if miss == 0 && cached != bCached {
-		return cached > bCached
+	if x.tier != b.tier {
+		return x.tier < b.tier
 	}
-	if miss == 0 && load != bLoad {
-		return load < bLoad
+	if x.wait != b.wait {
+		return x.wait < b.wait
 	}
-	if d := cost - bCost; d < -tieMargin*bCost || d > tieMargin*cost {
+	if x.miss == 0 && x.cached != b.cached {
+		return x.cached > b.cached
+	}
+	if x.miss == 0 && x.load != b.load {
+		return x.load < b.load
+	}
+	if d := x.cost - b.cost; d < -tieMargin*b.cost || d > tieMargin*x.cost {
 		return d < 0
 	}
-	return load < bLoad
+	return x.load < b.load
 }

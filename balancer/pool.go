@@ -21,6 +21,9 @@ type PoolConfig struct {
 	Arms []Arm
 	// Picker tunes the load-based policies and injects their randomness.
 	Picker PickerOptions
+	// LoRA is how the pool serves LoRA adapters of its model (lora.go);
+	// the zero value learns them from the replicas and places knowing them.
+	LoRA LoRAConfig
 	// MaxEjectionPercent caps the share of the pool's replicas whose
 	// circuit breakers may be open at once (Envoy's max_ejection_percent);
 	// one replica may always be ejected. 0 means DefaultMaxEjectionPercent
@@ -46,6 +49,7 @@ type Pool struct {
 	replicas atomic.Pointer[[]*Replica]
 	group    atomic.Int64 // requests in flight on the pool's replicas
 	prefix   atomic.Pointer[PrefixCache]
+	lora     loraCatalog
 }
 
 // armSet is the pool's current policy: one arm, or an experiment.
@@ -74,6 +78,7 @@ func NewPool(cfg PoolConfig, replicas []*Replica) (*Pool, error) {
 		return nil, err
 	}
 	p.SetReplicas(replicas)
+	p.LearnAdapters(cfg.LoRA.Adapters)
 	return p, nil
 }
 
@@ -218,6 +223,7 @@ func (p *Pool) Pick(r *Request) *Replica {
 // request's Room says it fits, then, if none does, among all of them.
 func (p *Pool) pick(pk Picker, r *Request, candidates []*Replica) *Replica {
 	p.lookupPrefix(r)
+	p.lookupAdapter(r)
 	if r.Room != nil {
 		r.roomOn, r.poolScore = true, &p.score
 		c := pk.Pick(r, candidates)

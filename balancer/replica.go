@@ -25,34 +25,6 @@ var ErrNotReplicaFault = errors.New("balancer: outcome is not the replica's faul
 // breaker refuses traffic (open, or half-open with its probes in flight).
 var ErrBreakerOpen = errors.New("balancer: circuit breaker open")
 
-// Defaults for BreakerConfig's zero fields.
-const (
-	DefaultBreakerFailures    = 5
-	DefaultBreakerOpenTimeout = 10 * time.Second
-	DefaultHalfOpenRequests   = 1
-)
-
-// BreakerConfig tunes every replica's circuit breaker. Zero fields take the
-// Default* values: 5 consecutive failures open it for 10 s, then one probe.
-type BreakerConfig struct {
-	ConsecutiveFailures int           // failures in a row that open the breaker
-	OpenTimeout         time.Duration // how long it stays open before a probe
-	HalfOpenRequests    int           // probes let through while half-open
-}
-
-func (c BreakerConfig) withDefaults() BreakerConfig {
-	if c.ConsecutiveFailures <= 0 {
-		c.ConsecutiveFailures = DefaultBreakerFailures
-	}
-	if c.OpenTimeout <= 0 {
-		c.OpenTimeout = DefaultBreakerOpenTimeout
-	}
-	if c.HalfOpenRequests <= 0 {
-		c.HalfOpenRequests = DefaultHalfOpenRequests
-	}
-	return c
-}
-
 // ReplicaConfig describes one upstream engine.
 type ReplicaConfig struct {
 	Name   string  // label in metrics and logs; default: host:port of URL
@@ -123,6 +95,8 @@ type Replica struct {
 	// placed here with prefix keys, and how many of them the index said
 	// were cached (PrefixStats).
 	prefixPrompt, prefixCached atomic.Int64
+	// lora is the router's record of the adapters on the replica (lora.go).
+	lora loraTable
 
 	// gpuErrs and faultSince belong to StoreGPU (one caller at a time).
 	gpuErrs    uint64
@@ -332,6 +306,8 @@ type leaseState struct {
 	// the lease's place in the replica's ledger (under its lock).
 	made     atomic.Int64
 	ledgerAt int
+
+	adapter uint64 // adapterKey of the LoRA adapter counted in the replica's table; 0: none
 }
 
 // LeaseCost is what a request brings to the replica it is placed on, for
@@ -351,6 +327,10 @@ type LeaseCost struct {
 	// TPOTObjective is the request's TPOT objective (its SLO header); 0
 	// means the pool's (ScoreConfig.SLOTPOT).
 	TPOTObjective time.Duration
+	// Adapter is the LoRA adapter the request runs (Pool.AdapterOf):
+	// counted on the replica until Done, so that the next request for it
+	// goes where it runs. "" for the base model.
+	Adapter string
 }
 
 // Acquire asks the breaker for permission and counts the request in flight.
@@ -395,6 +375,10 @@ func (r *Replica) AcquireRequest(c LeaseCost) (Lease, error) {
 		r.longPrefills.Add(1)
 	}
 	r.recordPlacement(c.Prefix, c.PromptTokens, c.CachedTokens)
+	if c.Adapter != "" {
+		st.adapter = adapterKey(c.Adapter)
+		r.lora.acquire(st.adapter, r.now().UnixNano())
+	}
 	if c.PromptTokens > 0 || st.output > 1 {
 		now := r.now() // one reading for the send and what it is judged by
 		if c.PromptTokens > 0 {
@@ -501,6 +485,10 @@ func (l Lease) Done(err error) {
 		l.r.kv.remove(l.st)
 	}
 	l.st.kv = 0
+	if l.st.adapter != 0 {
+		l.r.lora.release(l.st.adapter, l.r.now().UnixNano())
+		l.st.adapter = 0
+	}
 	if err == nil {
 		l.r.markAlive(l.r.now())
 	}

@@ -23,7 +23,7 @@ func (r *Replica) StoreEngine(s *gpu.EngineStats) {
 	if s == nil {
 		return
 	}
-	r.SetEngineLoad(EngineLoad{
+	e := EngineLoad{
 		Running:          s.Running,
 		Waiting:          s.Waiting,
 		KVUsage:          s.KVUsage,
@@ -32,7 +32,9 @@ func (r *Replica) StoreEngine(s *gpu.EngineStats) {
 		At:               s.At,
 		RequestsFinished: s.RequestsFinished,
 		FinishedKnown:    s.Reported.Has(gpu.FieldFinished),
-	})
+	}
+	r.storeLoRA(&e, s)
+	r.SetEngineLoad(e)
 }
 
 // StoreGPU implements gpu.Sink: the replica's GPUs become one GPULoad. The

@@ -24,6 +24,20 @@ type EngineLoad struct {
 	// traffic (OthersPerS stays 0).
 	RequestsFinished uint64
 	FinishedKnown    bool
+	// LoRAMax is the engine's max_lora (vllm:lora_requests_info): the most
+	// distinct adapters one batch holds; 0 when it reports no LoRA state.
+	LoRAMax int
+	// loraActive is the keys (adapterKey) of the adapters with requests
+	// running or waiting there, as that report says.
+	loraActive []uint64
+	// loraRunning is those of them with requests running (the keys of
+	// running_lora_adapters).
+	loraRunning []uint64
+	// loraBound says the engine's batch is bound by its LoRA slots, not
+	// by room (slotBound): its waiting requests wait for a slot for their
+	// adapter, and a request for a running adapter joins the batch at
+	// once, so they do not make the replica saturated (queued is 0).
+	loraBound bool
 	// OthersPerS is the rate, in requests per second, at which requests
 	// this router did not send — other routers' — arrived at the replica
 	// over the last scrapes (peers.go): 0 with one router.
@@ -86,6 +100,9 @@ func (r *Replica) SetEngineLoad(l EngineLoad) {
 	l.queued = l.Waiting
 	if prev := r.tel.engine.Load(); prev != nil {
 		l.queued = min(l.Waiting, prev.Waiting)
+	}
+	if l.loraBound {
+		l.queued = 0
 	}
 	inFlight, served := r.inFlight.Load(), r.served.Load()
 	peerTraffic(&l, r.tel.engine.Load(), served-r.tel.servedAtScrape.Swap(served), inFlight)

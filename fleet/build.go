@@ -18,6 +18,7 @@ type state struct {
 	replicas []*balancer.Replica // every pool's, in Spec order
 	poller   *gpu.Poller         // nil when telemetry is off
 	prefix   []*poolPrefix       // per pool, in Spec order; nil where off
+	models   *modelsWatch        // nil when no pool reads its replicas' adapters
 }
 
 // replicaKey is what identifies a live replica across states: a Spec that
@@ -57,10 +58,12 @@ func (f *Fleet) build(spec Spec, prev *state) (*state, error) {
 		}
 		// A pool's pickers are built with the score, and its breakers
 		// consult its ejection cap: reuse it only if both are unchanged.
-		if old.Pool == nil || prev.spec.Score != spec.Score || prev.spec.MaxEjectionPercent != spec.MaxEjectionPercent {
+		// Its adapters' config too (the adapters it learned are learned again).
+		if old.Pool == nil || prev.spec.Score != spec.Score || prev.spec.MaxEjectionPercent != spec.MaxEjectionPercent ||
+			!sameLoRA(old.Pool.LoRA(), pc.LoRA.LoRAConfig) {
 			p, err := balancer.NewPool(balancer.PoolConfig{
 				Model: pc.Model, Aliases: pc.Aliases, PathPrefix: pc.PathPrefix, Policy: pc.Policy,
-				Arms: pc.Arms, Picker: balancer.PickerOptions{Score: spec.Score},
+				Arms: pc.Arms, Picker: balancer.PickerOptions{Score: spec.Score}, LoRA: pc.LoRA.LoRAConfig,
 				MaxEjectionPercent: spec.MaxEjectionPercent,
 			}, pl.reps)
 			if err != nil {
@@ -111,6 +114,7 @@ func (f *Fleet) build(spec Spec, prev *state) (*state, error) {
 	if st.poller, err = f.newPoller(spec, st, byPool); err != nil {
 		return nil, err
 	}
+	st.models = newModelsWatch(spec, st.routes, byPool, f.scrape, f.opts.Log)
 
 	// Nothing can fail any more (the Spec is validated): update the live
 	// pools carried over. Requests routed already keep what they picked.
@@ -194,5 +198,13 @@ func (st *state) loops() []runner {
 			out = append(out, sub.Subscriber)
 		}
 	}
+	if st.models != nil {
+		out = append(out, st.models)
+	}
 	return out
+}
+
+// sameLoRA reports whether two pools' LoRA configs are the same.
+func sameLoRA(a, b balancer.LoRAConfig) bool {
+	return a.Blind == b.Blind && slices.Equal(a.Adapters, b.Adapters)
 }

@@ -55,6 +55,9 @@ type Pool struct {
 	// Migration continues the pool's streams on another replica when
 	// theirs fails mid-stream; the zero value is off.
 	Migration proxy.Migration
+	// LoRA is how the pool serves LoRA adapters of its model; the zero
+	// value learns them from the replicas and places knowing them.
+	LoRA LoRA
 	// Discovered means discovery sets the replicas (SetEndpoints), so the
 	// pool may have none (a Service scaled to zero, a name not yet
 	// resolving): its requests then get 503 until some appear. False
@@ -101,6 +104,7 @@ func (s Spec) clone() Spec {
 		p.Aliases = slices.Clone(p.Aliases)
 		p.Arms = slices.Clone(p.Arms)
 		p.Replicas = slices.Clone(p.Replicas)
+		p.LoRA.Adapters = slices.Clone(p.LoRA.Adapters)
 		out.Pools[i] = p
 	}
 	return out

@@ -94,6 +94,13 @@ func (v *validator) pools(pools []Pool) {
 			}
 			claim(fmt.Sprintf("%s.aliases[%d]", at, j), a, i)
 		}
+		for j, a := range p.LoRA.Adapters {
+			if strings.TrimSpace(a) == "" || strings.TrimSpace(a) != a {
+				v.add(fmt.Sprintf("%s.lora.adapters[%d]", at, j), "must be a name without leading or trailing spaces, got %q", a)
+				continue
+			}
+			claim(fmt.Sprintf("%s.lora.adapters[%d]", at, j), a, i)
+		}
 		if p.PathPrefix != "" {
 			key := strings.TrimSuffix(p.PathPrefix, "/")
 			switch {

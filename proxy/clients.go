@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"github.com/gpurouter/gpurouter/balancer"
 	"github.com/gpurouter/gpurouter/proxy/auth"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
@@ -91,12 +92,14 @@ func (s *Server) serveModelsAuth(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	var names []string
+	var pools []*balancer.Pool
 	for _, pool := range s.routes.Load().pools {
 		if p.Allows(pool.Model()) {
 			names = append(names, pool.Model())
 			names = append(names, pool.Aliases()...)
+			pools = append(pools, pool)
 		}
 	}
 	ctx.SetContentType("application/json")
-	ctx.SetBody(modelsJSON(names, s.now()))
+	ctx.SetBody(modelsJSON(names, pools, s.now()))
 }

@@ -26,7 +26,8 @@ func (x *exchange) pickRequest() balancer.Request {
 		Arm:         x.arm,
 		// When it is placed, not when it arrived: a request that waited
 		// in the admission queue must be judged by the replicas' state now.
-		Now: x.received,
+		Now:   x.received,
+		Model: x.req.Model,
 		// A long prompt must not queue behind another on one replica.
 		LongPrefillCap: x.ticket.LongPrefillCap(),
 		PromptTokens:   x.cost.PromptTokens,
@@ -91,7 +92,7 @@ func (s *Server) beginAttempt(rt *routeTable, x *exchange, rep *balancer.Replica
 	work, kv, long := x.leaseCost()
 	lease, err := rep.AcquireRequest(balancer.LeaseCost{Work: work, KV: kv, Long: long,
 		PromptTokens: int64(x.uncached()), CachedTokens: int64(x.cached), Prefix: pick.Prefix,
-		OutputTokens: int64(max(x.cost.OutputTokens, 0)), TPOTObjective: x.cost.TPOT})
+		OutputTokens: int64(max(x.cost.OutputTokens, 0)), TPOTObjective: x.cost.TPOT, Adapter: x.route.Pool.AdapterOf(x.req.Model)})
 	if err != nil {
 		// An open breaker: nothing was sent.
 		return nil, balancer.Lease{}, fmt.Errorf("%w for model %q (breakers open)", ErrNoReplica, x.route.Pool.Model())

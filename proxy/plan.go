@@ -106,6 +106,9 @@ func (s *Server) routeFor(rt *routeTable, model string, prefix *poolRoute) (*poo
 	if r, ok := rt.byModel[model]; ok {
 		return r, nil
 	}
+	if r := rt.adapterRoute(model); r != nil {
+		return r, nil
+	}
 	return nil, fmt.Errorf("%w: the model %q does not exist; available models: %s", ErrUnknownModel, model, availableModels(rt))
 }
 

@@ -56,28 +56,9 @@ func endpointOf(path string) openai.Endpoint {
 	return 0
 }
 
-// modelsJSON renders /v1/models from the router's own view of its pools.
-func modelsJSON(names []string, now time.Time) []byte {
-	type card struct {
-		ID      string `json:"id"`
-		Object  string `json:"object"`
-		Created int64  `json:"created"`
-		OwnedBy string `json:"owned_by"`
-	}
-	doc := struct {
-		Object string `json:"object"`
-		Data   []card `json:"data"`
-	}{Object: "list", Data: []card{}}
-	for _, n := range names {
-		doc.Data = append(doc.Data, card{ID: n, Object: "model", Created: now.Unix(), OwnedBy: "gpurouter"})
-	}
-	b, _ := json.Marshal(doc)
-	return b
-}
-
 func (s *Server) serveModels(ctx *fasthttp.RequestCtx) {
 	ctx.SetContentType("application/json")
-	ctx.SetBody(s.routes.Load().models)
+	ctx.SetBody(s.routes.Load().modelsNow(s.now()))
 }
 
 // serveReady answers 200 when every pool has a replica a picker could

@@ -80,8 +80,9 @@ type routeTable struct {
 	byModel   map[string]*poolRoute // model names and aliases
 	prefixes  []prefixRoute         // longest first
 	upstreams map[*balancer.Replica]*upstream
-	models    []byte // the /v1/models document
-	tls       bool   // a pool has a replica reached over TLS (poolRoute.tls)
+	names     []string // the pools' models and aliases, in order
+	models    []byte   // the /v1/models document when it was built
+	tls       bool     // a pool has a replica reached over TLS (poolRoute.tls)
 }
 
 // upstream looks up a replica's upstream; a nil table has none.
@@ -136,6 +137,7 @@ func buildRoutes(routes []Route, plain *admission.Estimator, cfg Config, to *tim
 		}
 	}
 	sort.Slice(rt.prefixes, func(i, j int) bool { return len(rt.prefixes[i].prefix) > len(rt.prefixes[j].prefix) })
-	rt.models = modelsJSON(names, now)
+	rt.names = names
+	rt.models = modelsJSON(names, rt.pools, now)
 	return rt, nil
 }

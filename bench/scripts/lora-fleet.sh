@@ -18,6 +18,20 @@
 #   bench/scripts/lora-fleet.sh
 #   MAX_CPU_LORAS=32 LOAD=1.3 bench/scripts/lora-fleet.sh
 #
+# With RUN set, it measures instead: for each front RUN names, in turn, a
+# fresh fleet, that front, the bench, each replica's requests by adapter
+# (gpurouter_sim_lora_requests_total) — then a summary table of P99 TTFT,
+# goodput (GOODPUT's SLOs), swaps per 1,000 requests and each replica's
+# share, with the ratios of the first front against the others. Fronts:
+#   router  gpurouter serve, default policy, LoRA adapter awareness on
+#   blind   the same with the pool's lora.aware: false
+#   haproxy HAProxy 2.6 balance leastconn (bench/scripts/haproxy.cfg)
+# HOT=0.5 gives lora-0 half the requests (the rest Zipf($ZIPF) over the
+# others) and reports where lora-0's requests went.
+#
+#   RUN="router haproxy blind" PROMPTS=1200 bench/scripts/lora-fleet.sh
+#   RUN=router HOT=0.5 bench/scripts/lora-fleet.sh
+#
 # max_cpu_loras defaults to vLLM's default, max_loras: an adapter out of its
 # GPU slot is then out of the CPU cache too, and comes back from disk
 # (~65 ms on these profiles, against ~2 ms from the CPU cache; see
@@ -39,6 +53,11 @@ OUT_LEN=${OUT_LEN:-128}  # output tokens, +-50%
 PROMPTS=${PROMPTS:-1200} # requests per bench run
 SEED=${SEED:-1}
 BIN=${BIN:-} # a gpurouter binary; built from this tree when empty
+RUN=${RUN:-}  # fronts to measure in turn (router, blind, haproxy); empty: print the commands, keep the fleet up
+HOT=${HOT:-}  # lora-0's share of the requests; empty: Zipf($ZIPF) over all
+GOODPUT=${GOODPUT:-ttft:2000 tpot:100} # goodput's SLOs, ms
+OUT=${OUT:-lora-fleet-out} # where RUN writes its results
+EPSILON=${EPSILON:-0.25} # the router's bounded_load_epsilon: how far over the mean load an adapter's replica still takes it
 
 work=$(mktemp -d)
 pids=()
@@ -67,12 +86,30 @@ per=$("$bin" sim predict --profile "$PROFILE" "${lora[@]}" --lora-adapters "$ADA
   awk '/^Request throughput/ {print $NF}')
 rate=$(awk -v p="$per" -v n="$REPLICAS" -v l="$LOAD" 'BEGIN {printf "%.2f", p * n * l}')
 
-"$bin" sim --replicas "$REPLICAS" --base-port "$BASE_PORT" --profile "$PROFILE" --served-model-name m --seed "$SEED" \
-  "${lora[@]}" --lora-modules "${modules[@]}" >"$work/sim.log" 2>&1 &
-pids+=($!)
-for i in $(seq 0 $((REPLICAS - 1))); do
-  for _ in $(seq 200); do curl -fsS -o /dev/null "http://127.0.0.1:$((BASE_PORT + i))/health" 2>/dev/null && break; sleep 0.1; done
-done
+start_fleet() {
+  "$bin" sim --replicas "$REPLICAS" --base-port "$BASE_PORT" --profile "$PROFILE" --served-model-name m --seed "$SEED" \
+    "${lora[@]}" --lora-modules "${modules[@]}" >"$work/sim.log" 2>&1 &
+  sim_pid=$!
+  pids+=("$sim_pid")
+  for i in $(seq 0 $((REPLICAS - 1))); do
+    for _ in $(seq 200); do curl -fsS -o /dev/null "http://127.0.0.1:$((BASE_PORT + i))/health" 2>/dev/null && break; sleep 0.1; done
+  done
+}
+
+adapter_flags=(--lora-modules "${names[@]}" --lora-zipf "$ZIPF")
+if [ -n "$HOT" ]; then
+  # lora-0 takes HOT of the requests; the others share the rest by Zipf.
+  for i in $(seq 1 $((ADAPTERS - 1))); do echo "lora-$i $(awk -v i="$i" -v z="$ZIPF" 'BEGIN {printf "%.6f", 1 / i ^ z}')"; done >"$work/weights"
+  awk -v h="$HOT" '{s += $2} END {printf "lora-0 %.6f\n", s * h / (1 - h)}' "$work/weights" >>"$work/weights"
+  adapter_flags=(--lora-weights "$work/weights")
+fi
+
+if [ -n "$RUN" ]; then
+  . bench/scripts/lora-fleet-run.sh
+  exit 0
+fi
+
+start_fleet
 cat "$work/sim.log"
 
 replicas="" engines=() haproxy_sed=()
@@ -95,7 +132,7 @@ front, one of:
 bench:
   $bin bench --base-url http://127.0.0.1:$front --model m --dataset-name random \\
     --random-input-len $IN_LEN --random-output-len $OUT_LEN --random-range-ratio 0.5 --ignore-eos \\
-    --num-prompts $PROMPTS --request-rate $rate --seed $SEED --lora-modules ${names[*]} --lora-zipf $ZIPF \\
+    --num-prompts $PROMPTS --request-rate $rate --seed $SEED ${adapter_flags[*]} \\
     --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,99 ${engines[*]} \\
     --save-result --result-filename lora-FRONT.json
 

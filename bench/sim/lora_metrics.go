@@ -30,7 +30,8 @@ type loraMetrics struct {
 	last   float64          // the value set last
 	recent [][2]string      // label sets exposed, least recently current first
 
-	swaps, swapSeconds [2]prometheus.Counter // by source
+	swaps, swapSeconds [2]prometheus.Counter  // by source
+	requests           *prometheus.CounterVec // by adapter
 }
 
 func newLoRAMetrics(f promauto.Factory, maxLoRAs int) *loraMetrics {
@@ -45,6 +46,9 @@ func newLoRAMetrics(f promauto.Factory, maxLoRAs int) *loraMetrics {
 	secs := f.NewCounterVec(prometheus.CounterOpts{Name: "gpurouter_sim_lora_swap_seconds_total",
 		Help: "Engine time spent bringing LoRA adapters into GPU slots, by where from (see gpurouter_sim_lora_swaps_total)."},
 		[]string{"source"})
+	m.requests = f.NewCounterVec(prometheus.CounterOpts{Name: "gpurouter_sim_lora_requests_total",
+		Help: "Requests received for each LoRA adapter: where a router sent an adapter's requests. The simulator's own: vLLM exports no such count."},
+		[]string{"lora_name"})
 	for src, name := range []string{swapFromCPU: "cpu", swapFromDisk: "disk"} {
 		m.swaps[src] = swaps.WithLabelValues(name)
 		m.swapSeconds[src] = secs.WithLabelValues(name)
@@ -59,6 +63,13 @@ func (m *loraMetrics) swapped(src int, d time.Duration) {
 	}
 	m.swaps[src].Inc()
 	m.swapSeconds[src].Add(d.Seconds())
+}
+
+// received counts a request for the adapter named name.
+func (m *loraMetrics) received(name string) {
+	if m != nil {
+		m.requests.WithLabelValues(name).Inc()
+	}
 }
 
 // relabel makes the series of these labels the current one, creating it

@@ -93,6 +93,9 @@ func (e *engine) add(s *seq, now time.Time) {
 	e.waiting.pushBack(s)
 	if e.lora != nil {
 		e.lora.move(s.lora, +1, 0)
+		if s.lora != nil {
+			e.lora.m.received(s.lora.name)
+		}
 	}
 	e.gauges(now)
 }

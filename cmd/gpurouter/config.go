@@ -84,7 +84,7 @@ type routingConfig struct {
 	KVThreshold        float64 `yaml:"kv_threshold"`         // KV-cache usage (0–1) above which a replica is penalised; default 0.9
 	KVPenalty          float64 `yaml:"kv_penalty"`           // load added at 100% KV usage, in requests; default 8
 	PrefillWeight      float64 `yaml:"prefill_weight"`       // prompt token cost relative to an output token; default 0.25
-	BoundedLoadEpsilon float64 `yaml:"bounded_load_epsilon"` // affinity policies: max load (1+ε)× mean; default 0.25
+	BoundedLoadEpsilon float64 `yaml:"bounded_load_epsilon"` // affinity policies, LoRA adapter placement: max load (1+ε)× mean; default 0.25
 	NearEqual          float64 `yaml:"near_equal"`           // least_loaded, predictive: random among replicas within this many requests of the best; default 0 (off)
 }
 
@@ -174,6 +174,7 @@ type poolConfig struct {
 
 	PrefixCache prefixCacheConfig `yaml:"prefix_cache"`
 	KVEvents    kvEventsConfig    `yaml:"kv_events"`
+	LoRA        loraConfig        `yaml:"lora"`
 }
 
 // prefixCacheConfig is a pool's prefix-cache index: what the router knows
@@ -197,6 +198,24 @@ type kvEventsConfig struct {
 	Endpoint       string `yaml:"endpoint"`
 	ReplayEndpoint string `yaml:"replay_endpoint"` // the replay socket, same template; "" = none (a gap drops the replica's entries); default ""
 	Topic          string `yaml:"topic"`           // subscription prefix; "" = every topic; default ""
+}
+
+// loraConfig is how a pool serves LoRA adapters of its model: requests
+// naming an adapter are routed to the pool, and placed where the adapter
+// runs or sits in a GPU slot.
+type loraConfig struct {
+	// Adapters are adapter names routed to the pool before any replica
+	// lists them (its /v1/models, or its metrics); default none.
+	Adapters []string `yaml:"adapters"`
+	// Aware places a request for an adapter where the adapter runs or
+	// sits in a slot, then where a slot is free, before a replica that
+	// must evict one — within the load bound; false places it as a
+	// request for the base model. Default true.
+	Aware *bool `yaml:"aware"`
+	// ModelsInterval is how often each replica's /v1/models is read for
+	// the adapters it serves (with telemetry on, engine vllm or auto);
+	// negative = never. Default 10s.
+	ModelsInterval time.Duration `yaml:"models_interval"`
 }
 
 // migrationConfig continues a pool's streams on another replica when

@@ -267,6 +267,14 @@ func applyDefaults(cfg *fileConfig) {
 		setString(&p.PrefixCache.Mode, string(fleet.PrefixApproximate))
 		setInt(&p.PrefixCache.BlockSize, fleet.DefaultPrefixBlockSize)
 		setString(&p.PrefixCache.Tokenizer, fleet.DefaultPrefixTokenizer)
+		if p.LoRA.Aware == nil {
+			aware := true
+			p.LoRA.Aware = &aware
+		}
+		setDuration(&p.LoRA.ModelsInterval, fleet.DefaultModelsInterval)
+		if len(p.LoRA.Adapters) == 0 {
+			p.LoRA.Adapters = nil
+		}
 		applyDiscoveryDefaults(p)
 		// "aliases: []" and no aliases are the same configuration; one
 		// spelling keeps printed-then-reloaded configs equal.

@@ -69,6 +69,8 @@ func specPools(pcs []poolConfig) []fleet.Pool {
 		p.Engine, _ = gpu.ParseEngine(pc.Engine)
 		p.Migration = specMigration(pc.Migration, p.Engine)
 		p.Prefix = specPrefix(pc.PrefixCache, pc.KVEvents)
+		p.LoRA = fleet.LoRA{LoRAConfig: balancer.LoRAConfig{Adapters: slices.Clone(pc.LoRA.Adapters),
+			Blind: pc.LoRA.Aware != nil && !*pc.LoRA.Aware}, ModelsInterval: pc.LoRA.ModelsInterval}
 		for _, a := range pc.Arms {
 			p.Arms = append(p.Arms, balancer.Arm{Name: a.Name, Policy: a.Policy, Share: a.Share})
 		}
@@ -102,6 +104,7 @@ func filePools(spec fleet.Spec, file []poolConfig) []poolConfig {
 			MaxTokensLimit: p.MaxTokens,
 			Engine:         engineName(p.Engine),
 			Migration:      fileMigration(p.Migration),
+			LoRA:           fileLoRA(p.LoRA),
 			Discovery:      disc,
 		}
 		pc.PrefixCache, pc.KVEvents = filePrefix(p.Prefix)
@@ -159,6 +162,12 @@ func filePrefix(c fleet.PrefixCache) (prefixCacheConfig, kvEventsConfig) {
 		pc.Mode = "off"
 	}
 	return pc, kvEventsConfig{Endpoint: c.KVEvents.Endpoint, ReplayEndpoint: c.KVEvents.ReplayEndpoint, Topic: c.KVEvents.Topic}
+}
+
+// fileLoRA is the file's spelling of a pool's LoRA options, for display.
+func fileLoRA(l fleet.LoRA) loraConfig {
+	aware := !l.Blind
+	return loraConfig{Adapters: slices.Clone(l.Adapters), Aware: &aware, ModelsInterval: l.ModelsInterval}
 }
 
 // engineName is the file's spelling of a pool's engine.
