@@ -69,6 +69,10 @@ type prefixMatch struct {
 	looked  bool
 	indexed bool // the pool has an index: held says what it holds
 	found   bool // some replica holds a block of it
+	// block is the tokens of one key when the keys are the engines'
+	// blocks (an index fed by events): a hit is then exactly that many
+	// tokens a block. 0 for text keys, whose hits are a share of the prompt.
+	block int32
 }
 
 // lookupPrefix fills r's match from the pool's index, once.
@@ -83,6 +87,9 @@ func (p *Pool) lookupPrefix(r *Request) {
 	}
 	var held [prefixcache.MaxReplicas]int
 	r.prefix.indexed = true
+	if !pc.Approximate {
+		r.prefix.block = int32(pc.BlockSize)
+	}
 	r.prefix.found = pc.Index.Lookup(r.Prefix, held[:]) > 0
 	for i, n := range held {
 		r.prefix.held[i] = uint16(min(n, 1<<16-1))
@@ -90,12 +97,12 @@ func (p *Pool) lookupPrefix(r *Request) {
 }
 
 // CachedTokens is how many of r's prompt tokens replica c holds in its
-// prefix cache, as the pool's index says (0 without one): the share of
-// the prompt's blocks in its longest prefix match, of the prompt's
-// tokens — blocks of the engine's block size when the keys come from its
-// tokens, of a fixed number of bytes when they come from the text (an
-// approximate index) — and never the whole prompt: an engine computes at
-// least the last prompt token to produce the first output token.
+// prefix cache, as the pool's index says (0 without one): its longest
+// prefix match in blocks of the engines' block size when the keys are
+// the engines' blocks (an index fed by events), else the matched share of
+// the prompt's text blocks (an approximate index) of its tokens — and
+// never the whole prompt: an engine computes at least the last prompt
+// token to produce the first output token.
 func (r *Request) CachedTokens(c *Replica) int {
 	if c == nil || !r.prefix.looked || len(r.Prefix) == 0 {
 		return 0
@@ -105,6 +112,9 @@ func (r *Request) CachedTokens(c *Replica) int {
 		return 0
 	}
 	n := int(int64(r.PromptTokens) * int64(r.prefix.held[s]) / int64(len(r.Prefix)))
+	if r.prefix.block > 0 {
+		n = int(r.prefix.held[s]) * int(r.prefix.block)
+	}
 	return max(min(n, r.PromptTokens-1), 0)
 }
 

@@ -64,8 +64,10 @@ func startKVFleet(t *testing.T, n int) *sim.Fleet {
 // the replicas' KV events.
 func eventsConfig(f *sim.Fleet) fileConfig {
 	cfg := fileConfig{
-		Log:       logConfig{Level: "error"},
-		Telemetry: telemetryConfig{Interval: 50 * time.Millisecond},
+		Log: logConfig{Level: "error"},
+		// Scrapes stay fresh however slow the test runs (-race): picks
+		// here depend on the index, not on telemetry going stale.
+		Telemetry: telemetryConfig{Interval: 50 * time.Millisecond, StaleAfter: 10 * time.Second},
 		Pools: []poolConfig{{Model: "m",
 			PrefixCache: prefixCacheConfig{Mode: "events"},
 			KVEvents:    kvEventsConfig{Endpoint: "tcp://{host}:{port+10}", ReplayEndpoint: "tcp://{host}:{port+20}"}}},
