@@ -85,7 +85,7 @@ func (s *Server) beginAttempt(rt *routeTable, x *exchange, rep *balancer.Replica
 		return nil, balancer.Lease{}, nil
 	}
 	work, kv, long := x.leaseCost()
-	lease, err := rep.AcquireRequest(balancer.LeaseCost{Work: work, KV: kv, Long: long, PromptTokens: int64(x.cost.PromptTokens),
+	lease, err := rep.AcquireRequest(balancer.LeaseCost{Work: work, KV: kv, Long: long, PromptTokens: int64(x.leasePrompt()),
 		OutputTokens: int64(max(x.cost.OutputTokens, 0)), TPOTObjective: x.cost.TPOT})
 	if err != nil {
 		// An open breaker: nothing was sent.

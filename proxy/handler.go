@@ -110,7 +110,9 @@ func (s *Server) attempts(f *flow, a act, w **clientWatch, client net.Conn) (*fa
 		case actSend:
 			if ureq == nil {
 				ureq = s.upstreamRequest(f.ctx, f.x, f.body)
-				*w = s.startWatch(f.x, client, nil)
+				if *w == nil { // a split request's prefill started it
+					*w = s.startWatch(f.x, client, nil)
+				}
 			}
 			var resp *fasthttp.Response
 			if resp, a = s.send(f, ureq, *w); resp != nil {
@@ -119,6 +121,13 @@ func (s *Server) attempts(f *flow, a act, w **clientWatch, client net.Conn) (*fa
 		case actPause:
 			s.sleep(f.delay)
 			a = f.resume()
+		case actPrefillAdmit:
+			a = f.prefillAdmitted(s.prefillAdmitWatched(f, client))
+		case actPrefill:
+			if *w == nil {
+				*w = s.startWatch(f.x, client, nil)
+			}
+			a = s.sendPrefill(f, *w)
 		default:
 			return nil, a
 		}
