@@ -119,6 +119,7 @@ func (v *validator) pools(pools []Pool) {
 		}
 		v.arms(at, p.Arms)
 		v.replicas(at, p.Replicas, p.Discovered)
+		v.split(at, p)
 	}
 }
 
