@@ -160,6 +160,7 @@ const (
 type pdFlow struct {
 	sp       *Split
 	body     []byte // the prefill request
+	plain    []byte // the decode step's body without kv_transfer_params: a colocated fallback's
 	ticket   admission.Ticket
 	tried    []*balancer.Replica
 	slot     int // 1 + the index in sp.Prefill of the replica the prefill is on; 0 none
@@ -299,7 +300,7 @@ func (f *flow) prefilled(status int, body []byte, err error) act {
 	if err != nil {
 		return f.colocate()
 	}
-	f.body = dec
+	f.pd.plain, f.body = f.body, dec
 	x.pd.remote = true
 	// Only replicas that take a remote prefill are candidates.
 	f.tried = f.tried[:0]
@@ -309,6 +310,33 @@ func (f *flow) prefilled(status int, body []byte, err error) act {
 		}
 	}
 	return f.next()
+}
+
+// decodeFallback is the decode step's end when no replica that takes a
+// remote prefill is left to try: the request is served colocated, with
+// its own body, by a replica not tried yet. False when the request is not
+// in its decode step.
+func (f *flow) decodeFallback() bool {
+	x := f.x
+	if !x.pd.remoteKV() {
+		return false
+	}
+	x.pd.remote, x.pd.path = false, pdFallback
+	f.body = f.pd.plain
+	tried := f.tried[:0]
+	for _, r := range f.tried {
+		if slices.Contains(f.pd.sp.Decode, r) {
+			tried = append(tried, r)
+		}
+	}
+	f.tried = tried
+	return true
+}
+
+// sameBody reports whether a and b are one body (the same bytes in
+// memory), as a request built with b holds it.
+func sameBody(a, b []byte) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }
 
 // colocate gives up the split: the request is served whole by a replica

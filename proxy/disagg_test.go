@@ -287,3 +287,33 @@ func TestSplitClientLeavesDuringPrefill(t *testing.T) {
 		t.Errorf("prefill replica has %d in flight, want 0", n)
 	}
 }
+
+// A decode replica that refuses the decode step, with none other to take
+// it: the request is served colocated, its own body on another replica.
+func TestSplitDecodeFallback(t *testing.T) {
+	kv, _ := json.Marshal(pdGolden(t, "prefill_response_kv_transfer_params.json"))
+	p, d, c := newPDEngine(t, kv), newPDEngine(t, kv), newPDEngine(t, kv)
+	d.status = http.StatusServiceUnavailable
+	tr := startRouterWith(t, []string{p.srv.URL, d.srv.URL, c.srv.URL}, withSplit(1, 1, 1))
+	if status, out := postPD(t, tr.url, pdClientBody(t)); status != 200 || !strings.Contains(out, "three") {
+		t.Fatalf("client got %d %q", status, out)
+	}
+	if pre, _ := d.remoteAsked(); pre != 1 || len(d.seen()) != 1 {
+		t.Errorf("decode replica: %d requests, %d remote prefills; want the one refused", len(d.seen()), pre)
+	}
+	var colocated int
+	for _, e := range []*pdEngine{p, c} {
+		for _, b := range e.seen() {
+			if b["kv_transfer_params"] == nil {
+				colocated++
+			}
+		}
+	}
+	if colocated != 1 {
+		t.Errorf("%d colocated requests after the refusal, want 1", colocated)
+	}
+	waitFor(t, "the request's record", func() bool { return len(tr.srv.records.Since(0, 0)) == 1 })
+	if rec := tr.srv.records.Since(0, 0)[0]; rec.PDPath != "fallback" || rec.Replica == tr.reps[1].Name() {
+		t.Errorf("record: pd_path %q on %s, want fallback off %s", rec.PDPath, rec.Replica, tr.reps[1].Name())
+	}
+}

@@ -169,6 +169,9 @@ func (f *flow) next() act {
 	for {
 		rep := x.route.Pool.PickExcept(&f.pick, f.tried)
 		x.arm = f.pick.Arm
+		if rep == nil && f.decodeFallback() {
+			continue // a split's decode step found no replica: colocated (disagg.go)
+		}
 		if rep == nil {
 			return f.end(x.noReplica(f.lastErr))
 		}

@@ -108,6 +108,10 @@ func (s *Server) attempts(f *flow, a act, w **clientWatch, client net.Conn) (*fa
 	for {
 		switch a {
 		case actSend:
+			if ureq != nil && !sameBody(ureq.Body(), f.body) {
+				fasthttp.ReleaseRequest(ureq) // a split's decode step gave up its KV (disagg.go)
+				ureq = nil
+			}
 			if ureq == nil {
 				ureq = s.upstreamRequest(f.ctx, f.x, f.body)
 				if *w == nil { // a split request's prefill started it
