@@ -29,6 +29,9 @@ import (
 //  2. plan: the pool, the output cap, the request's one cost,        begin     (plan.go, admit.go: steer)
 //     the key's model and rate limits, the admission headers
 //  3. admit: at once, or wait in the pool's queue (actAdmit)         admitted  (admit.go)
+//     split: a pool with prefill replicas prefills a long prompt on   place     (disagg.go)
+//     one of them first (actPrefillAdmit, actPrefill), then steps
+//     4–6 send the request with its KV to a decode replica
 //  4. pick a replica by the pool's policy, lease it                  next      (forward.go: beginAttempt)
 //  5. send (actSend); before any byte reached the client, a failure, failed,   (forward.go: attemptFailed,
 //     a refusal or a 502 tries another after a pause (actPause),     answered,  judge; upfail.go)
