@@ -182,6 +182,10 @@ func (f *flow) splitPlace() (a act, ok bool) {
 	}
 	f.pd = pdFlow{sp: sp, body: body}
 	x.pd = &pdRecord{path: pdSplit}
+	// The pool's queue may admit the next request now: this one's decode
+	// replica is leased only after its prefill, which must not hold the
+	// queue meanwhile (admission lets one unplaced request out at a time).
+	x.ticket.Placed()
 	if ctl := sp.Admission; ctl != nil {
 		t, ok := ctl.TryAdmit(f.prefillCost())
 		if !ok {
@@ -240,6 +244,7 @@ func (f *flow) prefillNext() act {
 			pd.slot = i + 1
 			pd.sp.inFlight[i].Add(1)
 		}
+		pd.ticket.Placed() // counted on its replica: the prefill queue may let the next one out
 		f.rep, f.up, f.lease, f.sending = rep, up, lease, true
 		x.pd.prefillReplica, x.pd.prefillAttempts = rep.Name(), pd.attempts
 		x.pd.prefillSent = f.s.now()

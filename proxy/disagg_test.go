@@ -13,9 +13,11 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/gpurouter/gpurouter/admission"
 	"github.com/gpurouter/gpurouter/balancer"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -48,6 +50,10 @@ type pdEngine struct {
 	kv     json.RawMessage
 	status int
 	hold   bool
+	delay  time.Duration // each prefill's
+
+	prefilling, maxPrefilling atomic.Int32 // prefills in progress, and their most at once
+	overlapped                atomic.Int32 // prefills started while another was in progress
 
 	mu      sync.Mutex
 	bodies  []map[string]any
@@ -85,6 +91,14 @@ func (e *pdEngine) serve(w http.ResponseWriter, r *http.Request) {
 			}
 			return
 		}
+		n := e.prefilling.Add(1)
+		if n > 1 {
+			e.overlapped.Add(1)
+		}
+		for m := e.maxPrefilling.Load(); n > m && !e.maxPrefilling.CompareAndSwap(m, n); m = e.maxPrefilling.Load() {
+		}
+		time.Sleep(e.delay)
+		e.prefilling.Add(-1)
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"id":"chatcmpl-p","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"A"},"finish_reason":"length"}],"usage":{"prompt_tokens":9,"completion_tokens":1,"total_tokens":10},"kv_transfer_params":%s}`, e.kv)
 		return
@@ -315,5 +329,53 @@ func TestSplitDecodeFallback(t *testing.T) {
 	waitFor(t, "the request's record", func() bool { return len(tr.srv.records.Since(0, 0)) == 1 })
 	if rec := tr.srv.records.Since(0, 0)[0]; rec.PDPath != "fallback" || rec.Replica == tr.reps[1].Name() {
 		t.Errorf("record: pd_path %q on %s, want fallback off %s", rec.PDPath, rec.Replica, tr.reps[1].Name())
+	}
+}
+
+// The prefill step queues at the router, not in the engine: with two
+// prefills at a time per replica, concurrent long prompts reach the
+// prefill replica two by two, a queued one let out as soon as a slot
+// frees — each one let out is placed at once, so the queue never waits
+// for one prefill to end before letting the next fill the other slot.
+func TestSplitPrefillQueuesAtTheRouter(t *testing.T) {
+	kv, _ := json.Marshal(pdGolden(t, "prefill_response_kv_transfer_params.json"))
+	p, d := newPDEngine(t, kv), newPDEngine(t, kv)
+	p.delay = 100 * time.Millisecond
+	tr := startRouterWith(t, []string{p.srv.URL, d.srv.URL}, func(o *Options) {
+		withSplit(1, 1, 1)(o)
+		sp := o.Routes[0].Split
+		sp.PrefillsPerReplica = 2
+		ctl, err := admission.New("m/prefill", admission.Config{}, admission.Deps{Capacity: sp})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sp.Admission = ctl
+	})
+	const n = 8
+	var wg sync.WaitGroup
+	statuses := make([]int, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			statuses[i], _ = postPD(t, tr.url, pdClientBody(t))
+		}()
+	}
+	wg.Wait()
+	for i, st := range statuses {
+		if st != 200 {
+			t.Errorf("request %d: %d", i, st)
+		}
+	}
+	if m := p.maxPrefilling.Load(); m != 2 {
+		t.Errorf("the prefill replica had %d prefills at once, want 2", m)
+	}
+	// Most prefills start beside another (4 to 7 of 8 here); a queue that
+	// lets them out one by one starts one so (1 of 8).
+	if o := p.overlapped.Load(); o < 3 {
+		t.Errorf("%d of %d prefills started beside another: the queue let them out one by one", o, n)
+	}
+	if pre, _ := d.remoteAsked(); pre != n {
+		t.Errorf("decode replica: %d remote prefills, want %d", pre, n)
 	}
 }
