@@ -32,21 +32,12 @@ func (s *Server) prefillAdmitWatched(f *flow, client net.Conn) (admission.Ticket
 // throughout — a client that leaves aborts the prefill, and the request
 // ends there.
 func (s *Server) sendPrefill(f *flow, w *clientWatch) act {
-	x, up := f.x, f.up
-	ureq := s.upstreamRequest(f.ctx, x, f.pd.body)
+	ureq := s.upstreamRequest(f.ctx, f.x, f.pd.body)
 	defer fasthttp.ReleaseRequest(ureq)
-	ureq.Header.SetHost(f.rep.Addr())
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(resp)
-	resp.StreamBody = true
-	pr := up.pending.expect(x.seq, false)
-	w.retarget(pr)
-	err := up.client.Do(ureq, resp)
-	w.retarget(nil)
-	if cause := up.pending.settle(x.seq, pr); cause != nil {
-		if err == nil {
-			resp.CloseBodyStream() //nolint:errcheck
-		}
+	_, cause, err := s.do(f, ureq, resp, w, false)
+	if cause != nil {
 		return f.abandon(cause)
 	}
 	if err != nil {
