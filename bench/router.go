@@ -68,6 +68,16 @@ type RouterRecord struct {
 	// (sent → first token); 0 when unknown.
 	PredictedTTFTS float64 `json:"predicted_ttft_s,omitempty"`
 	PlacedTTFTS    float64 `json:"placed_ttft_s,omitempty"`
+	// A request the router split between a prefill and a decode replica:
+	// "split", or "fallback" when it was served colocated after all ("" if
+	// never split); its prefill's replica and tries; its TTFT in phases
+	// (prefill, the router's handoff, the KV read and first decode step).
+	PDPath          string  `json:"pd_path,omitempty"`
+	PrefillReplica  string  `json:"prefill_replica,omitempty"`
+	PrefillAttempts int     `json:"prefill_attempts,omitempty"`
+	PrefillS        float64 `json:"prefill_s,omitempty"`
+	HandoffS        float64 `json:"handoff_s,omitempty"`
+	DecodeFirstS    float64 `json:"decode_first_s,omitempty"`
 }
 
 // OK reports whether the router served the request to the end (a stream

@@ -36,6 +36,10 @@ type Endpoint struct {
 	// GPU is where the replica's GPU telemetry comes from, from its pod's
 	// annotations; the zero value means none.
 	GPU GPU
+	// Role is the replica's role in prefill/decode disaggregation, from
+	// its pod's labels: prefill, decode or both; "" (the zero value) means
+	// colocated (fleet.Replica.Role).
+	Role string
 }
 
 // GPU names a replica's GPU telemetry source outside the router's host,

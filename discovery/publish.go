@@ -115,8 +115,8 @@ type change struct {
 }
 
 // diff lists what turns prev into next (both sorted by name). An endpoint
-// whose URL or GPU changed under the same name is removed and added: the
-// fleet builds a new replica for it.
+// whose URL, GPU or role changed under the same name is removed and added:
+// the fleet builds a new replica for it.
 func diff(prev, next []Endpoint) []change {
 	var out []change
 	i, j := 0, 0
@@ -131,7 +131,7 @@ func diff(prev, next []Endpoint) []change {
 		default:
 			a, b := prev[i], next[j]
 			switch {
-			case a.URL != b.URL || a.GPU != b.GPU:
+			case a.URL != b.URL || a.GPU != b.GPU || a.Role != b.Role:
 				out = append(out, change{ChangeRemoved, a}, change{ChangeAdded, b})
 			case !a.Draining && b.Draining:
 				out = append(out, change{ChangeDraining, b})

@@ -82,6 +82,10 @@ func (f *Fleet) build(spec Spec, prev *state) (*state, error) {
 			p = pl.old.Pool
 		}
 		rt := proxy.Route{Pool: p, MaxTokens: spec.Pools[i].MaxTokens, Migration: spec.Pools[i].Migration}
+		var err error
+		if rt.Split, err = f.split(spec, spec.Pools[i], p, pl.reps); err != nil {
+			return nil, fmt.Errorf("pools[%d].split: %w", i, err)
+		}
 		if spec.Admission != nil {
 			if pl.pool == nil && pl.old.Admission != nil && reflect.DeepEqual(*prev.spec.Admission, *spec.Admission) {
 				rt.Admission = pl.old.Admission // its queue stays
@@ -185,6 +189,9 @@ func (st *state) loops() []runner {
 	for _, rt := range st.routes {
 		if rt.Admission != nil {
 			out = append(out, rt.Admission)
+		}
+		if rt.Split != nil && rt.Split.Admission != nil {
+			out = append(out, rt.Split.Admission)
 		}
 	}
 	if st.poller != nil {

@@ -19,7 +19,7 @@ import (
 func (f *Fleet) SetEndpoints(_ context.Context, model string, eps []discovery.Endpoint) error {
 	rs := make([]Replica, 0, len(eps))
 	for _, e := range eps {
-		r := Replica{Name: e.Name, URL: e.URL, Draining: e.Draining}
+		r := Replica{Name: e.Name, URL: e.URL, Draining: e.Draining, Role: e.Role}
 		if e.GPU != (discovery.GPU{}) && f.opts.DiscoveredGPU != nil {
 			src, err := f.opts.DiscoveredGPU(e.GPU)
 			if err != nil {

@@ -58,6 +58,9 @@ type Pool struct {
 	// LoRA is how the pool serves LoRA adapters of its model; the zero
 	// value learns them from the replicas and places knowing them.
 	LoRA LoRA
+	// Split is how the pool splits long prompts between its prefill and
+	// decode replicas (Replica.Role); used only when a replica prefills.
+	Split Split
 	// Discovered means discovery sets the replicas (SetEndpoints), so the
 	// pool may have none (a Service scaled to zero, a name not yet
 	// resolving): its requests then get 503 until some appear. False
@@ -79,6 +82,11 @@ type Replica struct {
 	// GPU is where the replica's GPU telemetry comes from; nil means
 	// engine telemetry only.
 	GPU gpu.Source
+	// Role is what the replica's KV connector lets the router ask of it
+	// (RolePrefill, RoleDecode, RoleBoth); RoleColocated (""), the zero
+	// value, serves whole requests only: it is never sent a prompt another
+	// replica prefilled.
+	Role string
 	// Draining is discovery's word that the endpoint is going away or not
 	// ready: no new requests, those in flight finish. It is applied when
 	// it changes, so an operator's drain of a replica discovery keeps

@@ -129,6 +129,7 @@ func (v *validator) pools(pools []Pool) {
 		v.arms(at, p.Arms)
 		v.replicas(at, p.Replicas, p.Discovered)
 		v.prefix(at, p.Prefix, len(p.Replicas))
+		v.split(at, p)
 	}
 }
 

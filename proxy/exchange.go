@@ -74,7 +74,6 @@ type exchange struct {
 	last      *balancer.Replica // the replica the request was last sent to (nil if none)
 	rm        *replicaMetrics   // up's metric children for the request's arm
 	lease     balancer.Lease
-	attempts  int
 	sent      time.Time // last attempt handed to the upstream client
 	firstByte time.Time // upstream response headers read
 	// upc is the connection the response came on, when it is one a
@@ -96,10 +95,14 @@ type exchange struct {
 	// Steps 5–6 (migrate.go): what continuing the stream on another
 	// replica needs; nil when the request may not be continued.
 	mig *migration
+	// Steps 4–5 of a split request (disagg.go): its prefill; nil when the
+	// request was not split.
+	pd *pdRecord
 
 	// Step 7 (finish). outcome and done side by side: the exchange keeps
 	// to its size class (size_test.go).
-	status   int
+	status   int32
+	attempts int32 // steps 4–5's attempts, here to keep the size class
 	outcome  outcome
 	gotUsage bool // usage came from the engine (step 6), beside outcome for the size class
 	done     atomic.Bool
@@ -123,14 +126,14 @@ func (x *exchange) leaseCost() (work, kv int64, long bool) {
 	work = x.prefillWork() + int64(max(x.cost.OutputTokens, 0))
 	if x.ticket.Admitted() {
 		kv = max(x.cost.Tokens()-int64(x.cached), 0)
-		long = x.ticket.LongPrefillCap() > 0
+		long = x.ticket.LongPrefillCap() > 0 && !x.pd.remoteKV()
 	}
 	return work, kv, long
 }
 
 // prefillWork is the prompt's share of the lease, handed back when the
 // first token arrives.
-func (x *exchange) prefillWork() int64 { return x.s.score.Cost(x.uncached(), 0) }
+func (x *exchange) prefillWork() int64 { return x.s.score.Cost(x.leasePrompt(), 0) }
 
 // uncached is the prompt tokens the replica placed on must prefill: the
 // prompt less what its prefix cache holds.
@@ -181,7 +184,7 @@ func (x *exchange) finish(err error, status int) {
 		return
 	}
 	end := x.s.now()
-	x.status = status
+	x.status = int32(status)
 	x.err = err
 	var breakerErr error
 	x.outcome, breakerErr = outcomeOf(err, status)
@@ -226,6 +229,7 @@ func (x *exchange) finish(err error, status int) {
 			x.lease.ObserveDecode(x.completionTokens, decode)
 		}
 	}
+	x.pd.observe(s.m.pd, model, x)
 	s.records.Add(x.record(e2eEnd))
 	x.logLine(err, end, e2eEnd, model, replica)
 }
@@ -237,7 +241,7 @@ func (x *exchange) logLine(err error, end, e2eEnd time.Time, model, replica stri
 	if err == nil && (x.mig == nil || x.mig.migrations == 0) {
 		// The common kind, with no error to report and no migration.
 		line := observe.Line{ID: x.id, Endpoint: x.ep.String(), Model: model, Replica: replica, Arm: x.arm, KeyID: x.principal.ID,
-			Status: x.status, Outcome: x.outcome.String(), Stream: x.req.Stream, Attempts: x.attempts,
+			Status: int(x.status), Outcome: x.outcome.String(), Stream: x.req.Stream, Attempts: int(x.attempts),
 			TTFT: sinceOr(x.firstTok, x.received), E2E: e2eEnd.Sub(x.received), PromptTokens: x.promptTokens,
 			CompletionTokens: x.completionTokens, End: end}
 		if s.access.Write(&line) {
@@ -257,10 +261,10 @@ func (x *exchange) logLine(err error, end, e2eEnd time.Time, model, replica stri
 			zap.String("replica", replica),
 			zap.String("arm", x.arm),
 			keyID,
-			zap.Int("status", x.status),
+			zap.Int("status", int(x.status)),
 			zap.String("outcome", x.outcome.String()),
 			zap.Bool("stream", x.req.Stream),
-			zap.Int("attempts", x.attempts),
+			zap.Int("attempts", int(x.attempts)),
 			zap.Duration("ttft", sinceOr(x.firstTok, x.received)),
 			zap.Duration("e2e", e2eEnd.Sub(x.received)),
 			zap.Int("prompt_tokens", x.promptTokens),

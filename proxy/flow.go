@@ -29,6 +29,9 @@ import (
 //  2. plan: the pool, the output cap, the request's one cost,        begin     (plan.go, admit.go: steer)
 //     the key's model and rate limits, the admission headers
 //  3. admit: at once, or wait in the pool's queue (actAdmit)         admitted  (admit.go)
+//     split: a pool with prefill replicas prefills a long prompt on   place     (disagg.go)
+//     one of them first (actPrefillAdmit, actPrefill), then steps
+//     4–6 send the request with its KV to a decode replica
 //  4. pick a replica by the pool's policy, lease it                  next      (forward.go: beginAttempt)
 //  5. send (actSend); before any byte reached the client, a failure, failed,   (forward.go: attemptFailed,
 //     a refusal or a 502 tries another after a pause (actPause),     answered,  judge; upfail.go)
@@ -54,7 +57,7 @@ type flow struct {
 	tried    []*balancer.Replica
 	triedArr [8]*balancer.Replica
 	lastErr  error // why the last replica tried did not answer
-	from     int   // x.attempts when the flow's attempts began (a continuation's: migrate_resume.go)
+	from     int32 // x.attempts when the flow's attempts began (a continuation's: migrate_resume.go)
 
 	// The attempt in progress, from actSend until the engine's answer or
 	// its failure: the exchange holds it from then on (took).
@@ -68,6 +71,8 @@ type flow struct {
 	plainOnly bool          // the driver reaches no replica behind TLS (a request loop)
 	cont      bool          // a continuation of a stream already answered (migrate_resume.go): its end is its caller's
 	err       error         // a continuation's end: why it found no replica
+
+	pd pdFlow // a split request's prefill step (disagg.go)
 }
 
 // act is the I/O a flow asks of its driver next.
@@ -152,6 +157,9 @@ func (f *flow) place() act {
 		f.body = f.s.startMigration(f.ctx, x, f.body)
 	}
 	f.tried, f.from, f.placing = f.triedArr[:0], x.attempts, true
+	if a, split := f.splitPlace(); split {
+		return a
+	}
 	return f.next()
 }
 
@@ -164,6 +172,9 @@ func (f *flow) next() act {
 	for {
 		rep := x.route.Pool.PickExcept(&f.pick, f.tried)
 		x.arm = f.pick.Arm
+		if rep == nil && f.decodeFallback() {
+			continue // a split's decode step found no replica: colocated (disagg.go)
+		}
 		if rep == nil {
 			return f.end(x.noReplica(f.lastErr))
 		}
@@ -190,7 +201,7 @@ func (f *flow) next() act {
 // gone out (again), full-jitter backoff after one (actPause); or the end,
 // the attempts used up.
 func (f *flow) pause() (a act, again bool) {
-	d, err := f.s.retryDelay(f.x.attempts-f.from, f.x, f.lastErr)
+	d, err := f.s.retryDelay(int(f.x.attempts-f.from), f.x, f.lastErr)
 	switch {
 	case err != nil:
 		return f.end(err), false
@@ -236,7 +247,7 @@ func (f *flow) retry(err error) act {
 // driver lets resp go — else it is the answer, relayed as a stream when it
 // is a 200 event stream, else whole.
 func (f *flow) answered(resp *fasthttp.Response) act {
-	if err := f.s.judge(f.x.attempts-f.from, f.x, f.rep, f.lease, resp); err != nil {
+	if err := f.s.judge(int(f.x.attempts-f.from), f.x, f.rep, f.lease, resp); err != nil {
 		f.sending = false
 		return f.retry(err)
 	}
@@ -299,6 +310,7 @@ func (f *flow) abandon(cause error) act {
 // end answers with err: the request ends before its answer started. A
 // continuation's end is its stream's (f.err).
 func (f *flow) end(err error) act {
+	f.prefillOver()
 	if f.cont {
 		f.err = err
 		return actAnswer

@@ -91,7 +91,7 @@ func (s *Server) beginAttempt(rt *routeTable, x *exchange, rep *balancer.Replica
 	x.cached = pick.CachedTokens(rep)
 	work, kv, long := x.leaseCost()
 	lease, err := rep.AcquireRequest(balancer.LeaseCost{Work: work, KV: kv, Long: long,
-		PromptTokens: int64(x.uncached()), CachedTokens: int64(x.cached), Prefix: pick.Prefix,
+		PromptTokens: int64(x.leasePrompt()), CachedTokens: int64(x.cached), Prefix: pick.Prefix,
 		OutputTokens: int64(max(x.cost.OutputTokens, 0)), TPOTObjective: x.cost.TPOT, Adapter: x.route.Pool.AdapterOf(x.req.Model)})
 	if err != nil {
 		// An open breaker: nothing was sent.

@@ -108,9 +108,15 @@ func (s *Server) attempts(f *flow, a act, w **clientWatch, client net.Conn) (*fa
 	for {
 		switch a {
 		case actSend:
+			if ureq != nil && !sameBody(ureq.Body(), f.body) {
+				fasthttp.ReleaseRequest(ureq) // a split's decode step gave up its KV (disagg.go)
+				ureq = nil
+			}
 			if ureq == nil {
 				ureq = s.upstreamRequest(f.ctx, f.x, f.body)
-				*w = s.startWatch(f.x, client, nil)
+				if *w == nil { // a split request's prefill started it
+					*w = s.startWatch(f.x, client, nil)
+				}
 			}
 			var resp *fasthttp.Response
 			if resp, a = s.send(f, ureq, *w); resp != nil {
@@ -119,6 +125,13 @@ func (s *Server) attempts(f *flow, a act, w **clientWatch, client net.Conn) (*fa
 		case actPause:
 			s.sleep(f.delay)
 			a = f.resume()
+		case actPrefillAdmit:
+			a = f.prefillAdmitted(s.prefillAdmitWatched(f, client))
+		case actPrefill:
+			if *w == nil {
+				*w = s.startWatch(f.x, client, nil)
+			}
+			a = s.sendPrefill(f, *w)
 		default:
 			return nil, a
 		}
@@ -132,18 +145,10 @@ func (s *Server) attempts(f *flow, a act, w **clientWatch, client net.Conn) (*fa
 // aborts the request. It returns the answer with its act (actStream or
 // actWhole), else no response and what the flow makes of the attempt.
 func (s *Server) send(f *flow, ureq *fasthttp.Request, w *clientWatch) (*fasthttp.Response, act) {
-	x, up := f.x, f.up
+	x := f.x
 	resp := fasthttp.AcquireResponse()
-	resp.StreamBody = true
-	ureq.Header.SetHost(f.rep.Addr())
-	pr := up.pending.expect(x.seq, x.req.Stream)
-	w.retarget(pr)
-	err := up.client.Do(ureq, resp)
-	w.retarget(nil)
-	if cause := up.pending.settle(x.seq, pr); cause != nil {
-		if err == nil {
-			resp.CloseBodyStream() //nolint:errcheck
-		}
+	pr, cause, err := s.do(f, ureq, resp, w, x.req.Stream)
+	if cause != nil {
 		fasthttp.ReleaseResponse(resp)
 		return nil, f.abandon(cause)
 	}
@@ -162,6 +167,25 @@ func (s *Server) send(f *flow, ureq *fasthttp.Request, w *clientWatch) (*fasthtt
 		x.upc = pr.dconn
 	}
 	return resp, a
+}
+
+// do is one request to the flow's replica on the goroutine path: ureq
+// sent and resp's head read (its body streamed), the client watched by w
+// meanwhile (stream: the answer is an event stream). cause is why the
+// watch ended it (resp's body then closed), else err is fasthttp's; pr is
+// the request as the replica's pending set had it.
+func (s *Server) do(f *flow, ureq *fasthttp.Request, resp *fasthttp.Response, w *clientWatch, stream bool) (pr *pendingReq, cause, err error) {
+	x, up := f.x, f.up
+	resp.StreamBody = true
+	ureq.Header.SetHost(f.rep.Addr())
+	pr = up.pending.expect(x.seq, stream)
+	w.retarget(pr)
+	err = up.client.Do(ureq, resp)
+	w.retarget(nil)
+	if cause = up.pending.settle(x.seq, pr); cause != nil && err == nil {
+		resp.CloseBodyStream() //nolint:errcheck
+	}
+	return pr, cause, err
 }
 
 // reject answers with err's status and OpenAI error body and finishes the

@@ -30,6 +30,7 @@ type metrics struct {
 	promptToks *prometheus.CounterVec
 	genToks    *prometheus.CounterVec
 	mig        *migrationMetrics      // migrate_metrics.go
+	pd         *pdMetrics             // disagg_record.go
 	loopIn     prometheus.Counter     // streams taken into the stream loop (pump_linux.go)
 	loopOut    *prometheus.CounterVec // reason
 	// loopHandOffs counts client connections a request loop gave to
@@ -134,7 +135,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}
 	}
 	var err error
-	m.mig, err = newMigrationMetrics(reg)
+	if m.mig, err = newMigrationMetrics(reg); err != nil {
+		return nil, err
+	}
+	m.pd, err = newPDMetrics(reg)
 	return m, err
 }
 

@@ -11,10 +11,10 @@ import (
 func (x *exchange) record(end time.Time) observe.Record {
 	r := observe.Record{
 		RequestID:        x.id,
-		Status:           x.status,
+		Status:           int(x.status),
 		Outcome:          x.outcome.String(),
 		Stream:           x.req.Stream,
-		Attempts:         x.attempts,
+		Attempts:         int(x.attempts),
 		ReceivedNs:       unixNs(x.received),
 		AdmittedNs:       unixNs(x.admittedAt()),
 		FirstByteNs:      unixNs(x.firstByte),
@@ -47,6 +47,7 @@ func (x *exchange) record(end time.Time) observe.Record {
 		r.ITLMaxS = x.itlMax.Seconds()
 	}
 	x.mig.recordInto(&r)
+	x.pd.recordInto(&r, x)
 	return r
 }
 

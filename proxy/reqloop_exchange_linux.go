@@ -68,11 +68,13 @@ func (l *requestLoop) releaseReq(r *loopReq) {
 // start of b, what c sent and the loop has not served. False when c was
 // handed off with b instead, before anything was done: a request for the
 // router's own endpoints, or one that may go to a pool behind TLS, which
-// the loop does not speak — the head says which, the body is not read.
+// the loop does not speak, or to a pool that splits its long prompts
+// (disagg.go), whose prefill step the loop does not drive — the head says
+// which, the body is not read.
 func (l *requestLoop) start(c *loopConn, ctx *fasthttp.RequestCtx, b []byte) bool {
 	rt := l.s.routes.Load()
 	ep, prefix := rt.apiRoute(openai.BytesView(requestPath(ctx)))
-	if ep == 0 || rt.tls && (prefix == nil || prefix.tls) {
+	if ep == 0 || rt.goroutineOnly(prefix) {
 		l.releaseCtx(ctx)
 		l.handOff(c, b)
 		return false

@@ -29,6 +29,10 @@ type Route struct {
 	// Migration continues the pool's streams on another replica when
 	// theirs fails mid-stream (migrate.go); the zero value is off.
 	Migration Migration
+	// Split serves the pool's long prompts in two steps, prefill on one
+	// replica and decode on another (disagg.go); nil serves every request
+	// colocated.
+	Split *Split
 }
 
 // poolRoute is a Route as the request path uses it, with the estimator
@@ -40,6 +44,13 @@ type poolRoute struct {
 	est   *admission.Estimator
 	queue prometheus.Observer // the pool's queue-time histogram child, resolved once
 	tls   bool                // a replica of the pool is reached over TLS: the request loop leaves its requests to fasthttp
+}
+
+// goroutineOnly reports whether a request routed to pr, nil when its
+// body's model routes it, is for fasthttp's goroutines: a request loop
+// neither speaks TLS nor drives a split's prefill step (disagg.go).
+func (rt *routeTable) goroutineOnly(pr *poolRoute) bool {
+	return rt.tls && (pr == nil || pr.tls) || rt.split && (pr == nil || pr.Split != nil)
 }
 
 // SetRoutes replaces what the router serves, atomically and whole: pools,
@@ -83,6 +94,7 @@ type routeTable struct {
 	names     []string // the pools' models and aliases, in order
 	models    []byte   // the /v1/models document when it was built
 	tls       bool     // a pool has a replica reached over TLS (poolRoute.tls)
+	split     bool     // a pool splits requests (Route.Split), which a request loop leaves to fasthttp
 }
 
 // upstream looks up a replica's upstream; a nil table has none.
@@ -116,6 +128,7 @@ func buildRoutes(routes []Route, plain *admission.Estimator, cfg Config, to *tim
 		}
 		rt.pools = append(rt.pools, p)
 		rt.routes = append(rt.routes, pr)
+		rt.split = rt.split || r.Split != nil
 		for _, name := range append([]string{p.Model()}, p.Aliases()...) {
 			if _, dup := rt.byModel[name]; dup {
 				return nil, fmt.Errorf("proxy: model name %q used by two pools", name)

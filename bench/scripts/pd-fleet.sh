@@ -20,15 +20,19 @@
 # Each run's bench output (with the prefill/decode phases of the engines)
 # stays in $OUT when given.
 #
-# The split runs need a router that drives the split: prefill request
-# (max_tokens 1, stream false, kv_transfer_params do_remote_decode), then the
-# client's request on a decode replica with the prefill response's
-# kv_transfer_params (bench/sim/testdata/golden/pd/ has the exact shapes).
-# They run through `gpurouter serve --config` with the pool's replicas under
-# `roles:` (below; ROUTER_CONFIG adds settings of yours, without pools). A
-# router that does not accept that configuration (`serve --check` fails) gets
-# its split runs skipped, with the reason; the colocated run and every
-# prediction still run.
+# The split runs go through `gpurouter serve --config` with the pool's
+# replicas under `roles:` (below; ROUTER_CONFIG adds settings of yours,
+# without pools): the router sends each prompt of split.min_prompt_tokens or
+# more (default 4096) to a prefill replica (max_tokens 1, stream false,
+# kv_transfer_params do_remote_decode), then the client's request to a
+# decode replica with the prefill response's kv_transfer_params
+# (bench/sim/testdata/golden/pd/ has the exact shapes), and serves shorter
+# prompts colocated on any replica (proxy/disagg.go). A router that does not
+# accept that configuration (`serve --check` fails) gets its split runs
+# skipped, with the reason; the colocated run and every prediction still
+# run. The table's last column is the simulator's own timing error (the
+# largest P99 step lag of the run's replicas): on a loaded machine it says
+# how far the measured figures are the machine's rather than the fleet's.
 #
 #   bench/scripts/pd-fleet.sh                       # ~3 runs x (PROMPTS / rate) s
 #   CONFIGS=colocated PROMPTS=300 bench/scripts/pd-fleet.sh
@@ -42,7 +46,7 @@ cd "$(dirname "$0")/../.."
 
 PROFILE=${PROFILE:-qwen3.5-9b-h100}
 REPLICAS=${REPLICAS:-4}
-SPLITS=${SPLITS:-1:3 2:2}          # prefill:decode replicas, each summing to REPLICAS
+SPLITS=${SPLITS:-1:3 2:2 3:1}      # prefill:decode replicas, each summing to REPLICAS
 CONFIGS=${CONFIGS:-colocated split} # colocated and/or split
 IN_LEN=${IN_LEN:-19900}             # prompts 7,960-31,840 tokens with RATIO 0.6 (max_model_len 32768)
 OUT_LEN=${OUT_LEN:-500}             # outputs 200-800
@@ -209,21 +213,32 @@ for run in "${runs[@]}"; do
 done
 
 python3 - "$out" "$rate" "$SLO_TTFT" "$SLO_TPOT" "${runs[@]}" <<'EOF'
-import json, os, sys
+import json, os, re, sys
 out, rate, slo_ttft, slo_tpot, runs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
 print()
-print(f"long-context workload at {rate} req/s; goodput: TTFT <= {slo_ttft} ms and TPOT <= {slo_tpot} ms")
-hdr = f"{'config':10} {'':9} {'P50 TTFT':>9} {'P99 TTFT':>9} {'P99 TPOT':>9} {'goodput':>8} {'req/s':>6} {'fail':>5} {'KV reads':>9} {'read ms':>8} {'failed':>6}"
+print(f"workload at {rate} req/s; goodput: TTFT <= {slo_ttft} ms and TPOT <= {slo_tpot} ms")
+hdr = f"{'config':10} {'':9} {'P50 TTFT':>9} {'P99 TTFT':>9} {'P99 TPOT':>9} {'goodput':>8} {'req/s':>6} {'fail':>5} {'KV reads':>9} {'read ms':>8} {'failed':>6} {'sim lag':>8}"
 print(hdr); print("-" * len(hdr))
 def cell(v, fmt):
     width = int(fmt.split(".")[0])
     return format(v, fmt) if v is not None else "-".rjust(width)
+def lag(run):  # the largest P99 step lag of the run's replicas, ms (their sim logs, written on stop)
+    worst = None
+    for f in (run + ".sim.log", run + ".prefill.sim.log", run + ".decode.sim.log"):
+        try:
+            text = open(os.path.join(out, f)).read()
+        except OSError:
+            continue
+        for m in re.finditer(r"step lag p50 \S+ p99 ([0-9.]+)(µs|ms|s)", text):
+            v = float(m.group(1)) * {"µs": 1e-3, "ms": 1, "s": 1e3}[m.group(2)]
+            worst = v if worst is None else max(worst, v)
+    return worst
 measured = {}
 for run in runs:
     p = json.load(open(os.path.join(out, run + ".predict")))
     print(f"{run:10} {'predicted':9} {cell(p['p50_ttft_ms'] and p['p50_ttft_ms']/1000, '8.2f')}s {cell(p['p99_ttft_ms'] and p['p99_ttft_ms']/1000, '8.2f')}s"
           f" {cell(p['p99_tpot_ms'], '7.1f')}ms {cell(p['goodput'], '8.2f')} {cell(p['throughput'], '6.2f')} {'-':>5}"
-          f" {cell(p['kv_reads'], '9.0f')} {cell(p['mean_kv_read_ms'], '8.1f')} {'-':>6}")
+          f" {cell(p['kv_reads'], '9.0f')} {cell(p['mean_kv_read_ms'], '8.1f')} {'-':>6} {'-':>8}")
     try:
         j = json.load(open(os.path.join(out, run + ".json")))
     except OSError:
@@ -234,7 +249,7 @@ for run in runs:
     measured[run] = dict(tpot=j["p99_tpot_ms"], good=g)
     print(f"{run:10} {'measured':9} {j['median_ttft_ms']/1000:8.2f}s {j['p99_ttft_ms']/1000:8.2f}s {j['p99_tpot_ms']:7.1f}ms {g:8.2f}"
           f" {j['request_throughput']:6.2f} {j['failed']:5d} {cell(pd.get('kv_reads'), '9.0f')} {cell(pd.get('mean_kv_read_ms'), '8.1f')}"
-          f" {cell(pd.get('kv_failed_reads'), '6.0f')}")
+          f" {cell(pd.get('kv_failed_reads'), '6.0f')} {cell(lag(run), '6.1f')}ms")
 print()
 base = measured.get("colocated")
 for run, m in measured.items():

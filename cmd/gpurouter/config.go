@@ -156,6 +156,11 @@ type poolConfig struct {
 	Policy     string          `yaml:"policy"`      // a balancer policy name; default predictive
 	Arms       []armConfig     `yaml:"arms"`        // optional A/B experiment; replaces policy when set
 	Replicas   []replicaConfig `yaml:"replicas"`    // at least one, unless discovery sets them
+	// Roles lists replicas by their role in prefill/decode disaggregation
+	// instead of (or besides) role: on each replica; read into replicas.
+	Roles *rolesConfig `yaml:"roles,omitempty"`
+	// Split is how a pool with prefill replicas splits long prompts.
+	Split splitConfig `yaml:"split"`
 	// Discovery finds the replicas instead (DNS or Kubernetes); nil means
 	// the replicas list.
 	Discovery *discoveryConfig `yaml:"discovery,omitempty"`
@@ -247,6 +252,28 @@ type replicaConfig struct {
 	Name   string     `yaml:"name"`   // label in metrics/logs; default host:port
 	Weight float64    `yaml:"weight"` // relative capacity; default 1
 	GPU    *gpuConfig `yaml:"gpu"`    // optional binding for GPU telemetry
+	// Role in prefill/decode disaggregation, as the replica's vLLM
+	// --kv-transfer-config kv_role: prefill (kv_producer), decode
+	// (kv_consumer), both (kv_both); default none: colocated, never sent
+	// a prompt another replica prefilled.
+	Role string `yaml:"role,omitempty"`
+}
+
+// rolesConfig lists a pool's replicas by role (replicaConfig.Role).
+type rolesConfig struct {
+	Prefill []replicaConfig `yaml:"prefill"`
+	Decode  []replicaConfig `yaml:"decode"`
+	Both    []replicaConfig `yaml:"both"`
+}
+
+// splitConfig is how a pool with prefill replicas splits a request: a
+// prefill replica computes the prompt, a decode replica reads its KV cache
+// and streams the answer. Shorter prompts are served colocated, on any
+// replica.
+type splitConfig struct {
+	PrefillPolicy      string `yaml:"prefill_policy"`       // picks the prefill replica (policy picks the decode one); default predictive
+	MinPromptTokens    int    `yaml:"min_prompt_tokens"`    // prompts shorter than this (estimated tokens) are served colocated; default 4096
+	PrefillsPerReplica int    `yaml:"prefills_per_replica"` // under admission, prefills in flight per prefill replica before the rest wait at the router; default 2
 }
 
 // gpuConfig binds a replica to its GPU(s). Exactly one of Index, UUID

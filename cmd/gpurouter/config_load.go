@@ -251,6 +251,7 @@ func applyDefaults(cfg *fileConfig) {
 	for i := range cfg.Pools {
 		p := &cfg.Pools[i]
 		setString(&p.Policy, balancer.DefaultPolicy)
+		applySplitDefaults(p)
 		if len(p.Arms) == 0 {
 			p.Arms = nil
 		}

@@ -64,6 +64,8 @@ func specPools(pcs []poolConfig) []fleet.Pool {
 			Policy:     pc.Policy,
 			MaxTokens:  pc.MaxTokensLimit,
 			Discovered: pc.Discovery != nil,
+			Split: fleet.Split{PrefillPolicy: pc.Split.PrefillPolicy, MinPromptTokens: pc.Split.MinPromptTokens,
+				PrefillsPerReplica: pc.Split.PrefillsPerReplica},
 		}
 		// validate reports an unknown name; here it reads as auto.
 		p.Engine, _ = gpu.ParseEngine(pc.Engine)
@@ -75,7 +77,7 @@ func specPools(pcs []poolConfig) []fleet.Pool {
 			p.Arms = append(p.Arms, balancer.Arm{Name: a.Name, Policy: a.Policy, Share: a.Share})
 		}
 		for _, rc := range pc.Replicas {
-			p.Replicas = append(p.Replicas, fleet.Replica{Name: rc.Name, URL: rc.URL, Weight: rc.Weight})
+			p.Replicas = append(p.Replicas, fleet.Replica{Name: rc.Name, URL: rc.URL, Weight: rc.Weight, Role: rc.Role})
 		}
 		out = append(out, p)
 	}
@@ -106,6 +108,8 @@ func filePools(spec fleet.Spec, file []poolConfig) []poolConfig {
 			Migration:      fileMigration(p.Migration),
 			LoRA:           fileLoRA(p.LoRA),
 			Discovery:      disc,
+			Split: splitConfig{PrefillPolicy: p.Split.PrefillPolicy, MinPromptTokens: p.Split.MinPromptTokens,
+				PrefillsPerReplica: p.Split.PrefillsPerReplica},
 		}
 		pc.PrefixCache, pc.KVEvents = filePrefix(p.Prefix)
 		for _, a := range p.Arms {
@@ -115,7 +119,7 @@ func filePools(spec fleet.Spec, file []poolConfig) []poolConfig {
 			if p.Discovered {
 				break // discovery's, not the file's: /debug/pools shows them
 			}
-			pc.Replicas = append(pc.Replicas, replicaConfig{URL: r.URL, Name: r.Name, Weight: r.Weight, GPU: bindings[r.Name]})
+			pc.Replicas = append(pc.Replicas, replicaConfig{URL: r.URL, Name: r.Name, Weight: r.Weight, GPU: bindings[r.Name], Role: r.Role})
 		}
 		out = append(out, pc)
 	}

@@ -164,3 +164,37 @@ func TestRefusedSetOfferedAgain(t *testing.T) {
 	run(t, src)
 	sink.expect(t, "after two refusals", "a=http://10.0.0.1:8000")
 }
+
+// A pod's role label (ours, else llm-d's) is its endpoint's role; any
+// other value is colocated.
+func TestPodRoles(t *testing.T) {
+	ready := []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+	pod := func(name, ip string, labels map[string]string) *corev1.Pod {
+		labels["app"] = "vllm"
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", Labels: labels},
+			Status:     corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, Conditions: ready},
+		}
+	}
+	cs := fake.NewClientset(
+		pod("p", "10.0.0.1", map[string]string{kube.LabelRole: "prefill"}),
+		pod("d", "10.0.0.2", map[string]string{kube.LabelLLMDRole: "decode"}),
+		pod("b", "10.0.0.3", map[string]string{kube.LabelRole: "both", kube.LabelLLMDRole: "decode"}),
+		pod("x", "10.0.0.4", map[string]string{kube.LabelRole: "router"}),
+	)
+	sink := newLatest()
+	src, err := kube.New(kube.Config{Model: "m", Namespace: "ns", Selector: "app=vllm", Port: 8000}, kube.Clients{Core: cs}, sink, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, src)
+	sink.expect(t, "pods", "b=http://10.0.0.3:8000, d=http://10.0.0.2:8000, p=http://10.0.0.1:8000, x=http://10.0.0.4:8000")
+	sink.mu.Lock()
+	defer sink.mu.Unlock()
+	want := map[string]string{"p": "prefill", "d": "decode", "b": "both", "x": ""}
+	for _, e := range sink.eps {
+		if e.Role != want[e.Name] {
+			t.Errorf("%s: role %q, want %q", e.Name, e.Role, want[e.Name])
+		}
+	}
+}

@@ -80,6 +80,15 @@ const (
 	AnnotationGPULabel = "gpurouter.io/gpu-label"     // which of the exporter's GPUs are the pod's: indexes or UUIDs, e.g. "0,1"
 )
 
+// Pod labels that give a replica its role in prefill/decode
+// disaggregation (discovery.Endpoint.Role): prefill, decode or both, as
+// its vLLM kv_role; any other value, or none, is colocated. LabelRole
+// first, else llm-d's own label, so pods labelled for llm-d need no other.
+const (
+	LabelRole     = "gpurouter.io/role"
+	LabelLLMDRole = "llm-d.ai/role"
+)
+
 // Check reports what is wrong with c, or nil.
 func (c Config) Check() error {
 	var errs []error

@@ -69,6 +69,21 @@ func notify(changed func()) cache.ResourceEventHandler {
 	}
 }
 
+// podRole is a pod's role in prefill/decode disaggregation from its
+// labels (LabelRole, else LabelLLMDRole): prefill, decode, both, or ""
+// for anything else.
+func podRole(labels map[string]string) string {
+	r, ok := labels[LabelRole]
+	if !ok {
+		r = labels[LabelLLMDRole]
+	}
+	switch r {
+	case "prefill", "decode", "both":
+		return r
+	}
+	return ""
+}
+
 // podEndpoints appends pod's endpoints, one per port, to eps: none while
 // it has no IP or has finished; draining while it is terminating or not
 // ready.
@@ -94,7 +109,8 @@ func podEndpoints(eps []discovery.Endpoint, pod *corev1.Pod, ports []int, cfg Co
 		if len(ports) > 1 {
 			name += ":" + strconv.Itoa(port)
 		}
-		eps = append(eps, discovery.Endpoint{Name: name, URL: cfg.Scheme + "://" + discovery.HostPort(ip, port), Draining: draining, GPU: g})
+		eps = append(eps, discovery.Endpoint{Name: name, URL: cfg.Scheme + "://" + discovery.HostPort(ip, port), Draining: draining, GPU: g,
+			Role: podRole(pod.Labels)})
 	}
 	return eps
 }

@@ -54,6 +54,20 @@ type Record struct {
 	Migrations      int     `json:"migrations"`
 	ReplicaChain    string  `json:"replica_chain"`
 	MigrationStallS float64 `json:"migration_stall_s"`
+	// A request the router split between a prefill and a decode replica
+	// (prefill/decode disaggregation): PDPath is "split", or "fallback"
+	// when no prefill could be had and it was served colocated ("" for a
+	// request never split); PrefillReplica and PrefillAttempts its
+	// prefill's last replica and tries. Its TTFT in phases, 0 when
+	// unknown: PrefillS (the prefill request sent → its answer), HandoffS
+	// (→ the decode request sent), DecodeFirstS (→ the first token: the KV
+	// read and the first decode step).
+	PDPath          string  `json:"pd_path,omitempty"`
+	PrefillReplica  string  `json:"prefill_replica,omitempty"`
+	PrefillAttempts int     `json:"prefill_attempts,omitempty"`
+	PrefillS        float64 `json:"prefill_s,omitempty"`
+	HandoffS        float64 `json:"handoff_s,omitempty"`
+	DecodeFirstS    float64 `json:"decode_first_s,omitempty"`
 }
 
 // Records keeps the most recent records; older ones are overwritten.
