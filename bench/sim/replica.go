@@ -115,6 +115,8 @@ type Replica struct {
 	gpuMeter  gpuMeter
 
 	waiting waitSet // requests that have written nothing yet
+
+	traces traceLog // the trace context of each inference request (TraceContexts)
 }
 
 // NewReplica builds a replica. It starts nothing and binds nothing.
