@@ -187,6 +187,7 @@ func restartOnly(a, b fileConfig) []string {
 		{"listen", a.Listen, b.Listen}, {"log", a.Log, b.Log}, {"timeouts", a.Timeouts, b.Timeouts},
 		{"limits", a.Limits, b.Limits}, {"retry", a.Retry, b.Retry}, {"upstream", a.Upstream, b.Upstream},
 		{"health", a.Health, b.Health}, {"breaker", a.Breaker, b.Breaker}, {"shutdown", a.Shutdown, b.Shutdown},
+		{"tracing", a.Tracing, b.Tracing},
 	} {
 		if !reflect.DeepEqual(f.a, f.b) {
 			out = append(out, f.name)
