@@ -211,7 +211,7 @@ func (u Usage) attrs(a []attribute.KeyValue) []attribute.KeyValue {
 	return a
 }
 
-// Result is how a request ended.
+// Result is how a request ended. A zero field is left out.
 type Result struct {
 	Status int // HTTP status to the client (a stream that failed late is still 200)
 	// Outcome is the router's outcome label, as in its metrics.

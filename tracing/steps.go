@@ -11,7 +11,8 @@ import (
 // The steps of a request, each a span under the request's, in the order
 // the router takes them (DESIGN.md, "One request, top to bottom").
 
-// Queued is why and where a request waits for admission.
+// Queued is why and where a request waits for admission. A zero Length,
+// Reason or CostTokens is left out.
 type Queued struct {
 	Position   int    // requests ahead of it when it joined the queue (0: at the head)
 	Length     int    // requests waiting then, itself included
@@ -98,7 +99,8 @@ func (r *Request) picked(start, end time.Time, p Pick) {
 	s.End(trace.WithTimestamp(end))
 }
 
-// Attempt is one try of the request on a replica.
+// Attempt is one try of the request on a replica. A zero field is left
+// out.
 type Attempt struct {
 	Replica string // the replica's name
 	Address string // its host:port: server.address and server.port
@@ -172,7 +174,9 @@ func (r *Request) attemptFirstByte(at time.Time, status int) {
 	r.attempt.SetAttributes(AttrHTTPStatus.Int(status))
 }
 
-// AttemptResult is how an attempt ended.
+// AttemptResult is how an attempt ended; the zero value is an attempt
+// that ended without a response and without an error of its own (the
+// request ended first).
 type AttemptResult struct {
 	Status int // the engine's HTTP status; 0 when none came
 	// ErrorType is a low-cardinality cause when the attempt failed
@@ -288,7 +292,7 @@ func (r *Request) relayEnd(at time.Time, s Relay) {
 }
 
 // Migration is one move of a stream from a replica that failed (or was
-// drained) to another.
+// drained) to another. A zero From or Reason is left out.
 type Migration struct {
 	Hop           int    // 1 for the stream's first move
 	From          string // the replica it leaves
