@@ -14,12 +14,16 @@ const (
 	metricPrefixHits    = "vllm:prefix_cache_hits_total"
 	metricPrefixQueries = "vllm:prefix_cache_queries_total"
 	metricPreemptions   = "vllm:num_preemptions_total"
+	// metricLoRASwaps is the simulator's own count of LoRA adapters
+	// swapped into GPU slots, by source (cpu, disk): vLLM has none.
+	metricLoRASwaps = "gpurouter_sim_lora_swaps_total"
 )
 
 // EngineSampler reads every engine's /metrics while a run goes on: the KV
 // cache's usage at each read, for its mean over the run (an instant scrape
 // before and after cannot give one), and the prefix-cache and preemption
-// counters at the first and last read, for their deltas. Call Run (it
+// counters at the first and last read, for their deltas (and the
+// simulator's LoRA swap counter, where there is one). Call Run (it
 // returns when ctx ends) and, once it has returned, Finish. Only URLs is
 // required.
 type EngineSampler struct {
@@ -44,6 +48,9 @@ type engineCounters struct {
 	ok                             bool
 	hits, queries, preemptions, kv float64
 	hasKV                          bool
+	swapsCPU, swapsDisk            float64
+	hasSwaps                       bool
+	pd                             PDUsage
 }
 
 // EngineUsage is one engine over a run.
@@ -58,6 +65,16 @@ type EngineUsage struct {
 	// both in tokens), and Preemptions requests, between the first and
 	// the last read.
 	PrefixCacheHits, PrefixCacheQueries, Preemptions float64
+	// LoRASwapsCPU and LoRASwapsDisk are LoRA adapters swapped into GPU
+	// slots from the CPU cache and from disk between the first and the
+	// last read, as the simulator counts them
+	// (gpurouter_sim_lora_swaps_total); LoRASwapsRead says the engine
+	// exposes that counter (a real vLLM does not).
+	LoRASwapsCPU, LoRASwapsDisk float64
+	LoRASwapsRead               bool
+	// PD is the engine's request phases and KV reads between the first
+	// and the last read, for a split fleet's PDPhases.
+	PD PDUsage
 }
 
 // PrefixCacheHitRate is hits over queries; NaN when nothing was queried.
@@ -114,6 +131,11 @@ func (s *EngineSampler) Finish(ctx context.Context) []EngineUsage {
 			out[i].PrefixCacheHits = l.hits - f.hits
 			out[i].PrefixCacheQueries = l.queries - f.queries
 			out[i].Preemptions = l.preemptions - f.preemptions
+			out[i].PD = l.pd.sub(f.pd)
+			if f.hasSwaps && l.hasSwaps {
+				out[i].LoRASwapsCPU, out[i].LoRASwapsDisk = l.swapsCPU-f.swapsCPU, l.swapsDisk-f.swapsDisk
+				out[i].LoRASwapsRead = true
+			}
 		}
 	}
 	return out
@@ -148,6 +170,11 @@ func countersOf(snap Snapshot) engineCounters {
 	c.hits, _ = snap.sum(metricPrefixHits)
 	c.queries, _ = snap.sum(metricPrefixQueries)
 	c.preemptions, _ = snap.sum(metricPreemptions)
+	var nc, nd int
+	c.swapsCPU, nc = snap.sumWhere(metricLoRASwaps, "source", "cpu")
+	c.swapsDisk, nd = snap.sumWhere(metricLoRASwaps, "source", "disk")
+	c.hasSwaps = nc+nd > 0
+	c.pd = pdUsageOf(snap)
 	kv, n := snap.sum(metricKVUsage)
 	if n == 0 {
 		kv, n = snap.sum(metricKVUsageLegacy)
@@ -160,12 +187,19 @@ func countersOf(snap Snapshot) engineCounters {
 }
 
 // sum adds up a counter's or gauge's series; n is how many there were.
-func (s Snapshot) sum(name string) (v float64, n int) {
+func (s Snapshot) sum(name string) (v float64, n int) { return s.sumWhere(name, "", "") }
+
+// sumWhere is sum over the series whose label has that value (every
+// series when label is "").
+func (s Snapshot) sumWhere(name, label, value string) (v float64, n int) {
 	fam := s[name]
 	if fam == nil {
 		return 0, 0
 	}
 	for _, m := range fam.GetMetric() {
+		if label != "" && !labelsMatch(m.GetLabel(), map[string]string{label: value}) {
+			continue
+		}
 		switch {
 		case m.GetCounter() != nil:
 			v += m.GetCounter().GetValue()
@@ -191,6 +225,42 @@ func EngineUsageJSON(us []EngineUsage) []map[string]any {
 			"prefix_cache_hits": u.PrefixCacheHits, "prefix_cache_queries": u.PrefixCacheQueries,
 			"prefix_cache_hit_rate": finiteOrNil(u.PrefixCacheHitRate()), "preemptions": u.Preemptions,
 		}
+		if u.LoRASwapsRead {
+			out[i]["lora_swaps_cpu"], out[i]["lora_swaps_disk"] = u.LoRASwapsCPU, u.LoRASwapsDisk
+		}
+	}
+	return out
+}
+
+// LoRASwaps are the LoRA adapters the engines swapped into GPU slots over
+// a run, summed over engines, next to the requests the run sent.
+type LoRASwaps struct {
+	CPU, Disk float64 // from the CPU cache, from disk
+	Requests  int     // requests sent in the run
+}
+
+// PerKiloRequests is swaps (both kinds) per 1,000 requests sent; NaN with
+// no request.
+func (s LoRASwaps) PerKiloRequests() float64 {
+	if s.Requests <= 0 {
+		return math.NaN()
+	}
+	return 1000 * (s.CPU + s.Disk) / float64(s.Requests)
+}
+
+// TotalLoRASwaps adds up the engines' swaps; nil when no engine exposed
+// the counter.
+func TotalLoRASwaps(us []EngineUsage, requests int) *LoRASwaps {
+	var out *LoRASwaps
+	for _, u := range us {
+		if !u.LoRASwapsRead {
+			continue
+		}
+		if out == nil {
+			out = &LoRASwaps{Requests: requests}
+		}
+		out.CPU += u.LoRASwapsCPU
+		out.Disk += u.LoRASwapsDisk
 	}
 	return out
 }

@@ -84,3 +84,35 @@ func TestEngineSampler(t *testing.T) {
 		t.Errorf("json %v", js)
 	}
 }
+
+// The simulator's LoRA swap counter, by source, as deltas over the run;
+// an engine without it (a real vLLM) reports none.
+func TestEngineSamplerLoRASwaps(t *testing.T) {
+	sim := fakeEngine(t, func(i int) string {
+		return fmt.Sprintf("# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc 0.5\n"+
+			"# TYPE gpurouter_sim_lora_swaps_total counter\ngpurouter_sim_lora_swaps_total{source=\"cpu\"} %d\n"+
+			"gpurouter_sim_lora_swaps_total{source=\"disk\"} %d\n", 10+7*i, 3+i)
+	})
+	real := fakeEngine(t, func(int) string { return "vllm:kv_cache_usage_perc 0.5\n" })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s := &EngineSampler{URLs: []string{sim, real}, Clock: &cancelClock{after: 2, cancel: cancel}}
+	s.Run(ctx)
+	got := s.Finish(context.Background())
+	if u := got[0]; !u.LoRASwapsRead || u.LoRASwapsCPU != 14 || u.LoRASwapsDisk != 2 {
+		t.Errorf("simulated engine: %+v", u)
+	}
+	if u := got[1]; u.LoRASwapsRead || u.LoRASwapsCPU != 0 {
+		t.Errorf("engine without the counter: %+v", u)
+	}
+	sw := TotalLoRASwaps(got, 400)
+	if sw == nil || sw.CPU != 14 || sw.Disk != 2 || sw.PerKiloRequests() != 40 {
+		t.Errorf("total %+v", sw)
+	}
+	if TotalLoRASwaps(got[1:], 400) != nil || !math.IsNaN((LoRASwaps{CPU: 1}).PerKiloRequests()) {
+		t.Error("swaps without a counter, or a rate without requests")
+	}
+	if js := EngineUsageJSON(got); js[0]["lora_swaps_disk"] != 2.0 || js[1]["lora_swaps_disk"] != nil {
+		t.Errorf("json %v", js)
+	}
+}

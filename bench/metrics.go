@@ -17,6 +17,9 @@ type MetricOptions struct {
 	Percentiles []float64
 	// Goodput is the SLO for request_goodput; unset means no goodput.
 	Goodput SLO
+	// TopAdapters is how many adapters Summary.Adapters shows on their
+	// own before the others bucket; 0 means 8.
+	TopAdapters int
 }
 
 func (o MetricOptions) withDefaults() MetricOptions {
@@ -25,6 +28,9 @@ func (o MetricOptions) withDefaults() MetricOptions {
 	}
 	if o.Percentiles == nil {
 		o.Percentiles = []float64{99}
+	}
+	if o.TopAdapters <= 0 {
+		o.TopAdapters = 8
 	}
 	return o
 }
@@ -64,6 +70,11 @@ type Summary struct {
 	// first (for the usecase mix: ultra-short Q&A … long-form); empty when
 	// no request has a label.
 	UseCases []UseCaseSummary
+	// Adapters is the latency per LoRA adapter (Record.Model) of the
+	// Options.TopAdapters adapters with the most requests, then one
+	// OthersAdapter entry for the rest; empty when no request named an
+	// adapter.
+	Adapters []AdapterSummary
 }
 
 // UseCaseSummary is the end-to-end latency of one use case's completed
@@ -163,6 +174,7 @@ func Summarize(res *Result, o MetricOptions) *Summary {
 			s.RequestGoodput = float64(s.GoodRequests) / sec
 		}
 	}
+	s.Adapters = summarizeAdapters(res.Records, o.TopAdapters)
 	s.MaxConcurrentRequests = maxConcurrent(res.Records)
 	s.MaxOutputTokensPerS = peakTokensPerSecond(res.Records)
 	return s

@@ -31,6 +31,9 @@ type Record struct {
 	ID string
 	// UseCase is copied from the Request.
 	UseCase string
+	// Model is the Request's own model (a LoRA adapter); "" when it used
+	// Config.Model.
+	Model string
 	// PromptTokens is the prompt length: the server's usage.prompt_tokens
 	// when it reported one (as vllm bench does), else the Request's.
 	PromptTokens int

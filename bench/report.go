@@ -116,6 +116,26 @@ func WriteConsole(w io.Writer, res *Result, s *Summary) error {
 			c.line(fmt.Sprintf("%-16s %5d %4d %7.0f %7.0f %7.0f", u.Name, u.Completed, u.Failed, u.P50, u.P95, u.P99))
 		}
 	}
+	if len(s.Adapters) > 0 {
+		c.line(center("Latency by Adapter (ms)", '-', consoleWidth))
+		c.line(fmt.Sprintf("%-14s %5s %4s %6s %6s %6s %6s", "adapter", "done", "fail", "TTFT50", "TTFT99", "E2E50", "E2E99"))
+		for _, a := range s.Adapters {
+			c.line(fmt.Sprintf("%-14s %5d %4d %6.0f %6.0f %6.0f %6.0f", adapterLabel(a), a.Completed, a.Failed,
+				a.TTFTP50, a.TTFTP99, a.E2ELP50, a.E2ELP99))
+		}
+	}
 	c.line(strings.Repeat("=", consoleWidth))
 	return c.err
+}
+
+// adapterLabel names an adapter row: the others bucket says how many it
+// holds; a long name is cut to fit the column.
+func adapterLabel(a AdapterSummary) string {
+	if a.Name == OthersAdapter && a.Adapters > 1 {
+		return fmt.Sprintf("others (%d)", a.Adapters)
+	}
+	if len(a.Name) > 14 {
+		return a.Name[:13] + "~"
+	}
+	return a.Name
 }

@@ -41,6 +41,9 @@ type ReportInput struct {
 	Percentiles []float64
 	// Breakdown splits the mean e2e latency into parts (time allocation).
 	Breakdown *LatencyBreakdown
+	// LoRASwaps are the engines' LoRA adapter swaps over the run; nil
+	// when not measured.
+	LoRASwaps *LoRASwaps
 
 	// Sweeps are rate sweeps, one per target; SLOs their verdict columns,
 	// judged at SLOPercentile (0 means 99). Each point's Verdicts must
@@ -250,6 +253,18 @@ func WriteReportMarkdown(w io.Writer, in ReportInput, plots []PlotFile) error {
 		}
 		b.WriteString("\n")
 		img(PlotUseCases)
+	}
+	if s != nil && len(s.Adapters) > 0 {
+		b.WriteString("## Latency by adapter\n\n| adapter | requests | completed | failed | P50 TTFT (ms) | P99 TTFT (ms) | P50 e2e (ms) | P99 e2e (ms) |\n|---|---|---|---|---|---|---|---|\n")
+		for _, a := range s.Adapters {
+			fmt.Fprintf(&b, "| %s | %d | %d | %d | %.1f | %.1f | %.1f | %.1f |\n", mdEscape(adapterLabel(AdapterSummary{Name: a.Name, Adapters: a.Adapters})),
+				a.Requests, a.Completed, a.Failed, a.TTFTP50, a.TTFTP99, a.E2ELP50, a.E2ELP99)
+		}
+		b.WriteString("\n")
+	}
+	if sw := in.LoRASwaps; sw != nil {
+		fmt.Fprintf(&b, "LoRA swaps on the engines over the run: %.0f from the CPU cache, %.0f from disk — %.1f per 1,000 requests.\n\n",
+			sw.CPU, sw.Disk, sw.PerKiloRequests())
 	}
 	if len(in.Sweeps) > 0 {
 		b.WriteString("## Rate sweep\n\n")

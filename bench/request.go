@@ -28,6 +28,9 @@ type Request struct {
 	OutputTokens int
 	// UseCase labels the request for per-use-case reports; empty means none.
 	UseCase string
+	// Model, when set, is the request's "model" instead of Config.Model:
+	// a LoRA adapter (AdapterMix.Assign). Reports show latency per model.
+	Model string
 	// Arrival is the send offset from the start of the run; used only when
 	// the Dataset is Timed.
 	Arrival time.Duration

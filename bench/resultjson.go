@@ -178,6 +178,21 @@ func ResultJSON(res *Result, s *Summary, meta JSONMeta) map[string]any {
 		})
 	}
 	m["gpurouter_use_case_latency"] = ucs
+	if len(s.Adapters) > 0 {
+		models := make([]string, n)
+		for i := range res.Records {
+			models[i] = res.Records[i].Model
+		}
+		m["gpurouter_models"] = models
+		as := make([]map[string]any, 0, len(s.Adapters))
+		for _, a := range s.Adapters {
+			as = append(as, map[string]any{
+				"name": a.Name, "adapters": a.Adapters, "requests": a.Requests, "completed": a.Completed, "failed": a.Failed,
+				"p50_ttft_ms": a.TTFTP50, "p99_ttft_ms": a.TTFTP99, "p50_e2el_ms": a.E2ELP50, "p99_e2el_ms": a.E2ELP99,
+			})
+		}
+		m["gpurouter_adapter_latency"] = as
+	}
 	for k, v := range meta.Extra {
 		if _, taken := m[k]; !taken {
 			m[k] = v

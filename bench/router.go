@@ -31,7 +31,7 @@ var ErrNotRouter = errors.New("bench: not a gpurouter (GET /debug/pools answered
 // happen); durations are seconds. "Received" is when the router had read
 // the whole request, the router's equivalent of the client's Sent.
 //
-// It restates proxy.Record's JSON schema on purpose, so bench reads a
+// It restates observe.Record's JSON schema on purpose, so bench reads a
 // remote router without importing router internals; router_schema_test.go
 // fails when the two disagree (field names, kinds, values through a round
 // trip), and the router's schema is the contract.

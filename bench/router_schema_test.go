@@ -11,27 +11,27 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpurouter/gpurouter/proxy"
+	"github.com/gpurouter/gpurouter/proxy/observe"
 )
 
-// proxy.Record (what the router serves at /debug/requests) and RouterRecord
+// observe.Record (what the router serves at /debug/requests) and RouterRecord
 // (what bench decodes from a remote router) are one JSON schema written
 // twice, so that bench reads routers without importing their internals.
 // The tests below fail when the two drift apart; the router's side is the
 // contract.
 
-// TestRouterRecordSchema: every JSON field of proxy.Record exists in
+// TestRouterRecordSchema: every JSON field of observe.Record exists in
 // RouterRecord with a compatible kind, and the other way round.
 func TestRouterRecordSchema(t *testing.T) {
-	for _, d := range schemaDiff(reflect.TypeFor[proxy.Record](), reflect.TypeFor[RouterRecord]()) {
+	for _, d := range schemaDiff(reflect.TypeFor[observe.Record](), reflect.TypeFor[RouterRecord]()) {
 		t.Error(d)
 	}
 }
 
-// TestRouterRecordRoundTrip: a proxy.Record with every field set survives
+// TestRouterRecordRoundTrip: a observe.Record with every field set survives
 // JSON into a RouterRecord and back with every value unchanged.
 func TestRouterRecordRoundTrip(t *testing.T) {
-	var rec proxy.Record
+	var rec observe.Record
 	n := 0
 	fillValue(t, reflect.ValueOf(&rec).Elem(), "Record", &n)
 	in, err := json.Marshal(rec)
@@ -235,7 +235,7 @@ func deref(t reflect.Type) reflect.Type {
 }
 
 // fillValue sets v and everything under it to distinct non-zero values, so
-// a field added to proxy.Record is populated without editing this test; a
+// a field added to observe.Record is populated without editing this test; a
 // kind it cannot fill fails the test rather than being left zero. Numbers
 // are as wide as the field allows (Unix nanoseconds need 64 bits) and
 // floats are not exact in float32, so a narrower type on bench's side

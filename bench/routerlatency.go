@@ -33,7 +33,7 @@ var (
 )
 
 // RouterLatency is the JSON of GET /debug/latency. It restates
-// proxy.LatencyDoc on purpose, as RouterRecord restates proxy.Record;
+// observe.LatencyDoc on purpose, as RouterRecord restates observe.Record;
 // router_schema_test.go holds the two together.
 type RouterLatency struct {
 	SinceUnixNs      int64               `json:"since_unix_ns"`

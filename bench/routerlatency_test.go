@@ -14,24 +14,25 @@ import (
 
 	"github.com/gpurouter/gpurouter/balancer"
 	"github.com/gpurouter/gpurouter/proxy"
+	"github.com/gpurouter/gpurouter/proxy/observe"
 	"github.com/gpurouter/gpurouter/sketch"
 	"github.com/valyala/fasthttp"
 )
 
-// proxy.LatencyDoc (GET /debug/latency) and RouterLatency are one JSON
-// schema written twice, as proxy.Record and RouterRecord are.
+// observe.LatencyDoc (GET /debug/latency) and RouterLatency are one JSON
+// schema written twice, as observe.Record and RouterRecord are.
 func TestRouterLatencySchema(t *testing.T) {
 	for _, pair := range [][2]reflect.Type{
-		{reflect.TypeFor[proxy.LatencyDoc](), reflect.TypeFor[RouterLatency]()},
-		{reflect.TypeFor[proxy.LatencyPool](), reflect.TypeFor[RouterLatencyPool]()},
-		{reflect.TypeFor[proxy.LatencyReplica](), reflect.TypeFor[RouterLatencyReplica]()},
-		{reflect.TypeFor[proxy.LatencySummary](), reflect.TypeFor[RouterLatencySummary]()},
+		{reflect.TypeFor[observe.LatencyDoc](), reflect.TypeFor[RouterLatency]()},
+		{reflect.TypeFor[observe.LatencyPool](), reflect.TypeFor[RouterLatencyPool]()},
+		{reflect.TypeFor[observe.LatencyReplica](), reflect.TypeFor[RouterLatencyReplica]()},
+		{reflect.TypeFor[observe.LatencySummary](), reflect.TypeFor[RouterLatencySummary]()},
 	} {
 		for _, d := range schemaDiff(pair[0], pair[1]) {
 			t.Error(d)
 		}
 	}
-	var doc proxy.LatencyDoc
+	var doc observe.LatencyDoc
 	n := 0
 	fillValue(t, reflect.ValueOf(&doc).Elem(), "LatencyDoc", &n)
 	in, err := json.Marshal(doc)

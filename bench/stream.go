@@ -21,7 +21,7 @@ const maxErrorBody = 2048
 // time origin; sched and ready are when the request was due and when it
 // could first go (after any concurrency wait): Lag is measured from ready.
 func (g *generator) send(ctx context.Context, r *Request, rec *Record, start, sched, ready time.Time) {
-	rec.UseCase = r.UseCase
+	rec.UseCase, rec.Model = r.UseCase, r.Model
 	rec.PromptTokens = r.PromptTokens
 	rec.MaxTokens = r.OutputTokens
 	rec.Scheduled = sched.Sub(start)
@@ -48,7 +48,11 @@ func (g *generator) send(ctx context.Context, r *Request, rec *Record, start, sc
 	for k, v := range g.cfg.Headers {
 		req.Header.Set(k, v)
 	}
-	req.SetBodyRaw(appendRequestBody(make([]byte, 0, len(prompt)+256), g.chat, g.cfg.Model, prompt, r.OutputTokens, g.cfg.IgnoreEOS))
+	model := g.cfg.Model
+	if r.Model != "" {
+		model = r.Model
+	}
+	req.SetBodyRaw(appendRequestBody(make([]byte, 0, len(prompt)+256), g.chat, model, prompt, r.OutputTokens, g.cfg.IgnoreEOS))
 	if g.cfg.Timeout > 0 {
 		req.SetTimeout(g.cfg.Timeout)
 	}

@@ -1,12 +1,11 @@
+//go:build cgo
+
 package gpu
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
-	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -14,9 +13,6 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"go.uber.org/zap/zapcore"
 )
 
@@ -36,20 +32,6 @@ func newTestAgent(t *testing.T, h *fakeHost, cfg AgentConfig) (*httptest.Server,
 	srv := httptest.NewServer(a)
 	t.Cleanup(srv.Close)
 	return srv, n
-}
-
-func httpGet(t *testing.T, url string) (int, []byte) {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, b
 }
 
 // The agent's JSON, decoded by an AgentSource on another host, gives back
@@ -113,12 +95,6 @@ func TestAgentRoundTrip(t *testing.T) {
 	}
 }
 
-func ctxTimeout(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 func TestAgentMetrics(t *testing.T) {
 	t.Parallel()
 	h := newFakeHost(2)
@@ -159,33 +135,6 @@ func TestAgentMetrics(t *testing.T) {
 	if n := len(mfs["gpurouter_gpu_clock_slowdown"].GetMetric()); n != 2*len(SlowdownReasonNames()) {
 		t.Errorf("%d slowdown series, want one per GPU and reason", n)
 	}
-}
-
-func parseExposition(t *testing.T, body []byte) map[string]*dto.MetricFamily {
-	t.Helper()
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := p.TextToMetricFamilies(bytes.NewReader(body))
-	if err != nil {
-		t.Fatalf("%v\n%s", err, body)
-	}
-	return mfs
-}
-
-// seriesValue is the value of the first series of name whose labels include want.
-func seriesValue(mfs map[string]*dto.MetricFamily, name string, want map[string]string) (float64, bool) {
-	for _, m := range mfs[name].GetMetric() {
-		match := true
-		for k, v := range want {
-			if label(m, k) != v {
-				match = false
-			}
-		}
-		if match {
-			v, ok := sampleValue(m)
-			return v, ok
-		}
-	}
-	return 0, false
 }
 
 // Without a driver the agent still serves: an empty list, telemetry_enabled 0.
@@ -264,50 +213,5 @@ func TestAgentConfigAndURLs(t *testing.T) {
 	s, err := NewAgentSource("http://10.0.0.5:9401", Selector{}, nil)
 	if err != nil || s.url != "http://10.0.0.5:9401/v1/gpus" {
 		t.Errorf("%v %q", err, s.url)
-	}
-}
-
-// The `gpurouter agent` path on a machine without a GPU: the real go-nvml
-// library finds no libnvidia-ml.so.1, the agent still starts and answers,
-// with an empty list, and says why in exactly one log line.
-func TestAgentServeWithRealLibraryWithoutDriver(t *testing.T) {
-	t.Parallel()
-	log, logs := observedLogger(zapcore.DebugLevel)
-	n := NewNVML(nvml.New(), log)
-	defer n.Close()
-	if err := n.Open(); !errors.Is(err, ErrGPUOff) {
-		t.Skipf("this machine has an NVIDIA driver (%v): the no-GPU path is covered by TestAgentWithoutGPU", err)
-	}
-	a, err := NewAgent(AgentConfig{Source: NewNVMLSource(n, Selector{}), Log: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Serve(ctx, ln) }()
-	base := "http://" + ln.Addr().String()
-
-	code, body := httpGet(t, base+"/v1/gpus")
-	var rep HostReport
-	if err := json.Unmarshal(body, &rep); err != nil || code != http.StatusOK || rep.GPUs == nil || len(rep.GPUs) != 0 || rep.Host == "" {
-		t.Errorf("GET /v1/gpus: %d %s (%v)", code, body, err)
-	}
-	if code, body := httpGet(t, base+"/metrics"); code != http.StatusOK ||
-		!bytes.Contains(body, []byte("gpurouter_gpu_telemetry_enabled 0")) {
-		t.Errorf("GET /metrics: %d\n%s", code, body)
-	}
-	if code, _ := httpGet(t, base+"/health"); code != http.StatusOK {
-		t.Errorf("GET /health: %d", code)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Errorf("Serve: %v", err)
-	}
-	if logs.Len() != 1 || logs.All()[0].Message != "GPU telemetry off: libnvidia-ml.so.1 not found" {
-		t.Errorf("want exactly the one off line, got %v", logs.All())
 	}
 }

@@ -28,6 +28,10 @@ const (
 	FieldPreemptions
 	// FieldFinished: vllm:request_success_total.
 	FieldFinished
+	// FieldLoRA: vllm:lora_requests_info with max_lora > 0 (vLLM V0
+	// exposes the family with max_lora="0" when LoRA is off: not a LoRA
+	// report).
+	FieldLoRA
 )
 
 // Has reports whether every field in x is set in f.
@@ -74,6 +78,9 @@ type EngineStats struct {
 	// two scrapes tell how many arrived between them — from every router,
 	// not only this one (balancer: the peer correction).
 	RequestsFinished uint64
+	// LoRA is the replica's LoRA adapters as vllm:lora_requests_info's
+	// newest series says; the zero value when FieldLoRA is unset.
+	LoRA LoRAStats
 
 	// Engines is how many data-parallel engines reported (vLLM's engine
 	// label values, SGLang's dp_rank values; 1 for a plain replica and for
@@ -87,6 +94,29 @@ type EngineStats struct {
 	At time.Time
 	// Latency is how long the scrape took (request to parsed result).
 	Latency time.Duration
+}
+
+// LoRAStats is what a vLLM replica serving LoRA adapters reports in
+// vllm:lora_requests_info. That gauge's labels carry the state and its
+// value is the wall-clock time (Unix seconds) it was last set: the engine
+// sets the series of the current label set at every step and never
+// removes the others, so the series with the largest value is the current
+// state and the rest are history. The zero value means "no LoRA report".
+type LoRAStats struct {
+	// Running lists the adapters with requests in the batch
+	// (running_lora_adapters), Waiting those with requests queued
+	// (waiting_lora_adapters), in the engine's order. From vLLM 0.12 both
+	// list every adapter with a request, running or waiting: read them as
+	// "adapters with requests here" when they are equal. An adapter with
+	// running requests is in a GPU slot; one idle since is not listed,
+	// though it may still be in its slot.
+	Running, Waiting []string
+	// MaxLoRAs is max_lora: the most distinct adapters one batch holds
+	// (and GPU slots).
+	MaxLoRAs int
+	// Updated is the newest series' value: when the engine last set it,
+	// on the engine's clock.
+	Updated time.Time
 }
 
 // Age is how old s is at now; a nil or unpublished snapshot is infinitely

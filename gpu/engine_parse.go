@@ -2,7 +2,10 @@ package gpu
 
 import (
 	"fmt"
+	"math"
 	"strconv"
+	"strings"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 )
@@ -21,13 +24,14 @@ const (
 	vllmPrefixHitsOld  = "vllm:gpu_prefix_cache_hits_total"
 	vllmPreemptions    = "vllm:num_preemptions_total"
 	vllmFinished       = "vllm:request_success_total"
+	vllmLoRAInfo       = "vllm:lora_requests_info"
 )
 
 // isVLLMFamily says whether the vLLM parser needs the named family.
 func isVLLMFamily(name []byte) bool {
 	switch string(name) { // no allocation: the compiler compares in place
 	case vllmRunning, vllmWaiting, vllmKVUsage, vllmKVUsageOld, vllmCacheConfig,
-		vllmPrefixQueries, vllmPrefixHits, vllmPrefixQueryOld, vllmPrefixHitsOld, vllmPreemptions, vllmFinished:
+		vllmPrefixQueries, vllmPrefixHits, vllmPrefixQueryOld, vllmPrefixHitsOld, vllmPreemptions, vllmFinished, vllmLoRAInfo:
 		return true
 	}
 	return false
@@ -83,7 +87,8 @@ func (p *engineParser) keep(name []byte) bool {
 // EngineStats.Engine to it. Running and waiting are summed over the
 // engine's data-parallel ranks, KV usage averaged, KV capacity summed; for
 // vLLM also the prefix-cache, preemption and finished-request counters, PrefixCacheHitRate
-// being the lifetime ratio. At, Latency and Preemptions are left for the
+// being the lifetime ratio, and the LoRA adapters (vllm:lora_requests_info's
+// newest series). At, Latency and Preemptions are left for the
 // poller. It returns ErrNoEngineMetrics when the body names no known engine
 // or has none of its running, waiting and KV usage families, ErrMalformed
 // when a line of a family it reads is broken; other families are not
@@ -169,7 +174,50 @@ func parseVLLM(mfs map[string]*dto.MetricFamily) *EngineStats {
 		s.RequestsFinished = uint64(max(0, sum))
 		s.Reported |= FieldFinished
 	}
+	if l, ok := loraInfo(mfs[vllmLoRAInfo]); ok {
+		s.LoRA = l
+		s.Reported |= FieldLoRA
+	}
 	return s
+}
+
+// loraInfo reads vllm:lora_requests_info's newest series (the largest
+// value; of equal ones, the last): false when there is none, or when its
+// max_lora is not a positive number (LoRA off).
+func loraInfo(mf *dto.MetricFamily) (LoRAStats, bool) {
+	if mf == nil {
+		return LoRAStats{}, false
+	}
+	var newest *dto.Metric
+	best := math.Inf(-1)
+	for _, m := range mf.Metric {
+		if v, ok := sampleValue(m); ok && v >= best {
+			newest, best = m, v
+		}
+	}
+	if newest == nil {
+		return LoRAStats{}, false
+	}
+	n, err := strconv.Atoi(label(newest, "max_lora"))
+	if err != nil || n <= 0 {
+		return LoRAStats{}, false
+	}
+	sec, frac := math.Modf(best)
+	return LoRAStats{Running: adapterList(label(newest, "running_lora_adapters")),
+		Waiting: adapterList(label(newest, "waiting_lora_adapters")), MaxLoRAs: min(n, maxCount),
+		Updated: time.Unix(int64(sec), int64(frac*1e9)).UTC()}, true
+}
+
+// adapterList splits a comma-joined adapter list ("a,b", or "a, b" as some
+// write it); "" is none.
+func adapterList(s string) []string {
+	var out []string
+	for a := range strings.SplitSeq(s, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // maxCount bounds the request counts read from an engine: a value past it

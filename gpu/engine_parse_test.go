@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -64,6 +65,30 @@ func TestParseEngineMetricsGolden(t *testing.T) {
 		{name: "garbage", file: "garbage.txt", wantErr: ErrNoEngineMetrics},
 		{name: "DCGM exporter: no engine at all", file: "dcgm.txt", wantErr: ErrNoEngineMetrics},
 		{name: "malformed line of a needed family", file: "vllm_malformed.txt", wantErr: ErrMalformed},
+		// LoRA: vllm_lora.txt is vllm_v1.txt with vllm:lora_requests_info's
+		// history as vLLM 0.12+ exposes it (both labels list every adapter
+		// with a request): series in the order their label sets first
+		// appeared, the newest (largest value) in the middle. That series
+		// is a real line, from a vLLM 0.29 server's /metrics; the other two
+		// are built from vllm/v1/metrics/loggers.py (labels max_lora,
+		// running_lora_adapters, waiting_lora_adapters; value
+		// set_to_current_time()).
+		{name: "lora: the newest series, not the last", file: "vllm_lora.txt", want: EngineStats{Running: 8, Waiting: 2, KVUsage: 0.4127,
+			KVCapacityTokens: 27000 * 16, PrefixCacheQueries: 250000, PrefixCacheHits: 225000, PrefixCacheHitRate: 0.9,
+			PreemptionsTotal: 3, RequestsFinished: 1000, Engines: 1, Reported: all | FieldLoRA, Engine: EngineVLLM,
+			LoRA: LoRAStats{Running: []string{"alpaca"}, Waiting: []string{"alpaca"}, MaxLoRAs: 2,
+				Updated: time.Unix(1789828498, 802105000).UTC()}}},
+		// vLLM up to 0.11 (LoRARequestStates.update_iteration_stats) lists
+		// running and waiting adapters apart; built from that code.
+		{name: "lora: running and waiting apart", file: "vllm_lora_split.txt", want: EngineStats{Running: 62, Waiting: 44,
+			KVUsage: 0.63, Engines: 1, Reported: FieldRunning | FieldWaiting | FieldKVUsage | FieldLoRA, Engine: EngineVLLM,
+			LoRA: LoRAStats{Running: []string{"a1", "a3", "a6", "a7"}, Waiting: []string{"a0", "a2", "a4", "a5"}, MaxLoRAs: 4,
+				Updated: time.Unix(1754321843, 777241700).UTC()}}},
+		// A real V0 /metrics (vLLM ~0.7, from vllm-project/aibrix's docs;
+		// its histogram, cut short there, left out): V0 exposes the LoRA
+		// family with max_lora="0" when LoRA is off, which is no report.
+		{name: "lora off in vLLM V0: max_lora 0", file: "vllm_v0_lora_off.txt", want: EngineStats{KVCapacityTokens: 81767 * 16,
+			RequestsFinished: 4, Engines: 1, Reported: load | FieldPreemptions | FieldFinished, Engine: EngineVLLM}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -91,9 +116,17 @@ func sameStats(got, w *EngineStats) bool {
 		near(got.KVUsage, w.KVUsage) && got.KVCapacityTokens == w.KVCapacityTokens &&
 		near(got.PrefixCacheQueries, w.PrefixCacheQueries) && near(got.PrefixCacheHits, w.PrefixCacheHits) &&
 		near(got.PrefixCacheHitRate, w.PrefixCacheHitRate) && got.PreemptionsTotal == w.PreemptionsTotal &&
-		got.RequestsFinished == w.RequestsFinished &&
+		got.RequestsFinished == w.RequestsFinished && sameLoRA(got.LoRA, w.LoRA) &&
 		got.Preemptions == 0 && got.Engines == w.Engines && got.Reported == w.Reported && got.At.IsZero() &&
 		got.Latency == 0
+}
+
+// sameLoRA compares LoRA reports, Updated to the microsecond (the gauge
+// is a float of Unix seconds).
+func sameLoRA(a, b LoRAStats) bool {
+	d := a.Updated.Sub(b.Updated)
+	return slices.Equal(a.Running, b.Running) && slices.Equal(a.Waiting, b.Waiting) && a.MaxLoRAs == b.MaxLoRAs &&
+		d < time.Microsecond && d > -time.Microsecond
 }
 
 // A configured engine reads its own families only: another engine's body
@@ -249,6 +282,30 @@ func TestParseEngineMetricsEdgeCases(t *testing.T) {
 				t.Errorf("%v %+v", err, s)
 			}
 		}},
+		{"lora: spaces after commas, equal values (the last wins), NaN series ignored", "vllm:num_requests_running 1\n" +
+			`vllm:lora_requests_info{max_lora="8",running_lora_adapters="x",waiting_lora_adapters=""} 1.5e9` + "\n" +
+			`vllm:lora_requests_info{max_lora="8",running_lora_adapters="adapter1, adapter2",waiting_lora_adapters=" ,y"} 1.5e9` + "\n" +
+			`vllm:lora_requests_info{max_lora="8",running_lora_adapters="z",waiting_lora_adapters=""} NaN` + "\n",
+			func(t *testing.T, s *EngineStats, err error) {
+				want := LoRAStats{Running: []string{"adapter1", "adapter2"}, Waiting: []string{"y"}, MaxLoRAs: 8, Updated: time.Unix(1.5e9, 0)}
+				if err != nil || !s.Reported.Has(FieldLoRA) || !sameLoRA(s.LoRA, want) {
+					t.Errorf("%v %+v", err, s)
+				}
+			}},
+		{"lora: the newest series says LoRA off, or no max_lora", "vllm:num_requests_running 1\n" +
+			`vllm:lora_requests_info{max_lora="4",running_lora_adapters="x",waiting_lora_adapters=""} 1` + "\n" +
+			`vllm:lora_requests_info{max_lora="",running_lora_adapters="x",waiting_lora_adapters=""} 2` + "\n",
+			func(t *testing.T, s *EngineStats, err error) {
+				if err != nil || s.Reported.Has(FieldLoRA) || s.LoRA.MaxLoRAs != 0 || s.LoRA.Running != nil {
+					t.Errorf("%v %+v", err, s)
+				}
+			}},
+		{"lora alone is no engine report", `vllm:lora_requests_info{max_lora="4",running_lora_adapters="x",waiting_lora_adapters=""} 1` + "\n",
+			func(t *testing.T, s *EngineStats, err error) {
+				if !errors.Is(err, ErrNoEngineMetrics) {
+					t.Errorf("%v %+v", err, s)
+				}
+			}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -325,6 +382,8 @@ vllm:num_preemptions_total{engine="0",model_name="m"} 3.0
 vllm:num_preemptions_created{engine="0",model_name="m"} 1.7543217059634e+09
 `))
 	f.Add([]byte("vllm:num_requests_running{engine=\"0\\\"} 1\n"))
+	f.Add([]byte("vllm:num_requests_running 1\n" + `vllm:lora_requests_info{max_lora="2",running_lora_adapters="a,b",waiting_lora_adapters=""} 1.7e9` + "\n" +
+		`vllm:lora_requests_info{max_lora="99999999999",running_lora_adapters=",",waiting_lora_adapters="c"} 1e300` + "\n"))
 	f.Add([]byte("sglang:num_running_reqs{dp_rank=\"0\"} 1e300\nsglang:num_running_reqs{dp_rank=\"1\"} 1e300\n" +
 		"sglang:max_total_num_tokens{dp_rank=\"0\"} 1e300\nsglang:token_usage NaN\n"))
 	f.Add([]byte("vllm:num_requests_running 1e19\nvllm:cache_config_info{block_size=\"4294967296\",num_gpu_blocks=\"4294967296\"} 1\n" +
@@ -342,7 +401,8 @@ vllm:num_preemptions_created{engine="0",model_name="m"} 1.7543217059634e+09
 			return
 		}
 		if s.Running < 0 || s.Waiting < 0 || s.KVCapacityTokens < 0 || s.KVUsage < 0 || s.KVUsage > 1 || math.IsNaN(s.KVUsage) ||
-			s.PrefixCacheHitRate < 0 || s.PrefixCacheHitRate > 1 || s.Reported == 0 {
+			s.PrefixCacheHitRate < 0 || s.PrefixCacheHitRate > 1 || s.Reported == 0 ||
+			s.Reported.Has(FieldLoRA) != (s.LoRA.MaxLoRAs > 0) || slices.Contains(s.LoRA.Running, "") || slices.Contains(s.LoRA.Waiting, "") {
 			t.Fatalf("out of range: %+v", *s)
 		}
 		if s.Engine.prefix() == "" || !strings.Contains(string(text), s.Engine.prefix()) {

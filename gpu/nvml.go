@@ -1,7 +1,8 @@
+//go:build cgo
+
 package gpu
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -51,6 +52,11 @@ type nvmlDevice struct {
 	// function must not be called (openLocked).
 	memV1, throttleV1 bool
 }
+
+// NewLocalNVML is the session with this host's driver (go-nvml's
+// library, loaded on first use). It calls nothing yet. log nil means no
+// logging. Without cgo it is nvml_off.go's stand-in, always off.
+func NewLocalNVML(log *zap.Logger) *NVML { return NewNVML(nvml.New(), log) }
 
 // NewNVML returns a session over lib: nvml.New() in production, a mock in
 // tests. It calls nothing in lib. log nil means no logging.
@@ -131,8 +137,8 @@ func (n *NVML) has(sym string) bool {
 func (n *NVML) turnOff(ret nvml.Return, call string) error {
 	n.state = nvmlOff
 	if ret == nvml.ERROR_LIBRARY_NOT_FOUND {
-		n.offErr = fmt.Errorf("%w: libnvidia-ml.so.1 not found", ErrGPUOff)
-		n.log.Warn("GPU telemetry off: libnvidia-ml.so.1 not found")
+		n.offErr = fmt.Errorf("%w: "+offNoLibrary, ErrGPUOff)
+		n.log.Warn("GPU telemetry off: " + offNoLibrary)
 	} else {
 		n.offErr = fmt.Errorf("%w: NVML %s: %w", ErrGPUOff, call, ret)
 		n.log.Warn("GPU telemetry off: NVML "+call+" failed", zap.String("error", nvml.ErrorString(ret)))
@@ -200,18 +206,6 @@ func (n *NVML) drainXid() {
 	}
 }
 
-// applicationXid reports Xids caused by the application rather than the GPU
-// (the same skip list as NVIDIA's Kubernetes device plugin): 13 graphics
-// engine exception, 31 memory page fault, 43 channel stopped, 45 preemptive
-// cleanup, 68 video processor exception, 109 context switch timeout.
-func applicationXid(xid uint64) bool {
-	switch xid {
-	case 13, 31, 43, 45, 68, 109:
-		return true
-	}
-	return false
-}
-
 // Read returns the GPUs sel selects, freshly read, in index order. It opens
 // the session on first use and returns ErrGPUOff when NVML is unavailable,
 // ErrGPUNotFound when sel names a GPU the host lacks, and an NVML error
@@ -258,26 +252,4 @@ func (n *NVML) Close() error {
 		return fmt.Errorf("gpu: NVML Shutdown: %w", ret)
 	}
 	return nil
-}
-
-// NVMLSource is the Source of GPUs on this host, read through a shared NVML
-// session. Build with NewNVMLSource; the zero value is unusable.
-type NVMLSource struct {
-	n   *NVML
-	sel Selector
-}
-
-// NewNVMLSource binds sel (local indexes or UUIDs; the zero Selector for all
-// GPUs) to the session n. It calls nothing in NVML.
-func NewNVMLSource(n *NVML, sel Selector) *NVMLSource {
-	return &NVMLSource{n: n, sel: sel}
-}
-
-// Fetch reads the selected GPUs. NVML calls are local and not cancellable;
-// ctx is checked only before starting.
-func (s *NVMLSource) Fetch(ctx context.Context) ([]GPUStats, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	return s.n.Read(s.sel)
 }

@@ -1,3 +1,5 @@
+//go:build cgo
+
 package gpu
 
 import (
@@ -82,31 +84,24 @@ func (d *nvmlDevice) fail(what string, ret nvml.Return) error {
 }
 
 // slowdownReasons names the clock-event reasons in mask that lower the SM
-// clock below what the workload asks for. Idle, application-clock and
-// display-clock settings are reasons too but not slowdowns, and are left out,
-// so a non-empty list means "this GPU is being held back". nil when none.
+// clock below what the workload asks for (SlowdownReasonNames, in its
+// order). Idle, application-clock and display-clock settings are reasons
+// too but not slowdowns, and are left out, so a non-empty list means "this
+// GPU is being held back". nil when none.
 func slowdownReasons(mask uint64) []string {
+	bits := [...]uint64{ // SlowdownReasonNames', in its order
+		nvml.ClocksEventReasonSwPowerCap,
+		nvml.ClocksThrottleReasonHwSlowdown,
+		nvml.ClocksEventReasonSyncBoost,
+		nvml.ClocksEventReasonSwThermalSlowdown,
+		nvml.ClocksThrottleReasonHwThermalSlowdown,
+		nvml.ClocksThrottleReasonHwPowerBrakeSlowdown,
+	}
 	var out []string
-	for _, r := range [...]struct {
-		bit  uint64
-		name string
-	}{
-		{nvml.ClocksEventReasonSwPowerCap, "sw_power_cap"},
-		{nvml.ClocksThrottleReasonHwSlowdown, "hw_slowdown"},
-		{nvml.ClocksEventReasonSyncBoost, "sync_boost"},
-		{nvml.ClocksEventReasonSwThermalSlowdown, "sw_thermal_slowdown"},
-		{nvml.ClocksThrottleReasonHwThermalSlowdown, "hw_thermal_slowdown"},
-		{nvml.ClocksThrottleReasonHwPowerBrakeSlowdown, "hw_power_brake_slowdown"},
-	} {
-		if mask&r.bit != 0 {
-			out = append(out, r.name)
+	for i, name := range SlowdownReasonNames() {
+		if mask&bits[i] != 0 {
+			out = append(out, name)
 		}
 	}
 	return out
-}
-
-// SlowdownReasonNames lists every name that GPUStats.ThrottleReasons may
-// hold for an NVML GPU, in a fixed order (the agent exports one series each).
-func SlowdownReasonNames() []string {
-	return slowdownReasons(^uint64(0))
 }

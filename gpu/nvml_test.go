@@ -1,3 +1,5 @@
+//go:build cgo
+
 package gpu
 
 import (
@@ -12,15 +14,8 @@ import (
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest/observer"
 )
-
-func observedLogger(level zapcore.Level) (*zap.Logger, *observer.ObservedLogs) {
-	core, logs := observer.New(level)
-	return zap.New(core), logs
-}
 
 func TestNVMLReadsEveryGPU(t *testing.T) {
 	t.Parallel()

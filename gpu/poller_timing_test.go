@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -144,13 +143,4 @@ func benchPoller(b *testing.B, n int, newSource func(i int) (EngineSource, error
 	if budget := 250 * time.Millisecond; perRound > budget && !raceEnabled {
 		b.Errorf("one round of %d scrapes took %v of CPU, budget %v (one core at a 250 ms interval)", n, perRound, budget)
 	}
-}
-
-// cpuTime is the process's user+system CPU time so far.
-func cpuTime(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -3,6 +3,8 @@ package gpu_test
 import (
 	"context"
 	"errors"
+	"io"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -68,6 +70,76 @@ func TestEngineScraperAgainstSimulator(t *testing.T) {
 				t.Errorf("idle replica: %+v", *s)
 			}
 		})
+	}
+}
+
+// A simulated replica serving LoRA adapters: the parser reads its
+// vllm:lora_requests_info as a vLLM one, the newest series among the
+// history a run leaves.
+func TestEngineScraperLoRAAgainstSimulator(t *testing.T) {
+	t.Parallel()
+	p, err := sim.ResolveProfile("qwen2.5-7b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range [][2]string{{"enable-lora", "true"}, {"max-loras", "2"}, {"max-cpu-loras", "4"}} {
+		if err := p.Set(kv[0], kv[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f, err := sim.NewFleet(sim.FleetConfig{Replicas: 1, Profiles: []sim.Profile{p},
+		LoRAModules: []sim.LoRAModule{{Name: "sql", Path: "/a/sql"}, {Name: "chat", Path: "/a/chat"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	url, r := f.URLs()[0], f.Replicas()[0]
+	sc, err := gpu.NewEngineScraper(url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := sc.Fetch(fetchCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.Reported.Has(gpu.FieldLoRA) || s.LoRA.MaxLoRAs != 2 || s.LoRA.Running != nil || s.LoRA.Waiting != nil {
+		t.Errorf("idle LoRA replica: %+v", s.LoRA)
+	}
+
+	// One long request for sql in flight: running_lora_adapters says so.
+	reqCtx, stop := context.WithCancel(context.Background())
+	defer stop()
+	go func() {
+		req, _ := http.NewRequestWithContext(reqCtx, "POST", url+"/v1/completions",
+			strings.NewReader(`{"model":"sql","prompt":"x","max_tokens":5000,"ignore_eos":true,"stream":true}`))
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for r.State().Running == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the request never ran")
+		}
+		time.Sleep(5 * time.Millisecond) // polling the engine's state, bounded
+	}
+	if s, err = sc.Fetch(fetchCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(s.LoRA.Running, []string{"sql"}) || s.LoRA.Waiting != nil || s.LoRA.Updated.IsZero() {
+		t.Errorf("sql running: %+v", s.LoRA)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gpurouter/gpurouter/admission"
+	"github.com/gpurouter/gpurouter/internal/openai"
 	"github.com/valyala/fasthttp"
 )
 
@@ -28,7 +29,7 @@ func (s *Server) steer(hdr *clientHeaders, x *exchange) error {
 	if v := hdr.priority; len(v) > 0 {
 		class, err := strconv.Atoi(string(v))
 		if err != nil {
-			return badParam(headerPriority, "must be an integer priority class")
+			return openai.BadParam(headerPriority, "must be an integer priority class")
 		}
 		if x.keys != nil {
 			class = min(class, x.cost.Class) // a key's tier is its ceiling
@@ -38,13 +39,13 @@ func (s *Server) steer(hdr *clientHeaders, x *exchange) error {
 	if x.keys == nil { // an authenticated client is its key's tenant
 		x.cost.Tenant = string(hdr.tenant)
 		if x.cost.Tenant == "" {
-			x.cost.Tenant = x.req.user
+			x.cost.Tenant = x.req.User
 		}
 	}
 	if v := hdr.timeout; len(v) > 0 {
 		d, err := parseTimeout(string(v))
 		if err != nil {
-			return badParam(headerTimeout, err.Error())
+			return openai.BadParam(headerTimeout, err.Error())
 		}
 		x.cost.Deadline = x.received.Add(d)
 	}
@@ -55,7 +56,7 @@ func (s *Server) steer(hdr *clientHeaders, x *exchange) error {
 	if v := hdr.sloTTFT; len(v) > 0 {
 		d, err := parseTimeout(string(v))
 		if err != nil {
-			return badParam(headerSLOTTFT, err.Error())
+			return openai.BadParam(headerSLOTTFT, err.Error())
 		}
 		// Admitted after received + SLO − its own prefill, the request
 		// cannot meet the SLO on any replica.
@@ -68,21 +69,17 @@ func (s *Server) steer(hdr *clientHeaders, x *exchange) error {
 	if v := hdr.sloTPOT; len(v) > 0 {
 		d, err := parseTimeout(string(v))
 		if err != nil {
-			return badParam(headerSLOTPOT, err.Error())
+			return openai.BadParam(headerSLOTPOT, err.Error())
 		}
 		x.cost.TPOT = d
 	}
 	return nil
 }
 
-// admit holds the request in its pool's queue until a replica can take
-// it, it is shed, or the client leaves (found by the same socket watch as
-// a stream). On success the exchange holds the ticket. Pools without
-// admission let everything through.
-func (s *Server) admit(ctx *fasthttp.RequestCtx, x *exchange) error {
-	if wait, err := s.admitNow(x); !wait {
-		return err
-	}
+// admitWatched is actAdmit on the goroutine path: the request waits in
+// its pool's queue until a replica can take it, it is shed, or the client
+// leaves (found by the same socket watch as a stream's).
+func (s *Server) admitWatched(ctx *fasthttp.RequestCtx, x *exchange) error {
 	actx, cancel := context.WithCancelCause(s.base)
 	defer cancel(nil)
 	w := s.startWatch(x, ctx.Conn(), abortFunc(cancel))

@@ -1,8 +1,7 @@
 package proxy
 
 import (
-	"errors"
-
+	"github.com/gpurouter/gpurouter/proxy/auth"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 )
@@ -30,29 +29,16 @@ func newAuthMetrics(reg prometheus.Registerer) (*authMetrics, error) {
 	return m, nil
 }
 
-func (m *authMetrics) record(p Principal, err error) {
-	result := "ok"
-	var rl *rateLimitError
-	switch {
-	case err == nil:
-	case errors.As(err, &rl) && rl.quota == quotaRequests:
-		result = "rate_limited_requests"
-	case errors.As(err, &rl):
-		result = "rate_limited_tokens"
-	case errors.Is(err, ErrForbidden):
-		result = "forbidden"
-	default:
-		result = "unauthorized"
-	}
-	m.decisions.WithLabelValues(p.ID, result).Inc()
+func (m *authMetrics) record(p auth.Principal, err error) {
+	m.decisions.WithLabelValues(p.ID, auth.Result(err)).Inc()
 }
 
 // SetKeys turns client authentication on with ks, swaps the store, or
 // (nil) turns it off, for requests that arrive from now on.
-func (s *Server) SetKeys(ks *KeyStore) { s.keys.Store(ks) }
+func (s *Server) SetKeys(ks *auth.KeyStore) { s.keys.Store(ks) }
 
 // Keys is the store in force; nil when authentication is off.
-func (s *Server) Keys() *KeyStore { return s.keys.Load() }
+func (s *Server) Keys() *auth.KeyStore { return s.keys.Load() }
 
 // authenticate finds the request's API key when authentication is on,
 // before anything else is looked at: a client without a valid key learns
@@ -100,7 +86,7 @@ func (s *Server) serveModelsAuth(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, err)
 		return
 	}
-	if p.key.models == nil {
+	if p.AllModels() {
 		s.serveModels(ctx)
 		return
 	}

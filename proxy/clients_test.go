@@ -9,9 +9,11 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/gpurouter/gpurouter/proxy/auth"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
@@ -37,15 +39,19 @@ func (l *lockedBuffer) String() string {
 // authRouter is a router over one fake engine with keys alpha (every
 // model, 3 requests/min), beta (only "other") and gamma (300 tokens/min),
 // a settable clock and a debug-level log.
-func authRouter(t *testing.T) (*testRouter, *fakeVLLM, *testClock, *lockedBuffer) {
+func authRouter(t *testing.T) (*testRouter, *fakeVLLM, *keyClock, *lockedBuffer) {
 	t.Helper()
 	up := newFakeVLLM(t)
-	clock := newTestClock()
-	ks := mustKeyStore(t, clock,
-		KeyConfig{ID: "alpha", Hash: HashKey(keyAlpha), RequestsPerMinute: 3, Tier: 1},
-		KeyConfig{ID: "beta", Hash: HashKey(keyBeta), Models: []string{"other"}},
-		KeyConfig{ID: "gamma", Hash: HashKey(keyGamma), TokensPerMinute: 300},
-	)
+	clock := &keyClock{}
+	clock.ns.Store(time.Unix(1_700_000_000, 0).UnixNano())
+	ks, err := auth.NewKeyStore([]auth.KeyConfig{
+		{ID: "alpha", Hash: auth.HashKey(keyAlpha), RequestsPerMinute: 3, Tier: 1},
+		{ID: "beta", Hash: auth.HashKey(keyBeta), Models: []string{"other"}},
+		{ID: "gamma", Hash: auth.HashKey(keyGamma), TokensPerMinute: 300},
+	}, clock.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
 	logs := &lockedBuffer{}
 	enc := zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig())
 	log := zap.New(zapcore.NewCore(enc, zapcore.AddSync(logs), zapcore.DebugLevel))
@@ -53,7 +59,19 @@ func authRouter(t *testing.T) (*testRouter, *fakeVLLM, *testClock, *lockedBuffer
 	return tr, up, clock, logs
 }
 
-const keyGamma = "sk-gamma-5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b"
+// The keys' raw values, which must never show up in logs or metrics.
+const (
+	keyAlpha = "sk-alpha-1f0c9e4b7a2d4c8e9b3a6f5d2c1e0b9a"
+	keyBeta  = "sk-beta-77d2a1c4e5f60718293a4b5c6d7e8f90"
+	keyGamma = "sk-gamma-5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b"
+	keyWrong = "sk-wrong-0000000000000000000000000000dead"
+)
+
+// keyClock is the keys' rate limits' clock, set by the test.
+type keyClock struct{ ns atomic.Int64 }
+
+func (c *keyClock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
+func (c *keyClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
 
 func getWith(t *testing.T, url string, hdr ...string) *http.Response {
 	t.Helper()

@@ -16,10 +16,11 @@ import (
 // answers at the "refused" address (seen once in CI).
 func closedPort(t *testing.T) string {
 	t.Helper()
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM, 0) // no SOCK_CLOEXEC on darwin
 	if err != nil {
 		t.Fatal(err)
 	}
+	unix.CloseOnExec(fd)
 	t.Cleanup(func() { unix.Close(fd) })
 	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
 		t.Fatal(err)

@@ -43,7 +43,7 @@ type Config struct {
 	BackoffBase time.Duration // first retry backoff, doubled per retry, full jitter [10ms]
 	BackoffMax  time.Duration // retry backoff cap [200ms]
 
-	MaxConnsPerReplica int           // connections (= concurrent streams) per replica [1024]
+	MaxConnsPerReplica int           // connections (= concurrent streams) per replica, both request paths' together (conncap.go) [1024]
 	MaxIdleConnTime    time.Duration // keep-alive idle time, below uvicorn's 5s [4s]
 	// MaxUpstreamHeader bounds an engine's response line + headers: it is
 	// the upstream connection's read buffer, which every stream holds to
@@ -91,11 +91,6 @@ type Config struct {
 	// Linux 5.18+, where the kernel and its seccomp profile allow io_uring,
 	// else unbatched with one log line) [false].
 	UnbatchedIO bool
-
-	// parseWholeAnswers: every whole answer on a request loop takes
-	// fasthttp's parse, none is relayed from its bytes (rawAnswer): for
-	// tests that hold the two to the same bytes.
-	parseWholeAnswers bool
 }
 
 func (c Config) withDefaults() Config {

@@ -23,7 +23,7 @@ func (d *deadlineRecorder) SetReadDeadline(t time.Time) error {
 // the deadline always lies in that window after a read starts.
 func TestDeadlineConnArmsOncePerSlack(t *testing.T) {
 	rec := &deadlineRecorder{repeatConn: repeatConn{chunk: []byte("x")}}
-	c := &deadlineConn{Conn: rec, firstByte: time.Hour, idle: time.Minute}
+	c := &deadlineConn{Conn: rec, to: &timeouts{firstByte: time.Hour, idle: time.Minute}}
 	p := make([]byte, 16)
 	for range 100 {
 		before := time.Now()
@@ -51,7 +51,7 @@ func TestDeadlineConnArmsOncePerSlack(t *testing.T) {
 	if len(rec.set) != 3 || rec.set[2].Sub(time.Now()) > 2*time.Minute {
 		t.Fatalf("idle deadline not re-armed: %v", rec.set)
 	}
-	c.idle = 0
+	c.to.idle = 0
 	c.Read(p) //nolint:errcheck
 	if len(rec.set) != 4 || !rec.set[3].IsZero() {
 		t.Fatalf("no limit: deadline not cleared: %v", rec.set)
@@ -84,7 +84,7 @@ func BenchmarkDeadlineConnRead(b *testing.B) {
 	defer conn.Close()
 	// Reads come from an in-memory chunk; the deadline is set on the real
 	// socket, as on the router's upstream connections.
-	c := &deadlineConn{Conn: &realDeadline{repeatConn: repeatConn{chunk: bytes.Repeat([]byte("e"), 200)}, sock: conn}, idle: time.Minute}
+	c := &deadlineConn{Conn: &realDeadline{repeatConn: repeatConn{chunk: bytes.Repeat([]byte("e"), 200)}, sock: conn}, to: &timeouts{idle: time.Minute}}
 	p := make([]byte, 2048)
 	b.ReportAllocs()
 	for b.Loop() {

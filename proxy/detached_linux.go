@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gpurouter/gpurouter/internal/h1"
+	"github.com/gpurouter/gpurouter/internal/netloop"
 	"github.com/valyala/fasthttp"
 	"golang.org/x/sys/unix"
 )
@@ -53,15 +54,18 @@ type detachedBody struct {
 	// came after the response's end, so the connection is not reused.
 	reuse *idleConns
 	extra bool
+	// cap is the replica's connection count, which the socket leaves when
+	// it closes (conncap.go); nil: not counted.
+	cap *connCap
 	// The socket's addresses, for the connection it becomes again.
 	laddr, raddr net.Addr
 
 	// The loop's, while the stream is in it.
-	in              bool      // in the epoll set
-	pfd             int       // fd as the set knows it
-	cfd             int       // the client's socket, in the set for hang-ups; -1 if not
-	deadline        time.Time // first byte or idle: the read must come by then
-	firstByte, idle time.Duration
+	in       bool      // in the epoll set
+	pfd      int       // fd as the set knows it
+	cfd      int       // the client's socket, in the set for hang-ups; -1 if not
+	deadline time.Time // first byte or idle: the read must come by then
+	to       *timeouts // limit's
 
 	mu     sync.Mutex
 	fd     int      // the socket, until conn wraps it (-1 then, or once closed)
@@ -73,10 +77,7 @@ type detachedBody struct {
 
 // limit is the read deadline's distance: first byte, then idle.
 func (b *detachedBody) limit() time.Duration {
-	if b.r.gotBody {
-		return b.idle
-	}
-	return b.firstByte
+	return b.to.readLimit(b.r.gotBody)
 }
 
 // detach takes a stream's upstream from fasthttp when the loop can relay
@@ -122,9 +123,12 @@ func (p *streamPump) detach(x *exchange, resp *fasthttp.Response, client net.Con
 	if err := uraw.Control(func(s uintptr) { fd, dupErr = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0) }); err != nil || dupErr != nil || fd < 0 {
 		return nil
 	}
+	// The duplicate counts as a connection of its own until it closes, as
+	// fasthttp's, which CloseBodyStream closes below, did until then.
+	c.cap.add()
 	b := &detachedBody{
 		pump: p, stash: c.stash, client: craw, clientFD: -1, back: make(chan pumpResult, 1),
-		firstByte: c.firstByte, idle: c.idle, fd: fd, cfd: -1,
+		to: c.to, fd: fd, cfd: -1, cap: c.cap,
 		laddr: c.Conn.LocalAddr(), raddr: c.Conn.RemoteAddr(),
 	}
 	b.write = b.writeFrame
@@ -180,7 +184,7 @@ func (b *detachedBody) netConn() (net.Conn, error) {
 		return nil, net.ErrClosed
 	}
 	if b.conn == nil {
-		b.conn = upstreamConn(b.fd, b.laddr, b.raddr, b.firstByte, b.idle, b.r != nil && b.r.gotBody)
+		b.conn = upstreamConn(b.fd, b.laddr, b.raddr, b.to, b.cap, b.r != nil && b.r.gotBody)
 		b.fd = -1
 		b.raw = make([]byte, relayBufSize)
 	}
@@ -196,10 +200,11 @@ func (b *detachedBody) owns(fd int) bool {
 }
 
 // upstreamConn is a stream's engine socket fd back in Go's netpoller
-// (fileConn), with the first-byte and idle deadlines fasthttp's reads
-// have (deadlineConn); gotBody: a byte of the body has come (idle's).
-func upstreamConn(fd int, laddr, raddr net.Addr, firstByte, idle time.Duration, gotBody bool) *deadlineConn {
-	return (&deadlineConn{Conn: newFileConn(fd, laddr, raddr), firstByte: firstByte, idle: idle, awaiting: !gotBody, headEnd: 4}).withSock()
+// (netloop.FileConn), with the first-byte and idle deadlines fasthttp's reads
+// have (deadlineConn); gotBody: a byte of the body has come (idle's). Its
+// close takes it off cap.
+func upstreamConn(fd int, laddr, raddr net.Addr, to *timeouts, cap *connCap, gotBody bool) *deadlineConn {
+	return (&deadlineConn{Conn: netloop.NewFileConn(fd, laddr, raddr), to: to, cap: cap, awaiting: !gotBody, headEnd: 4}).withSock()
 }
 
 // CloseWithError closes the stream's socket, which aborts the engine's
@@ -219,11 +224,12 @@ func (b *detachedBody) CloseWithError(err error) error {
 		return nil
 	}
 	if err == nil && b.reuse != nil && b.dec.Done() && len(b.stash) == 0 && !b.extra {
+		// Still counted: the idle set's now.
 		c := b.conn
 		if dc, ok := c.(*deadlineConn); ok {
 			c = dc.Conn
 		} else if c == nil && b.fd >= 0 {
-			c = newFileConn(b.fd, b.laddr, b.raddr)
+			c = netloop.NewFileConn(b.fd, b.laddr, b.raddr)
 			b.fd = -1
 		}
 		b.mu.Unlock()
@@ -233,10 +239,11 @@ func (b *detachedBody) CloseWithError(err error) error {
 		return nil
 	}
 	if b.conn != nil {
-		b.conn.Close() //nolint:errcheck
+		b.conn.Close() //nolint:errcheck // and off the count (upstreamConn)
 	} else if b.fd >= 0 {
 		unix.Close(b.fd)
 		b.fd = -1
+		b.cap.give()
 	}
 	b.mu.Unlock()
 	return nil

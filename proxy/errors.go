@@ -8,6 +8,8 @@ import (
 	"github.com/gpurouter/gpurouter/admission"
 	"github.com/gpurouter/gpurouter/balancer"
 	"github.com/gpurouter/gpurouter/internal/h1"
+	"github.com/gpurouter/gpurouter/internal/openai"
+	"github.com/gpurouter/gpurouter/proxy/auth"
 	"github.com/valyala/fasthttp"
 )
 
@@ -15,7 +17,6 @@ import (
 // mapped to an HTTP status and an OpenAI error body in exactly one place,
 // errorTable below; code elsewhere returns these (wrapped with detail).
 var (
-	ErrBadRequest       = errors.New("bad request")
 	ErrUnknownModel     = errors.New("model not found")
 	ErrNotFound         = errors.New("not found")
 	ErrMethodNotAllowed = errors.New("method not allowed")
@@ -28,13 +29,6 @@ var (
 	ErrTimeout          = errors.New("upstream timed out")
 	ErrClientGone       = errors.New("client disconnected")
 	ErrShuttingDown     = errors.New("router shutting down")
-
-	// Client authentication (KeyStore): no or an unknown API key, a model
-	// the key may not use, a key over its rate limit (the error carries
-	// RetryAfter).
-	ErrUnauthorized = errors.New("unauthorized")
-	ErrForbidden    = errors.New("forbidden")
-	ErrRateLimited  = errors.New("rate limit exceeded")
 )
 
 // errorKind is what one sentinel means: how it looks to a client, how
@@ -60,7 +54,7 @@ const (
 // errorTable maps sentinels to their meaning; the first match (errors.Is)
 // wins. Anything not listed is a 500 and the replica's fault.
 var errorTable = [...]errorKind{
-	{ErrBadRequest, fasthttp.StatusBadRequest, "invalid_request_error", "invalid_request", outcomeClientError, blameNone},
+	{openai.ErrBadRequest, fasthttp.StatusBadRequest, "invalid_request_error", "invalid_request", outcomeClientError, blameNone},
 	// The request grammar's refusals (h1.ParseRequest, the front door):
 	// each answered before anything acted on the request, and its
 	// connection closed.
@@ -70,9 +64,9 @@ var errorTable = [...]errorKind{
 	{h1.ErrVersion, fasthttp.StatusHTTPVersionNotSupported, "invalid_request_error", "http_version_not_supported", outcomeClientError, blameNone},
 	{ErrUnknownModel, fasthttp.StatusNotFound, "invalid_request_error", "model_not_found", outcomeClientError, blameNone},
 	{ErrNotFound, fasthttp.StatusNotFound, "invalid_request_error", "not_found", outcomeClientError, blameNone},
-	{ErrUnauthorized, fasthttp.StatusUnauthorized, "invalid_request_error", "invalid_api_key", outcomeClientError, blameNone},
-	{ErrForbidden, fasthttp.StatusForbidden, "invalid_request_error", "model_not_allowed", outcomeClientError, blameNone},
-	{ErrRateLimited, fasthttp.StatusTooManyRequests, "rate_limit_error", "rate_limit_exceeded", outcomeRateLimited, blameNone},
+	{auth.ErrUnauthorized, fasthttp.StatusUnauthorized, "invalid_request_error", "invalid_api_key", outcomeClientError, blameNone},
+	{auth.ErrForbidden, fasthttp.StatusForbidden, "invalid_request_error", "model_not_allowed", outcomeClientError, blameNone},
+	{auth.ErrRateLimited, fasthttp.StatusTooManyRequests, "rate_limit_error", "rate_limit_exceeded", outcomeRateLimited, blameNone},
 	{ErrMethodNotAllowed, fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", outcomeClientError, blameNone},
 	{ErrBodyTooLarge, fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", outcomeClientError, blameNone},
 	{ErrHeaderTooLarge, fasthttp.StatusRequestHeaderFieldsTooLarge, "invalid_request_error", "request_header_too_large", outcomeClientError, blameNone},
@@ -129,25 +123,12 @@ func outcomeOf(err error, status int) (outcome, error) {
 // statusOf is the HTTP status an error maps to.
 func statusOf(err error) int { return classify(err).status }
 
-// paramError is a bad-request error that names the offending field, so the
-// OpenAI body's "param" says which one.
-type paramError struct {
-	param string
-	msg   string
-}
-
-func (e *paramError) Error() string { return e.param + ": " + e.msg }
-func (e *paramError) Unwrap() error { return ErrBadRequest }
-
-func badParam(param, msg string) error { return &paramError{param: param, msg: msg} }
-
 // appendErrorJSON appends {"error":{"message","type","param","code"}} for err.
 func appendErrorJSON(dst []byte, err error) []byte {
 	k := classify(err)
 	var param string
-	var pe *paramError
-	if errors.As(err, &pe) {
-		param = pe.param
+	if pe := (*openai.ParamError)(nil); errors.As(err, &pe) {
+		param = pe.Param
 	}
 	dst = append(dst, `{"error":{"message":`...)
 	dst = strconv.AppendQuote(dst, err.Error())

@@ -8,6 +8,8 @@ import (
 
 	"github.com/gpurouter/gpurouter/admission"
 	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/gpurouter/gpurouter/internal/openai"
+	"github.com/gpurouter/gpurouter/proxy/auth"
 )
 
 func TestAdmissionShedIsOutcomeShed(t *testing.T) {
@@ -47,10 +49,10 @@ func TestOutcomeOf(t *testing.T) {
 		{"no replica", ErrNoReplica, 503, outcomeNoReplica, success},
 		{"router shed", ErrShed, 429, outcomeShed, success},
 		{"deadline", &admission.ShedError{Reason: admission.ReasonDeadline}, 429, outcomeShed, success},
-		{"rate limited", ErrRateLimited, 429, outcomeRateLimited, success},
-		{"unauthorized", ErrUnauthorized, 401, outcomeClientError, success},
-		{"forbidden", ErrForbidden, 403, outcomeClientError, success},
-		{"bad param", badParam("model", "x"), 400, outcomeClientError, success},
+		{"rate limited", auth.ErrRateLimited, 429, outcomeRateLimited, success},
+		{"unauthorized", auth.ErrUnauthorized, 401, outcomeClientError, success},
+		{"forbidden", auth.ErrForbidden, 403, outcomeClientError, success},
+		{"bad param", openai.BadParam("model", "x"), 400, outcomeClientError, success},
 		{"unknown model", ErrUnknownModel, 404, outcomeClientError, success},
 		{"not found", ErrNotFound, 404, outcomeClientError, success},
 		{"method", ErrMethodNotAllowed, 405, outcomeClientError, success},

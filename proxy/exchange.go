@@ -8,6 +8,9 @@ import (
 
 	"github.com/gpurouter/gpurouter/admission"
 	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/gpurouter/gpurouter/internal/openai"
+	"github.com/gpurouter/gpurouter/proxy/auth"
+	"github.com/gpurouter/gpurouter/proxy/observe"
 	"go.uber.org/zap"
 )
 
@@ -39,31 +42,31 @@ func (o outcome) String() string { return outcomeNames[o] }
 // exchange is one request's journey through the router: what was asked,
 // where it went, and when each thing happened. It lives from the handler
 // until the response stream closes, and is finished exactly once. Each
-// group of fields is written by one step of the request path (handler.go)
+// group of fields is written by one step of the request (flow.go)
 // and only read after it.
 type exchange struct {
 	s        *Server
 	id       string
 	seq      uint64 // the router's own number for the request (unique, unlike a client-chosen id); set by upstreamRequest
-	ep       endpoint
+	ep       openai.Endpoint
 	received time.Time // full request read by the router
 
-	// Steps 1–2 (handler.go, clients.go): the request, its client and
+	// Steps 1–2 (flow.go, plan.go, clients.go): the request, its client and
 	// pool, and its cost — computed once, read by admission, the lease
 	// and the record.
-	req       request
+	req       openai.Request
 	route     *poolRoute
 	cost      admission.Cost
-	arm       string    // A/B arm (the policy name outside experiments); the picker may set it in step 4
-	affinity  string    // session key: X-Session-Id, else the body's user
-	principal Principal // the client's API key; zero when auth is off or no valid key came
-	keys      *KeyStore // the store that authenticated principal; nil when auth is off
+	arm       string         // A/B arm (the policy name outside experiments); the picker may set it in step 4
+	affinity  string         // session key: X-Session-Id, else the body's user
+	principal auth.Principal // the client's API key; zero when auth is off or no valid key came
+	keys      *auth.KeyStore // the store that authenticated principal; nil when auth is off
 
 	// Step 3 (admit.go): the admission ticket; zero without admission.
 	ticket   admission.Ticket
 	admitted time.Time // admission let it through (zero without admission)
 
-	// Steps 4–5 (handler.go, forward.go): the replica that answered.
+	// Steps 4–5 (flow.go, forward.go): the replica that answered.
 	up        *upstream         // nil if none did
 	last      *balancer.Replica // the replica the request was last sent to (nil if none)
 	rm        *replicaMetrics   // up's metric children for the request's arm
@@ -75,7 +78,7 @@ type exchange struct {
 	// stream's relay may take from fasthttp (pump_linux.go); else nil.
 	upc *deadlineConn
 
-	// Step 6 (relay.go, forward.go's respondWhole): tokens as they came.
+	// Step 6 (relay.go, respond.go): tokens as they came.
 	firstTok time.Time // first token chunk relayed
 	lastTok  time.Time // last token chunk relayed
 	itlSum   time.Duration
@@ -216,16 +219,23 @@ func (x *exchange) finish(err error, status int) {
 			x.lease.ObserveDecode(x.completionTokens, decode)
 		}
 	}
-	s.records.add(x.record(e2eEnd))
+	s.records.Add(x.record(e2eEnd))
 	x.logLine(err, end, e2eEnd, model, replica)
 }
 
 // logLine writes the exchange's access log line: the common kind straight
-// (accessLog), the others through zap.
+// (observe.AccessLog), the others through zap.
 func (x *exchange) logLine(err error, end, e2eEnd time.Time, model, replica string) {
 	s := x.s
-	if s.access.write(x, err, end, model, replica, e2eEnd.Sub(x.received)) {
-		return
+	if err == nil && (x.mig == nil || x.mig.migrations == 0) {
+		// The common kind, with no error to report and no migration.
+		line := observe.Line{ID: x.id, Endpoint: x.ep.String(), Model: model, Replica: replica, Arm: x.arm, KeyID: x.principal.ID,
+			Status: x.status, Outcome: x.outcome.String(), Stream: x.req.Stream, Attempts: x.attempts,
+			TTFT: sinceOr(x.firstTok, x.received), E2E: e2eEnd.Sub(x.received), PromptTokens: x.promptTokens,
+			CompletionTokens: x.completionTokens, End: end}
+		if s.access.Write(&line) {
+			return
+		}
 	}
 	if ce := s.log.Check(zap.InfoLevel, "request"); ce != nil {
 		keyID := zap.Skip() // the key's id only, never the key
@@ -242,7 +252,7 @@ func (x *exchange) logLine(err error, end, e2eEnd time.Time, model, replica stri
 			keyID,
 			zap.Int("status", x.status),
 			zap.String("outcome", x.outcome.String()),
-			zap.Bool("stream", x.req.stream),
+			zap.Bool("stream", x.req.Stream),
 			zap.Int("attempts", x.attempts),
 			zap.Duration("ttft", sinceOr(x.firstTok, x.received)),
 			zap.Duration("e2e", e2eEnd.Sub(x.received)),
@@ -259,7 +269,7 @@ func (x *exchange) logLine(err error, end, e2eEnd time.Time, model, replica stri
 }
 
 // accessFields are the fields of an access log line that goes through zap
-// (accessLog writes the common ones itself). Passed to zap as a literal
+// (observe.AccessLog writes the common ones itself). Passed to zap as a literal
 // list they would be a 1,152-byte heap slice a line — zap's cores are
 // interfaces, so the slice escapes. Server.accessFields pools them: a zap
 // core encodes the fields it is given before Write returns, and keeps none

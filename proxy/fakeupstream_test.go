@@ -41,10 +41,14 @@ type fakeVLLM struct {
 	tokens     int           // tokens per response [5]
 	prefill    time.Duration // wait before the first token (honours cancellation)
 	gap        time.Duration // wait between tokens
-	cutAfter   int           // >0: close the stream after this many tokens, without [DONE]
-	hang       bool          // never answer (until the client goes away)
-	garbage    bool          // non-streamed 200 with a body that is not JSON
-	lockstep   chan int      // if set: after sending token i, wait for the test to send i back
+	// roleLead: a stream's first chunk carries no output (chat: the role
+	// alone, as vLLM sends it; completions: empty text), this long before
+	// the first token.
+	roleLead   time.Duration
+	cutAfter   int      // >0: close the stream after this many tokens, without [DONE]
+	hang       bool     // never answer (until the client goes away)
+	garbage    bool     // non-streamed 200 with a body that is not JSON
+	lockstep   chan int // if set: after sending token i, wait for the test to send i back
 	sendTimeMu sync.Mutex
 	sendTimes  []time.Time // when each token event was written and flushed
 
@@ -168,6 +172,14 @@ func (f *fakeVLLM) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	if chat {
 		fmt.Fprintf(w, "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":%q,\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n", req.Model)
+	} else if f.roleLead > 0 {
+		fmt.Fprintf(w, "data: {\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"created\":1,\"model\":%q,\"choices\":[{\"index\":0,\"text\":\"\"}]}\n\n", req.Model)
+	}
+	if f.roleLead > 0 {
+		fl.Flush()
+		if !f.wait(r, f.roleLead) {
+			return
+		}
 	}
 	for i := 0; i < f.tokens; i++ {
 		if f.cutAfter > 0 && i == f.cutAfter {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpurouter/gpurouter/internal/openai"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
 	"go.uber.org/zap"
@@ -122,7 +123,7 @@ func benchStream(b *testing.B, c *fasthttp.HostClient, events int, check func(bo
 		req.SetRequestURI("/v1/chat/completions")
 		req.Header.SetHost("router")
 		req.SetBody(body)
-		if err := c.DoTimeout(req, resp, 5*time.Second); err != nil || !bytes.HasSuffix(resp.Body(), doneEvent) {
+		if err := c.DoTimeout(req, resp, 5*time.Second); err != nil || !bytes.HasSuffix(resp.Body(), []byte(doneEvent)) {
 			b.Fatalf("%v %q", err, resp.Body())
 		}
 		if check != nil {
@@ -171,7 +172,7 @@ func BenchmarkParseRequest(b *testing.B) {
 	b.ReportAllocs()
 	b.SetBytes(int64(len(body)))
 	for b.Loop() {
-		if _, err := readRequest(&p, body, epChat); err != nil {
+		if _, err := openai.ReadRequest(&p, body, openai.Chat); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/gpurouter/gpurouter/balancer"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
 )
 
 // testRouter is a Server on a loopback port over the given upstreams.
@@ -105,6 +106,29 @@ func startRouterWith(t testing.TB, urls []string, edit func(*Options), opts ...r
 		defer cancel()
 		srv.Shutdown(ctx) //nolint:errcheck
 		<-done
+		// Every connection to a replica is counted against its cap from
+		// its dial to its close, whichever path holds it (conncap.go):
+		// once the router has stopped and the pools' idle ones are
+		// closed, none is left counted.
+		for _, u := range srv.routes.Load().upstreams {
+			if hc, ok := u.client.(*fasthttp.HostClient); ok {
+				hc.CloseIdleConnections()
+			}
+			u.idle.mu.Lock()
+			idle := u.idle.conns
+			u.idle.conns = nil
+			u.idle.mu.Unlock()
+			for _, ic := range idle {
+				u.idle.closeAll([]net.Conn{ic.c})
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for u.cap.open() != 0 && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if n := u.cap.open(); n != 0 {
+				t.Errorf("replica %s: %d connections still counted against its cap after shutdown", u.replica.Name(), n)
+			}
+		}
 	})
 	return tr
 }

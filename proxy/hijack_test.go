@@ -269,7 +269,7 @@ func TestWholeResponseToAClientThatStopsReadingEnds(t *testing.T) {
 	// and times out. The engine builds 16 MiB and the router reads them
 	// first: 2–4 s under the race detector alone, more beside other
 	// packages' tests (CI ran past 5 s twice).
-	waitWithin(t, 30*time.Second, "the request's record", func() bool { return len(tr.srv.records.since(0, 0)) == 1 })
+	waitWithin(t, 30*time.Second, "the request's record", func() bool { return len(tr.srv.records.Since(0, 0)) == 1 })
 	time.Sleep(time.Second)
 	c.SetReadDeadline(time.Now().Add(5 * time.Second)) //nolint:errcheck
 	n, err := io.Copy(io.Discard, c)

@@ -16,6 +16,7 @@ import (
 // connections until they are taken.
 type idleConns struct {
 	maxIdle time.Duration // 0: no limit
+	cap     *connCap      // the replica's count, which the connections closed here leave (nil: none)
 	mu      sync.Mutex
 	conns   []idleConn // oldest first
 }
@@ -30,8 +31,15 @@ type idleConn struct {
 const maxIdleConns = 64
 
 // put keeps c, closing the oldest connection when the set is full and
-// those idle past maxIdle.
+// those idle past maxIdle — or closes c when its replica has its cap's
+// worth of connections (conncap.go), so that a request loop, which can't
+// take the set's, may dial.
 func (l *idleConns) put(c net.Conn, now time.Time) {
+	if l.cap != nil && l.cap.full() {
+		c.Close() //nolint:errcheck
+		l.cap.give()
+		return
+	}
 	l.mu.Lock()
 	drop := l.expire(now)
 	if len(l.conns) == maxIdleConns {
@@ -40,7 +48,7 @@ func (l *idleConns) put(c net.Conn, now time.Time) {
 	}
 	l.conns = append(l.conns, idleConn{c, now})
 	l.mu.Unlock()
-	closeAll(drop)
+	l.closeAll(drop)
 }
 
 // take returns the most recently kept connection, closing those idle past
@@ -56,7 +64,7 @@ func (l *idleConns) take(now time.Time) net.Conn {
 		l.conns = l.conns[:n-1]
 	}
 	l.mu.Unlock()
-	closeAll(drop)
+	l.closeAll(drop)
 	return c
 }
 
@@ -83,8 +91,10 @@ func (l *idleConns) expire(now time.Time) []net.Conn {
 	return drop
 }
 
-func closeAll(cs []net.Conn) {
+// closeAll closes connections dropped from the set.
+func (l *idleConns) closeAll(cs []net.Conn) {
 	for _, c := range cs {
 		c.Close() //nolint:errcheck
+		l.cap.give()
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/gpurouter/gpurouter/proxy/observe"
 	"github.com/gpurouter/gpurouter/sketch"
 )
 
@@ -92,14 +93,14 @@ func (u *pacedUpstream) streamAcking(t *testing.T, routerURL string, n int) {
 }
 
 // getLatency reads /debug/latency.
-func getLatency(t *testing.T, routerURL, query string) LatencyDoc {
+func getLatency(t *testing.T, routerURL, query string) observe.LatencyDoc {
 	t.Helper()
 	resp, err := http.Get(routerURL + "/debug/latency" + query)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var doc LatencyDoc
+	var doc observe.LatencyDoc
 	if resp.StatusCode != 200 || json.NewDecoder(resp.Body).Decode(&doc) != nil {
 		t.Fatalf("GET /debug/latency%s: %d", query, resp.StatusCode)
 	}
@@ -134,8 +135,8 @@ func TestRouterITLPercentilesMatchTheUpstreamsSpacing(t *testing.T) {
 		clock.add(10 * time.Second) // between requests: no gap is measured across them
 	}
 	slices.Sort(want)
-	waitFor(t, "every request's record", func() bool { return len(tr.srv.records.since(0, 0)) == requests })
-	if took := clock.now().Sub(start); took < 2*latencyWindow {
+	waitFor(t, "every request's record", func() bool { return len(tr.srv.records.Since(0, 0)) == requests })
+	if took := clock.now().Sub(start); took < 2*observe.LatencyWindow {
 		t.Fatalf("the run spans %v: it should cross several windows", took)
 	}
 
@@ -155,14 +156,14 @@ func TestRouterITLPercentilesMatchTheUpstreamsSpacing(t *testing.T) {
 	if mean := time.Duration(itl.MeanS * 1e9); math.Abs(float64(mean-sum/time.Duration(len(want)))) > 1000 {
 		t.Errorf("mean %v, want %v (exact)", mean, sum/time.Duration(len(want)))
 	}
-	for _, lq := range latencyQuantiles {
+	for _, lq := range observe.Quantiles() {
 		// The rank DDSketch reads, and the interpolated percentile vllm
 		// bench (numpy) prints: the router's answer is within 1% of both.
-		exact := want[int(lq.q*float64(len(want)-1))]
-		got := time.Duration(itl.Quantiles[lq.name] * 1e9)
-		for _, ref := range []time.Duration{exact, interpolated(want, lq.q)} {
+		exact := want[int(lq.Rank*float64(len(want)-1))]
+		got := time.Duration(itl.Quantiles[lq.Name] * 1e9)
+		for _, ref := range []time.Duration{exact, interpolated(want, lq.Rank)} {
 			if rel := math.Abs(float64(got-ref)) / float64(ref); rel > 0.01 {
-				t.Errorf("%s: router %v, distribution %v (%.2f%% off)", lq.name, got, ref, 100*rel)
+				t.Errorf("%s: router %v, distribution %v (%.2f%% off)", lq.Name, got, ref, 100*rel)
 			}
 		}
 	}
@@ -199,12 +200,12 @@ func TestDebugLatencyWindowsAndReplicas(t *testing.T) {
 		up0.gaps <- 10 * time.Millisecond
 	}
 	up0.streamAcking(t, tr.url, 10)
-	clock.ns.Store(base.Add(latencyWindow).UnixNano())
+	clock.ns.Store(base.Add(observe.LatencyWindow).UnixNano())
 	for range 4 {
 		up1.gaps <- 20 * time.Millisecond
 	}
 	up1.streamAcking(t, tr.url, 5)
-	waitFor(t, "both records", func() bool { return len(tr.srv.records.since(0, 0)) == 2 })
+	waitFor(t, "both records", func() bool { return len(tr.srv.records.Since(0, 0)) == 2 })
 
 	tests := []struct {
 		name      string
@@ -213,10 +214,10 @@ func TestDebugLatencyWindowsAndReplicas(t *testing.T) {
 		fromDelta time.Duration
 		toDelta   time.Duration
 	}{
-		{"everything retained", "", 9, 4, -latencyWindow * (latencyWindows - 2), 2 * latencyWindow},
-		{"window 0", fmt.Sprintf("?since=%d&until=%d", base.UnixNano(), base.Add(time.Second).UnixNano()), 9, 0, 0, latencyWindow},
-		{"window 1", fmt.Sprintf("?since=%d", base.Add(latencyWindow).UnixNano()), 0, 4, latencyWindow, 2 * latencyWindow},
-		{"a future since reads the current window", fmt.Sprintf("?since=%d", base.Add(time.Hour).UnixNano()), 0, 4, latencyWindow, 2 * latencyWindow},
+		{"everything retained", "", 9, 4, -observe.LatencyWindow * (observe.LatencyWindows - 2), 2 * observe.LatencyWindow},
+		{"window 0", fmt.Sprintf("?since=%d&until=%d", base.UnixNano(), base.Add(time.Second).UnixNano()), 9, 0, 0, observe.LatencyWindow},
+		{"window 1", fmt.Sprintf("?since=%d", base.Add(observe.LatencyWindow).UnixNano()), 0, 4, observe.LatencyWindow, 2 * observe.LatencyWindow},
+		{"a future since reads the current window", fmt.Sprintf("?since=%d", base.Add(time.Hour).UnixNano()), 0, 4, observe.LatencyWindow, 2 * observe.LatencyWindow},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -254,7 +255,7 @@ func TestLatencyStoreRetiresReplicas(t *testing.T) {
 	tr := startRouterWith(t, []string{up.url, up.url}, func(o *Options) { o.Now = clock.now })
 	up.gaps <- 10 * time.Millisecond
 	up.streamAcking(t, tr.url, 2) // r0
-	waitFor(t, "the record", func() bool { return len(tr.srv.records.since(0, 0)) == 1 })
+	waitFor(t, "the record", func() bool { return len(tr.srv.records.Since(0, 0)) == 1 })
 
 	p, err := balancer.NewPool(balancer.PoolConfig{Model: "m", Policy: "round_robin"}, tr.reps[1:])
 	if err != nil {
@@ -267,7 +268,7 @@ func TestLatencyStoreRetiresReplicas(t *testing.T) {
 	if len(reps) != 2 || reps[0].Replica != "r0" || reps[0].Served || reps[0].ITL.Count != 1 || !reps[1].Served {
 		t.Fatalf("after r0 left: %+v", reps)
 	}
-	clock.add(latencyWindow*latencyWindows + time.Second)
+	clock.add(observe.LatencyWindow*observe.LatencyWindows + time.Second)
 	if err := tr.srv.SetRoutes([]Route{{Pool: p}}); err != nil {
 		t.Fatal(err)
 	}
@@ -277,34 +278,25 @@ func TestLatencyStoreRetiresReplicas(t *testing.T) {
 	}
 }
 
-// The memory the package doc states per replica.
-func TestLatencyMemoryPerReplica(t *testing.T) {
-	b := latencyBytesPerReplica()
-	t.Logf("%d bytes per replica (%d windows of %v, %d bins)", b, latencyWindows, latencyWindow, sketch.Bins())
-	if b < 200<<10 || b > 260<<10 {
-		t.Errorf("%d bytes per replica; the doc says about 236 KB", b)
-	}
-}
-
 // Recording a gap on the hot path allocates nothing.
 func TestTokenChunkRecordsWithoutAllocating(t *testing.T) {
-	s := &Server{cfg: Config{}.withDefaults(), now: time.Now, lat: newLatencyStore()}
-	x := &exchange{s: s, received: time.Now(), up: &upstream{lat: s.lat.forReplica("m", "r0")}}
+	s := &Server{cfg: Config{}.withDefaults(), now: time.Now, lat: observe.NewLatency()}
+	x := &exchange{s: s, received: time.Now(), up: &upstream{lat: s.lat.Replica("m", "r0")}}
 	now := time.Now()
 	x.tokenChunk(now)
 	if n := testing.AllocsPerRun(1000, func() { now = now.Add(12 * time.Millisecond); x.tokenChunk(now) }); n != 0 {
 		t.Errorf("tokenChunk: %v allocations per gap", n)
 	}
-	if snap, _, _ := x.up.lat.itl.Collect(time.Time{}, now); snap.Count < 1000 {
-		t.Errorf("%d gaps recorded", snap.Count)
+	if doc := s.lat.Collect(time.Time{}, now); len(doc.Pools) != 1 || doc.Pools[0].ITL.Count < 1000 {
+		t.Errorf("gaps recorded: %+v", doc.Pools)
 	}
 }
 
 // BenchmarkTokenChunkWithSketch is the router's per-token bookkeeping,
 // the gap's sketch included.
 func BenchmarkTokenChunkWithSketch(b *testing.B) {
-	s := &Server{cfg: Config{}.withDefaults(), now: time.Now, lat: newLatencyStore()}
-	x := &exchange{s: s, received: time.Now(), up: &upstream{lat: s.lat.forReplica("m", "r0")}}
+	s := &Server{cfg: Config{}.withDefaults(), now: time.Now, lat: observe.NewLatency()}
+	x := &exchange{s: s, received: time.Now(), up: &upstream{lat: s.lat.Replica("m", "r0")}}
 	now := time.Now()
 	b.ReportAllocs()
 	for b.Loop() {

@@ -21,7 +21,7 @@ const (
 )
 
 // closeWriter is a connection that can shut down its write side alone:
-// *net.TCPConn and fileConn.
+// *net.TCPConn and netloop.FileConn.
 type closeWriter interface{ CloseWrite() error }
 
 // linger sends c's FIN and drops what its client still sends, through

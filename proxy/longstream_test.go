@@ -22,7 +22,7 @@ func TestStreamOutlivesReadTimeout(t *testing.T) {
 		t.Fatal("upstream was aborted")
 	}
 	waitFor(t, "finish", func() bool { return tr.srv.Active() == 0 })
-	if recs := tr.srv.records.since(0, 0); recs[0].Outcome != "ok" {
+	if recs := tr.srv.records.Since(0, 0); recs[0].Outcome != "ok" {
 		t.Fatalf("outcome %s", recs[0].Outcome)
 	}
 }

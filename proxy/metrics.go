@@ -38,6 +38,13 @@ type metrics struct {
 	// refused counts the requests the front door refused (frontdoor.go),
 	// by the status answered.
 	refused *prometheus.CounterVec
+	// The loops' socket reads and writes made in io_uring batches: a
+	// stream's (pump_batch_linux.go), and a request's or its answer's
+	// (reqloop_batch_linux.go).
+	streamReads, streamWrites, requestReads, requestWrites prometheus.Counter
+	// rawAnswers counts the whole answers a request loop relayed from the
+	// engine's bytes (reqloop_answer_linux.go), parsedAnswers the rest.
+	rawAnswers, parsedAnswers prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -103,14 +110,25 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"reason"}),
 		loopHandOffs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "gpurouter_request_loop_handoffs_total",
-			Help: "Client connections a request loop (upstream.request_loops) gave to the goroutine path with a request it does not serve: a stream with goroutine_streams, the router's own endpoints, HTTP/1.0, a chunked body, Expect, a body over the limit, a pool behind TLS. The connection stays there.",
+			Help: "Client connections a request loop (upstream.request_loops) gave to the goroutine path with a request it does not serve: the router's own endpoints, HTTP/1.0, a chunked body, Expect, a body over the limit, a request that may go to a pool behind TLS. The connection stays there.",
 		}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpurouter_requests_refused_total",
 			Help: "Requests refused before anything acted on them, by the HTTP status answered: 400 not HTTP/1.1 by RFC 9112's grammar or framed ambiguously (both Content-Length and Transfer-Encoding, a malformed length, a lone CR or LF, a folded line, a field name not a token, a control character), 431 a head over its size or field-count bound, 501 an unknown transfer coding, 505 another HTTP version, 408 a request not sent in time, 413 a chunked body over the limit. Each connection is closed.",
 		}, []string{"status"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.retries, m.stale, m.ttft, m.itl, m.tpot, m.e2e, m.queue, m.connect, m.promptToks, m.genToks, m.loopIn, m.loopOut, m.loopHandOffs, m.refused} {
+	batched := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "gpurouter_loop_batched_io_total",
+		Help: "Reads and writes of the loops' sockets (Linux) made in io_uring batches, a wake-up's in one io_uring_enter, by op (read, write) and what they carry (stream: a stream's events; request: a request, or a whole answer); none where the kernel refuses io_uring or upstream.unbatched_io is set.",
+	}, []string{"op", "of"})
+	m.streamReads, m.streamWrites = batched.WithLabelValues("read", "stream"), batched.WithLabelValues("write", "stream")
+	m.requestReads, m.requestWrites = batched.WithLabelValues("read", "request"), batched.WithLabelValues("write", "request")
+	answers := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "gpurouter_request_loop_answers_total",
+		Help: "Whole answers a request loop wrote, by how: bytes (relayed from the engine's, a plain 200 to an HTTP/1.1 client) or parsed (through fasthttp's response).",
+	}, []string{"how"})
+	m.rawAnswers, m.parsedAnswers = answers.WithLabelValues("bytes"), answers.WithLabelValues("parsed")
+	for _, c := range []prometheus.Collector{m.requests, m.retries, m.stale, m.ttft, m.itl, m.tpot, m.e2e, m.queue, m.connect, m.promptToks, m.genToks, m.loopIn, m.loopOut, m.loopHandOffs, m.refused, batched, answers} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/gpurouter/gpurouter/internal/openai"
 	"github.com/valyala/fasthttp"
 )
 
@@ -87,13 +88,13 @@ type migration struct {
 
 	buf *migBuffers // pooled: text, ids, prompt ids, id, created
 
-	tokens    int     // output tokens so far: ids counted while idsOK, else text chunks
-	idsOK     bool    // every chunk with output carried its token ids
-	idsSeen   bool    // some chunk carried token ids
-	promptN   int     // prompt tokens, from prompt_token_ids (0 until known)
-	promptEst int     // the router's estimate of them, until they are known
-	finished  bool    // a chunk carried a finish_reason: only the end was lost
-	choices   keyHint // where the stream's events have their choices (sse.go)
+	tokens    int            // output tokens so far: ids counted while idsOK, else text chunks
+	idsOK     bool           // every chunk with output carried its token ids
+	idsSeen   bool           // some chunk carried token ids
+	promptN   int            // prompt tokens, from prompt_token_ids (0 until known)
+	promptEst int            // the router's estimate of them, until they are known
+	finished  bool           // a chunk carried a finish_reason: only the end was lost
+	choices   openai.KeyHint // where the stream's events have their choices (sse.go)
 
 	// The switch.
 	cont       bool      // relaying a continuation: ids restored, the role chunk dropped
@@ -141,18 +142,18 @@ func (b *migBuffers) reset() {
 // x.mig; body unchanged otherwise.
 func (s *Server) startMigration(ctx *fasthttp.RequestCtx, x *exchange, body []byte) []byte {
 	pol := x.route.Migration
-	if pol.Max <= 0 || !x.req.stream || x.req.cont&contNo != 0 || (x.ep != epChat && x.ep != epCompletions) ||
-		(x.req.cont&contPromptIDs != 0 && pol.NoTokenIDs) { // token ids in, and none will come back
+	if pol.Max <= 0 || !x.req.Stream || x.req.Cont&openai.ContNo != 0 || (x.ep != openai.Chat && x.ep != openai.Completions) ||
+		(x.req.Cont&openai.ContPromptIDs != 0 && pol.NoTokenIDs) { // token ids in, and none will come back
 		return body
 	}
 	if pol.MaxSeqLen <= 0 {
 		pol.MaxSeqLen = DefaultMigrationMaxSeqLen
 	}
-	m := &migration{pol: pol, left: pol.Max, ctx: ctx, chat: x.ep == epChat, prefill: x.req.cont&contFinal != 0,
+	m := &migration{pol: pol, left: pol.Max, ctx: ctx, chat: x.ep == openai.Chat, prefill: x.req.Cont&openai.ContFinal != 0,
 		idsOK: true, promptEst: x.cost.PromptTokens}
 	m.buf = migBufPool.Get().(*migBuffers)
 	m.buf.reset()
-	if !pol.NoTokenIDs && x.req.cont&contClientIDs == 0 {
+	if !pol.NoTokenIDs && x.req.Cont&openai.ContClientIDs == 0 {
 		if b, ok := withTokenIDs(m.buf.body[:0], body); ok {
 			m.buf.body, body, m.strip = b, b, true
 		}
@@ -168,7 +169,7 @@ func (s *Server) startMigration(ctx *fasthttp.RequestCtx, x *exchange, body []by
 // chunk's in its choice; older versions ignore the key. false when body is
 // not an object.
 func withTokenIDs(dst, body []byte) ([]byte, bool) {
-	return withFirstMember(dst, body, `"return_token_ids":true`)
+	return openai.WithFirstMember(dst, body, `"return_token_ids":true`)
 }
 
 // release hands the buffers back; the migration must not be used after.

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"github.com/gpurouter/gpurouter/proxy/observe"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
@@ -11,7 +12,7 @@ import (
 
 // recordInto fills rec's migration fields; nothing for a stream that never
 // moved (or a nil migration).
-func (m *migration) recordInto(rec *Record) {
+func (m *migration) recordInto(rec *observe.Record) {
 	if m == nil || m.migrations == 0 {
 		return
 	}

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"errors"
-	"fmt"
 	"io"
 	"slices"
 	"time"
@@ -138,64 +137,39 @@ func (r *relay) dropUpstream(closeErr, leaseErr error) {
 }
 
 // switchTo sends body to another replica — any not tried yet, picked by
-// the pool's policy, with the request path's retries — and makes its
-// stream the relay's.
+// the pool's policy, with the request path's attempts and pauses (a
+// flow's steps 4–5, as a continuation: flow.go) — and makes its stream
+// the relay's.
 func (r *relay) switchTo(body []byte) error {
 	x, m := r.x, r.x.mig
 	s := x.s
 	sent, firstByte := x.sent, x.firstByte // the request's, not the continuation's
 	defer func() { x.sent, x.firstByte = sent, firstByte }()
-	pick := x.pickRequest()
-	var lastErr error
-	for try := 0; try < s.cfg.MaxAttempts; try++ {
-		if try > 0 {
-			s.sleep(s.backoff(try))
-		}
-		if ap := r.abortErr.Load(); ap != nil {
-			return *ap
-		}
-		pick.Now = s.now()
-		rep := x.route.Pool.PickExcept(&pick, m.tried)
-		if rep == nil {
-			return x.noReplica(lastErr)
-		}
-		ureq := s.upstreamRequest(m.ctx, x, x.ep, body)
-		client := m.ctx.Conn()
-		if m.client != nil {
-			client = m.client
-		}
-		w := s.startWatch(x, client, nil) // the relay's own watch goes on meanwhile
-		resp, again, err := s.forward(s.routes.Load(), x, rep, ureq, w)
-		w.stop()
-		fasthttp.ReleaseRequest(ureq)
-		if again {
-			if err != nil {
-				lastErr = err
-				m.tried = append(m.tried, rep) // it failed the continuation: not again
-			}
-			continue
-		}
-		if err != nil {
-			// The watch ended the request (forward): the relay's own
-			// watch would tell the relay the same a check later.
-			r.abort(err)
-			return err
-		}
-		if resp.StatusCode() != fasthttp.StatusOK || !isEventStream(resp) {
-			// The replica refused the continuation itself (a model whose
-			// chat template can't continue a message): not its failure.
-			status := resp.StatusCode()
-			resp.CloseBodyStream() //nolint:errcheck
-			fasthttp.ReleaseResponse(resp)
-			x.lease.Done(balancer.ErrNotReplicaFault)
-			x.lease = balancer.Lease{}
-			return fmt.Errorf("replica %s answered the continuation with %d", rep.Name(), status)
-		}
-		m.tried = append(m.tried, rep)
-		r.swap(resp)
-		return nil
+	f := s.flows.Get().(*flow)
+	defer func() { *f = flow{}; s.flows.Put(f) }()
+	*f = flow{s: s, ctx: m.ctx, x: x, rt: s.routes.Load(), body: body, cont: true, tried: m.tried, from: x.attempts}
+	f.pick = x.pickRequest()
+	f.pick.Now = s.now()
+	client := m.ctx.Conn()
+	if m.client != nil {
+		client = m.client
 	}
-	return x.noReplica(lastErr)
+	var w *clientWatch // the relay's own watch goes on meanwhile
+	resp, a := s.attempts(f, f.next(), &w, client)
+	fired := w.why()
+	w.stop()
+	m.tried = f.tried
+	if fired != nil {
+		// The watch ended the request: the relay's own would tell the
+		// relay the same a check later.
+		r.abort(fired)
+		return fired
+	}
+	if a != actStream {
+		return f.err
+	}
+	r.swap(resp)
+	return nil
 }
 
 // swap makes resp's stream the relay's, unless the client left meanwhile.

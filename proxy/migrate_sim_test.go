@@ -232,7 +232,7 @@ func TestMigrationSurvivesAKilledReplica(t *testing.T) {
 		}
 	}
 	var stalls []time.Duration
-	for _, rec := range tr.srv.records.since(since, 0) {
+	for _, rec := range tr.srv.records.Since(since, 0) {
 		if rec.Outcome == "migrated" {
 			moved++
 			stalls = append(stalls, time.Duration(rec.MigrationStallS*float64(time.Second)))
@@ -300,7 +300,7 @@ func TestMigrationDrainedReplica(t *testing.T) {
 		drained := time.Now()
 		sameText(t, <-done, want)
 		r0.SetDraining(false)
-		for _, rec := range tr.srv.records.since(since, 0) {
+		for _, rec := range tr.srv.records.Since(since, 0) {
 			if rec.Outcome != "migrated" || rec.ReplicaChain != "r0>r1" {
 				t.Errorf("record %+v", rec)
 			} else if d := time.Unix(0, rec.DoneNs).Sub(drained); d < grace {
@@ -317,7 +317,7 @@ func TestMigrationDrainedReplica(t *testing.T) {
 		waitFor(t, "streams under way", func() bool { return seen.Load() >= n*20 })
 		r0.SetDraining(true)
 		sameText(t, <-done, want)
-		for _, rec := range tr.srv.records.since(since, 0) {
+		for _, rec := range tr.srv.records.Since(since, 0) {
 			if rec.Outcome != "ok" || rec.Replica != "r0" {
 				t.Errorf("record %+v", rec)
 			}
@@ -346,7 +346,7 @@ func TestMigrationIdleReplica(t *testing.T) {
 	}
 	sameText(t, <-done, want)
 	moved := 0
-	for _, rec := range tr.srv.records.since(since, 0) {
+	for _, rec := range tr.srv.records.Since(since, 0) {
 		if rec.Outcome == "migrated" {
 			moved++
 		}
@@ -397,8 +397,8 @@ func TestMigrationAbandonedByTheClient(t *testing.T) {
 	}
 	waitFor(t, "the continuation sent to the other replica", func() bool { return tr.reps[to].InFlight() == 1 })
 	conn.Close()
-	waitFor(t, "the request's record", func() bool { return len(tr.srv.records.since(0, 0)) == 1 })
-	if rec := tr.srv.records.since(0, 0)[0]; rec.Outcome != "canceled" {
+	waitFor(t, "the request's record", func() bool { return len(tr.srv.records.Since(0, 0)) == 1 })
+	if rec := tr.srv.records.Since(0, 0)[0]; rec.Outcome != "canceled" {
 		t.Errorf("outcome %q (replica %s), want canceled", rec.Outcome, rec.Replica)
 	}
 	mig := tr.srv.m.mig.results

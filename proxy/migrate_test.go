@@ -9,42 +9,6 @@ import (
 	"github.com/tidwall/gjson"
 )
 
-func TestParseRecordsWhatAContinuationNeeds(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		ep   endpoint
-		body string
-		want contFlags
-	}{
-		{"plain chat", epChat, `{"messages":[{"role":"user","content":"hi"}],"n":1,"logprobs":false,"top_logprobs":0}`, 0},
-		{"n=2", epChat, `{"messages":[{"role":"user","content":"hi"}],"n":2}`, contNo},
-		{"logprobs", epChat, `{"messages":[{"role":"user","content":"hi"}],"logprobs":true}`, contNo},
-		{"completion logprobs", epCompletions, `{"prompt":"hi","logprobs":1}`, contNo},
-		{"json schema", epChat, `{"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_schema"}}`, contNo},
-		{"text format", epChat, `{"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"text"}}`, 0},
-		{"guided", epChat, `{"messages":[{"role":"user","content":"hi"}],"guided_regex":"a+"}`, contNo},
-		{"echo", epCompletions, `{"prompt":"hi","echo":true}`, contNo},
-		{"per-chunk usage", epChat, `{"messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}}`, contNo},
-		{"two prompts", epCompletions, `{"prompt":["a","b"]}`, contNo},
-		{"one prompt in a list", epCompletions, `{"prompt":["a"]}`, 0},
-		{"token ids", epCompletions, `{"prompt":[1,2,3]}`, contPromptIDs},
-		{"one list of token ids", epCompletions, `{"prompt":[[1,2,3]]}`, contPromptIDs},
-		{"two lists of token ids", epCompletions, `{"prompt":[[1],[2]]}`, contNo},
-		{"client token ids", epChat, `{"messages":[{"role":"user","content":"hi"}],"return_token_ids":true}`, contClientIDs},
-		{"client prefill", epChat, `{"messages":[{"role":"assistant","content":"Sure"}],"continue_final_message":true,"add_generation_prompt":false}`, contFinal},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			r, err := parseRequest([]byte(tc.body), tc.ep)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if r.cont != tc.want {
-				t.Errorf("flags %b, want %b", r.cont, tc.want)
-			}
-		})
-	}
-}
-
 func TestWithTokenIDs(t *testing.T) {
 	for in, want := range map[string]string{
 		`{"model":"m"}`:  `{"return_token_ids":true,"model":"m"}`,

@@ -1,28 +1,30 @@
 package proxy
 
 import (
-	"bytes"
 	"strconv"
+	"strings"
 	"time"
+
+	"github.com/gpurouter/gpurouter/internal/openai"
 )
 
 // What a stream that may be continued keeps of each event, and how a
 // continuation's events are made to look like the original stream's. All
 // of it works in the relay's buffers: nothing is allocated per event.
 
-var (
-	keyReasoningContent = []byte(`"reasoning_content":`)
-	keyReasoningOnly    = []byte(`"reasoning":`)
+const (
+	keyReasoningContent = `"reasoning_content":`
+	keyReasoningOnly    = `"reasoning":`
 )
 
-// tracked relays one token or usage event of a stream that may be
+// tracked relays one choices or usage event of a stream that may be
 // continued, in place of process's own handling: it records the token's
 // timing and the usage as process does, keeps what a continuation needs,
 // and appends the event to r.out as the client must see it.
-func (r *relay) tracked(ev, payload []byte, kind eventKind, now time.Time) {
+func (r *relay) tracked(ev, payload []byte, kind openai.EventKind, now time.Time) {
 	x := r.x
 	m := x.mig
-	if kind == evUsageOnly {
+	if kind == openai.EventUsageOnly {
 		if m.migrations > 0 {
 			ev = m.fixUsage(m.buf.scratch[:0], ev, x)
 			m.buf.scratch = ev[:0]
@@ -39,17 +41,19 @@ func (r *relay) tracked(ev, payload []byte, kind eventKind, now time.Time) {
 		return
 	}
 	r.out = out
-	if m.contFirst {
-		// The continuation's first chunk: the client's stall ends, and
-		// the new replica's prefill is over.
-		m.contFirst = false
-		stall := now.Sub(m.lostAt)
-		m.stall = max(m.stall, stall)
-		x.s.m.mig.stall.WithLabelValues(x.route.Pool.Model()).Observe(stall.Seconds())
-		x.lease.Progress(x.prefillWork())
-		x.lease.PrefillDone()
+	if kind == openai.EventToken {
+		if m.contFirst {
+			// The continuation's first output: the client's stall ends,
+			// and the new replica's prefill is over.
+			m.contFirst = false
+			stall := now.Sub(m.lostAt)
+			m.stall = max(m.stall, stall)
+			x.s.m.mig.stall.WithLabelValues(x.route.Pool.Model()).Observe(stall.Seconds())
+			x.lease.Progress(x.prefillWork())
+			x.lease.PrefillDone()
+		}
+		x.tokenChunk(now)
 	}
-	x.tokenChunk(now)
 	if m.migrations == 0 {
 		r.takeUsage(payload)
 	}
@@ -59,27 +63,27 @@ func (r *relay) tracked(ev, payload []byte, kind eventKind, now time.Time) {
 // the event as the client must see it to dst; keep is false for an event
 // the client must not see (a continuation's chat role chunk).
 func (m *migration) token(dst, ev []byte) (out []byte, keep bool) {
-	var es edits
+	var es openai.Edits
 	// The choice's fields in vLLM's order — text, finish_reason,
 	// token_ids — each searched from where the one before ended, so the
 	// event is scanned about once; the prompt's ids only until output
 	// came (they ride on the first chunk).
-	at := max(m.choices.index(ev, choicesKey), 0)
+	at := max(m.choices.Index(ev, openai.ChoicesKey), 0)
 	var text []byte
 	hasText := false
-	key := keyText
+	key := openai.KeyText
 	if m.chat {
-		key = keyContent
+		key = openai.KeyContent
 	}
-	if c, ok := fieldFrom(ev, at, key); ok {
-		text, hasText = c.isString(ev)
-		at = c.end
+	if c, ok := openai.FieldFrom(ev, at, key); ok {
+		text, hasText = c.IsString(ev)
+		at = c.End
 	}
-	fin, hasFin := fieldFrom(ev, at, keyFinishReason)
+	fin, hasFin := openai.FieldFrom(ev, at, openai.KeyFinishReason)
 	if hasFin {
-		at = fin.end
+		at = fin.End
 	}
-	var ids span
+	var ids openai.Span
 	hasIDs := false
 	if m.idsOK || m.idsSeen || m.contFirst {
 		// Not once output came without them (and none ever had them):
@@ -87,76 +91,76 @@ func (m *migration) token(dst, ev []byte) (out []byte, keep bool) {
 		// rest of the stream is not searched twice an event for them.
 		// A continuation's engine may differ (a fleet mid-upgrade): its
 		// first output says again.
-		if ids, hasIDs = fieldFrom(ev, at, keyTokenIDs); !hasIDs {
-			ids, hasIDs = field(ev, keyTokenIDs) // another engine's order
+		if ids, hasIDs = openai.FieldFrom(ev, at, openai.KeyTokenIDs); !hasIDs {
+			ids, hasIDs = openai.Field(ev, openai.KeyTokenIDs) // another engine's order
 		}
 		m.idsSeen = m.idsSeen || hasIDs
 	}
-	var pids span
+	var pids openai.Span
 	hasPIDs := false
 	if m.tokens == 0 || m.contFirst {
-		pids, hasPIDs = field(ev, keyPromptTokenIDs)
+		pids, hasPIDs = openai.Field(ev, openai.KeyPromptTokenIDs)
 	}
 	if m.strip {
 		// The router asked for them: the client sees the chunk it would
 		// have without.
 		if hasIDs {
-			w := ids.withComma(ev)
-			es.add(w.at, w.end, nil)
+			w := ids.WithComma(ev)
+			es.Add(w.At, w.End, nil)
 		}
 		if hasPIDs {
-			w := pids.withComma(ev)
-			es.add(w.at, w.end, nil)
+			w := pids.WithComma(ev)
+			es.Add(w.At, w.End, nil)
 		}
 	}
-	if m.chat && m.cont && len(text) == 0 && bytes.Contains(ev, keyRole) {
+	if m.chat && m.cont && len(text) == 0 && strings.Contains(openai.BytesView(ev), openai.KeyRole) {
 		return dst, false // the client had its role chunk from the first replica
 	}
 	b := m.buf
 	if m.off == nil {
 		m.track(ev, text, hasText, ids, hasIDs, pids, hasPIDs)
-		if hasFin && !fin.isNull(ev) {
+		if hasFin && !fin.IsNull(ev) {
 			m.finished = true
 		}
 	}
 	if m.cont {
 		// The continuation's own id and time: the client keeps seeing
 		// the first replica's.
-		if sp, ok := field(ev, keyID); ok && len(b.id) > 0 {
-			es.add(sp.at, sp.end, b.id)
+		if sp, ok := openai.Field(ev, openai.KeyID); ok && len(b.id) > 0 {
+			es.Add(sp.At, sp.End, b.id)
 		}
-		if sp, ok := field(ev, keyCreated); ok && len(b.created) > 0 {
-			es.add(sp.at, sp.end, b.created)
+		if sp, ok := openai.Field(ev, openai.KeyCreated); ok && len(b.created) > 0 {
+			es.Add(sp.At, sp.End, b.created)
 		}
 	} else if len(b.id) == 0 {
-		if sp, ok := field(ev, keyID); ok {
-			b.id = append(b.id, ev[sp.at:sp.end]...)
+		if sp, ok := openai.Field(ev, openai.KeyID); ok {
+			b.id = append(b.id, ev[sp.At:sp.End]...)
 		}
-		if sp, ok := field(ev, keyCreated); ok {
-			b.created = append(b.created, ev[sp.at:sp.end]...)
+		if sp, ok := openai.Field(ev, openai.KeyCreated); ok {
+			b.created = append(b.created, ev[sp.At:sp.End]...)
 		}
 	}
-	if es.n == 0 {
+	if es.N == 0 {
 		return append(dst, ev...), true
 	}
-	return es.apply(dst, ev), true
+	return es.Apply(dst, ev), true
 }
 
 // track records one event's output: its text, its token ids, the prompt's
 // ids (first chunk), whether it finished; and stops tracking what can't be
 // continued.
-func (m *migration) track(ev, text []byte, hasText bool, ids span, hasIDs bool, pids span, hasPIDs bool) {
+func (m *migration) track(ev, text []byte, hasText bool, ids openai.Span, hasIDs bool, pids openai.Span, hasPIDs bool) {
 	b := m.buf
 	if m.chat && !hasText {
 		// A delta without text: a tool call or reasoning, neither of
 		// which can be put back into an assistant message.
-		if tc, ok := field(ev, keyToolCalls); ok && ev[tc.at] == '[' && tc.end-tc.at > 2 {
+		if tc, ok := openai.Field(ev, openai.KeyToolCalls); ok && ev[tc.At] == '[' && tc.End-tc.At > 2 {
 			m.stop(errToolCall)
 			return
 		}
-		for _, k := range [...][]byte{keyReasoningContent, keyReasoningOnly} {
-			if rc, ok := field(ev, k); ok {
-				if s, isStr := rc.isString(ev); isStr && len(s) > 0 {
+		for _, k := range [...]string{keyReasoningContent, keyReasoningOnly} {
+			if rc, ok := openai.Field(ev, k); ok {
+				if s, isStr := rc.IsString(ev); isStr && len(s) > 0 {
 					m.stop(errReasoning)
 					return
 				}
@@ -164,7 +168,7 @@ func (m *migration) track(ev, text []byte, hasText bool, ids span, hasIDs bool, 
 		}
 	}
 	if hasPIDs && m.promptN == 0 && !m.cont {
-		if inner, n, ok := pids.idList(ev); ok && n > 0 {
+		if inner, n, ok := pids.IDList(ev); ok && n > 0 {
 			b.promptIDs = append(b.promptIDs[:0], inner...)
 			m.promptN = n
 		}
@@ -172,7 +176,7 @@ func (m *migration) track(ev, text []byte, hasText bool, ids span, hasIDs bool, 
 	b.text = append(b.text, text...)
 	switch {
 	case hasIDs:
-		inner, n, ok := ids.idList(ev)
+		inner, n, ok := ids.IDList(ev)
 		if !ok {
 			m.idsOK = false
 			if len(text) > 0 {
@@ -205,7 +209,7 @@ func (m *migration) track(ev, text []byte, hasText bool, ids span, hasIDs bool, 
 // continuation's prompt less the output it carried) and the output of
 // every replica; the exchange records the same.
 func (m *migration) fixUsage(dst, ev []byte, x *exchange) []byte {
-	p, c, ok := readUsage(eventData(ev))
+	p, c, ok := openai.ReadUsage(openai.EventData(ev))
 	if !ok {
 		return append(dst, ev...)
 	}
@@ -215,18 +219,18 @@ func (m *migration) fixUsage(dst, ev []byte, x *exchange) []byte {
 	}
 	completion := m.before + c
 	x.promptTokens, x.completionTokens, x.gotUsage = prompt, completion, true
-	var es edits
+	var es openai.Edits
 	var num [96]byte
-	if sp, ok := field(ev, keyUsage); ok {
-		es.add(sp.at, sp.end, appendUsageJSON(num[:0], prompt, completion))
+	if sp, ok := openai.Field(ev, openai.KeyUsage); ok {
+		es.Add(sp.At, sp.End, appendUsageJSON(num[:0], prompt, completion))
 	}
-	if sp, ok := field(ev, keyID); ok && len(m.buf.id) > 0 {
-		es.add(sp.at, sp.end, m.buf.id)
+	if sp, ok := openai.Field(ev, openai.KeyID); ok && len(m.buf.id) > 0 {
+		es.Add(sp.At, sp.End, m.buf.id)
 	}
-	if sp, ok := field(ev, keyCreated); ok && len(m.buf.created) > 0 {
-		es.add(sp.at, sp.end, m.buf.created)
+	if sp, ok := openai.Field(ev, openai.KeyCreated); ok && len(m.buf.created) > 0 {
+		es.Add(sp.At, sp.End, m.buf.created)
 	}
-	return es.apply(dst, ev)
+	return es.Apply(dst, ev)
 }
 
 // appendUsageJSON appends a usage object in vLLM's key order.

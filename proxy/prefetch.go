@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"errors"
+	"github.com/gpurouter/gpurouter/internal/netloop"
 	"io"
 	"net"
 	"strconv"
@@ -93,7 +94,7 @@ type prefetchConn struct {
 	// lingers: Close drains the client's unread bytes first (linger.go),
 	// set where a request is refused before it was read whole.
 	lingers atomic.Bool
-	sock    rawSock // Linux: the socket's raw reads and writes (rawsock_linux.go)
+	sock    netloop.RawSock // Linux: the socket's raw reads and writes (rawsock_linux.go)
 	// door frames its reads (frontdoor.go); nil: none, its bytes pass on
 	// as they come.
 	door *frontDoor
@@ -102,7 +103,7 @@ type prefetchConn struct {
 
 func newPrefetchConn(c net.Conn, open *atomic.Int64, door *frontDoor) *prefetchConn {
 	pc := &prefetchConn{Conn: c, open: open, door: door}
-	pc.sock.set(c)
+	pc.sock.Set(c)
 	return pc
 }
 
@@ -156,15 +157,15 @@ func (c *prefetchConn) readAhead(p []byte) (int, error) {
 }
 
 func (c *prefetchConn) readConn(p []byte) (int, error) {
-	if c.sock.ok() {
-		return c.sock.read(p)
+	if c.sock.OK() {
+		return c.sock.Read(p)
 	}
 	return c.Conn.Read(p)
 }
 
 func (c *prefetchConn) Write(p []byte) (int, error) {
-	if c.sock.ok() {
-		return c.sock.write(p)
+	if c.sock.OK() {
+		return c.sock.Write(p)
 	}
 	return c.Conn.Write(p)
 }

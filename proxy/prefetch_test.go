@@ -107,3 +107,17 @@ type repeatConn struct {
 }
 
 func (l *repeatConn) Read(p []byte) (int, error) { return copy(p, l.chunk), nil }
+
+// A client connection that is not a TCP socket keeps net.Conn's own I/O
+// (netloop.RawSock leaves it).
+func TestPrefetchConnOverAPipe(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	pc := newPrefetchConn(a, nil, nil)
+	go b.Write([]byte("ping"))
+	buf := make([]byte, 4)
+	if _, err := io.ReadFull(pc, buf); err != nil || string(buf) != "ping" {
+		t.Fatalf("prefetchConn over a pipe read %q, %v", buf, err)
+	}
+}

@@ -2,10 +2,13 @@
 
 package proxy
 
-import "time"
+import (
+	"github.com/gpurouter/gpurouter/internal/netloop"
+	"time"
+)
 
 // streamBatch makes one wake-up's stream reads in one system call, then
-// their writes in another (uring), where the loop would make two a
+// their writes in another (netloop.Ring), where the loop would make two a
 // stream: a stream's event costs its read and its write, and with 64
 // streams a wake-up finds about five ready. The loop queues the streams
 // the wait reported ready (queuePull), and makes the batch before it
@@ -18,10 +21,10 @@ import "time"
 //
 // Its zero value batches nothing: every read and write is a system call.
 type streamBatch struct {
-	ring *uring
+	ring *netloop.Ring
 	// spent is a ring that failed (ringFailed): kept, never used or
 	// closed, with the buffers the kernel may still write to.
-	spent  *uring
+	spent  *netloop.Ring
 	pulls  []*detachedBody // the streams the wait found ready, in its order
 	rbuf   []byte          // the reads' slots, one a stream
 	sends  []batchSend
@@ -29,8 +32,8 @@ type streamBatch struct {
 	// delivering: a batch's reads are being delivered, their writes
 	// queued (queueSend); any other write is made at once.
 	delivering bool
-	n          [uringBatchMax]int   // each operation's bytes
-	err        [uringBatchMax]error // or its error
+	n          [netloop.RingBatch]int   // each operation's bytes
+	err        [netloop.RingBatch]error // or its error
 }
 
 // batchSend is one stream's chunk in the batch's frames.
@@ -52,18 +55,18 @@ func (p *streamPump) openBatch() {
 	if p.unbatched {
 		return
 	}
-	ring, err := openURing()
+	ring, err := netloop.OpenRing()
 	if err != nil {
 		if p.batchOff != nil {
 			p.batchOff(err)
 		}
 		return
 	}
-	p.batch = streamBatch{ring: ring, rbuf: make([]byte, batchReadBytes), pulls: make([]*detachedBody, 0, uringBatchMax), sends: make([]batchSend, 0, uringBatchMax)}
+	p.batch = streamBatch{ring: ring, rbuf: make([]byte, batchReadBytes), pulls: make([]*detachedBody, 0, netloop.RingBatch), sends: make([]batchSend, 0, netloop.RingBatch)}
 }
 
 // ringFailed stops the batch for good after the ring failed (err, from
-// uring.run): every read and write is a system call from now on, as
+// netloop.Ring.Run): every read and write is a system call from now on, as
 // where the kernel refuses io_uring, and batchOff hears why.
 func (p *streamPump) ringFailed(err error) {
 	t := &p.batch
@@ -78,7 +81,7 @@ func (p *streamPump) ringFailed(err error) {
 
 // closeBatch lets the ring go: the loop stops.
 func (p *streamPump) closeBatch() {
-	p.batch.ring.close()
+	p.batch.ring.Close()
 	p.batch = streamBatch{}
 }
 
@@ -90,7 +93,7 @@ func (p *streamPump) queuePull(b *detachedBody, now time.Time) {
 		return
 	}
 	p.batch.pulls = append(p.batch.pulls, b)
-	if len(p.batch.pulls) == uringBatchMax {
+	if len(p.batch.pulls) == netloop.RingBatch {
 		p.flushPulls(now)
 	}
 }
@@ -117,12 +120,12 @@ func (p *streamPump) flushPulls(now time.Time) {
 			q[i] = nil // handed back (grow)
 			continue
 		}
-		t.ring.prepare(uringOpRecv, b.pfd, t.rbuf[i*slot:i*slot+room], i)
+		t.ring.Prepare(netloop.OpRecv, b.pfd, t.rbuf[i*slot:i*slot+room], i)
 	}
-	if err := t.ring.run(t.result); err != nil {
+	if err := t.ring.Run(t.result); err != nil {
 		p.ringFailed(err) // the reads it did not see end failed
 	}
-	p.batched.Add(int64(len(q)))
+	p.batchedReads.Add(float64(len(q)))
 	t.delivering = true
 	for i, b := range q {
 		if b != nil {
@@ -141,7 +144,7 @@ func (t *streamBatch) result(i, n int, err error) { t.n[i], t.err[i] = n, err }
 // to do then: true when it did; false when there is no batch being
 // delivered, or the chunk is too large for it (the caller writes it now).
 func (t *streamBatch) queueSend(b *detachedBody, data []byte, then afterSend) bool {
-	if !t.delivering || b.cfd < 0 || len(t.sends) == uringBatchMax || len(t.frames)+len(data)+32 > batchFrameBytes {
+	if !t.delivering || b.cfd < 0 || len(t.sends) == netloop.RingBatch || len(t.frames)+len(data)+32 > batchFrameBytes {
 		return false
 	}
 	at := len(t.frames)
@@ -159,17 +162,17 @@ func (p *streamPump) flushSends() {
 		return
 	case len(q) == 1 || t.ring == nil: // a lone write, or the ring failed under them
 		for i, s := range q {
-			n, err := rawWrite(s.b.cfd, t.frames[s.at:s.end])
+			n, err := netloop.Write(s.b.cfd, t.frames[s.at:s.end])
 			t.n[i], t.err[i] = max(n, 0), err
 		}
 	default:
 		for i, s := range q {
-			t.ring.prepare(uringOpSend, s.b.cfd, t.frames[s.at:s.end], i)
+			t.ring.Prepare(netloop.OpSend, s.b.cfd, t.frames[s.at:s.end], i)
 		}
-		if err := t.ring.run(t.result); err != nil {
+		if err := t.ring.Run(t.result); err != nil {
 			p.ringFailed(err)
 		}
-		p.batched.Add(int64(len(q)))
+		p.batchedWrites.Add(float64(len(q)))
 	}
 	for i, s := range q {
 		p.wrote(s.b, t.frames[s.at:s.end], t.n[i], t.err[i], s.then)

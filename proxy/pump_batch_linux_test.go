@@ -4,7 +4,6 @@ package proxy
 
 import (
 	"bufio"
-	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -15,7 +14,10 @@ import (
 	"syscall"
 	"testing"
 	"time"
-	"unsafe"
+
+	"github.com/gpurouter/gpurouter/internal/netloop"
+	"github.com/gpurouter/gpurouter/internal/netloop/looptest"
+	"github.com/gpurouter/gpurouter/internal/openai"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -23,133 +25,6 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 	"golang.org/x/sys/unix"
 )
-
-// socketPair is a connected loopback TCP pair's descriptors, duplicated
-// out of Go's netpoller (non-blocking), closed when the test ends.
-func socketPair(t testing.TB) (a, b int) {
-	t.Helper()
-	c, p := tcpPair(t, func(_ testing.TB, c net.Conn) net.Conn { return c })
-	a, _ = dupSocket(c)
-	b, _ = dupSocket(p)
-	t.Cleanup(func() { unix.Close(a); unix.Close(b) })
-	return a, b
-}
-
-func openTestURing(t *testing.T) *uring {
-	t.Helper()
-	u, err := openURing()
-	if err != nil {
-		t.Skipf("io_uring refused by this kernel: %v", err)
-	}
-	t.Cleanup(u.close)
-	return u
-}
-
-// The ring's structures are the kernel's ABI to the byte.
-func TestURingABISizes(t *testing.T) {
-	for _, c := range []struct {
-		name      string
-		got, want uintptr
-	}{
-		{"io_uring_params", unsafe.Sizeof(uringParams{}), 120},
-		{"io_uring_sqe", unsafe.Sizeof(uringSQE{}), 64},
-		{"io_uring_cqe", unsafe.Sizeof(uringCQE{}), 16},
-		{"io_uring_sqe.user_data offset", unsafe.Offsetof(uringSQE{}.userData), 32},
-		{"io_uring_params.sq_off offset", unsafe.Offsetof(uringParams{}.sqOff), 40},
-	} {
-		if c.got != c.want {
-			t.Errorf("%s: %d bytes, the kernel's is %d", c.name, c.got, c.want)
-		}
-	}
-}
-
-// A ring's batch does what the system calls would have: every write and
-// read made, in one call, each result given back — bytes, EAGAIN for a
-// socket with nothing to read or no room, EPIPE for a peer gone.
-func TestURingMakesWhatSystemCallsWould(t *testing.T) {
-	u := openTestURing(t)
-	const n = 6
-	var as, bs [n]int
-	for i := range n {
-		as[i], bs[i] = socketPair(t)
-	}
-	results := map[int]string{}
-	collect := func(i, n int, err error) {
-		if _, dup := results[i]; dup {
-			t.Errorf("operation %d given twice", i)
-		}
-		if err != nil {
-			results[i] = err.Error()
-			return
-		}
-		results[i] = strings.Repeat("x", n)
-	}
-	for i := range n {
-		u.prepare(uringOpSend, as[i], bytes.Repeat([]byte("x"), 100+i), i)
-	}
-	u.run(collect)
-	for i := range n {
-		if results[i] != strings.Repeat("x", 100+i) {
-			t.Fatalf("send %d: %q, want %d bytes", i, results[i], 100+i)
-		}
-	}
-	clear(results)
-	bufs := make([][]byte, n+1)
-	for i := range n {
-		bufs[i] = make([]byte, 4096)
-		u.prepare(uringOpRecv, bs[i], bufs[i], i)
-	}
-	bufs[n] = make([]byte, 16)
-	u.prepare(uringOpRecv, as[0], bufs[n], n) // nothing sent that way
-	u.run(collect)
-	for i := range n {
-		if results[i] != strings.Repeat("x", 100+i) || !bytes.Equal(bufs[i][:100+i], bytes.Repeat([]byte("x"), 100+i)) {
-			t.Fatalf("recv %d: %q, want what send %d sent", i, results[i], i)
-		}
-	}
-	if results[n] != unix.EAGAIN.Error() {
-		t.Fatalf("recv on an empty socket: %q, want EAGAIN", results[n])
-	}
-
-	// A peer that closed, and a socket with no room: filled last, as its
-	// peer's buffer may take more as time passes.
-	unix.Shutdown(bs[2], unix.SHUT_RDWR) //nolint:errcheck
-	unix.Close(bs[2])
-	bs[2] = -1
-	time.Sleep(20 * time.Millisecond) // the FIN comes back over loopback
-	rawWrite(as[2], []byte("x"))      //nolint:errcheck // the first write after the peer closed draws its reset
-	time.Sleep(20 * time.Millisecond)
-	full := as[1]
-	unix.SetsockoptInt(full, unix.SOL_SOCKET, unix.SO_SNDBUF, 4096) //nolint:errcheck
-	big := make([]byte, 1<<16)
-	for range 100 {
-		// Full once a write finds no room after the ACKs in flight came:
-		// until then each frees some.
-		for {
-			if _, err := rawWrite(full, big); err != nil {
-				break
-			}
-		}
-		time.Sleep(5 * time.Millisecond)
-		if _, err := rawWrite(full, big[:1]); err == unix.EAGAIN {
-			break
-		}
-	}
-	clear(results)
-	u.prepare(uringOpSend, full, []byte("more"), 0)
-	u.prepare(uringOpSend, as[2], []byte("late"), 1)
-	start := time.Now()
-	u.run(collect)
-	if results[0] != unix.EAGAIN.Error() {
-		t.Errorf("send to a full socket: %q, want EAGAIN", results[0])
-	}
-	if results[1] != unix.EPIPE.Error() && results[1] != unix.ECONNRESET.Error() {
-		t.Errorf("send to a peer gone: %q, want EPIPE or ECONNRESET", results[1])
-	}
-	if d := time.Since(start); d > time.Second {
-		t.Errorf("a batch with a full socket took %v: an operation waited", d)
-	}
-}
 
 // tickedUpstream is an engine whose streams send their events together:
 // each stream's next event goes out at the next tick, so that the
@@ -213,14 +88,7 @@ func (u *tickedUpstream) run(d time.Duration, stop <-chan struct{}) {
 // its request loops' and its stream loops' (the streams served on
 // fasthttp's path).
 func batchedOps(tr *testRouter) int64 {
-	var n int64
-	for _, l := range tr.srv.reqLoops {
-		n += l.host.batched.Load()
-	}
-	for _, p := range tr.srv.pumps {
-		n += p.batched.Load()
-	}
-	return n
+	return int64(testutil.ToFloat64(tr.srv.m.streamReads) + testutil.ToFloat64(tr.srv.m.streamWrites))
 }
 
 // readStream reads a stream's token events from r: their numbers in
@@ -320,7 +188,7 @@ func relayTicked(t *testing.T, streams, events int, edit func(*Config)) *testRou
 // and every client still gets its own events, whole, in order, and
 // [DONE]; the router counts each stream's end as clean.
 func TestStreamBatchRelaysStreamsReadyTogether(t *testing.T) {
-	openTestURing(t) // or skip
+	skipWithoutRing(t)
 	const streams = 12
 	tr := relayTicked(t, streams, 40, func(c *Config) { c.RequestLoops = 1 })
 	if n := batchedOps(tr); n == 0 {
@@ -336,7 +204,7 @@ func TestStreamBatchRelaysStreamsReadyTogether(t *testing.T) {
 // goroutine with the bytes its socket did not take, and gets every event
 // once it reads again; a client that leaves ends its own stream only.
 func TestStreamBatchSlowAndGoneClients(t *testing.T) {
-	openTestURing(t) // or skip
+	skipWithoutRing(t)
 	const streams, events = 5, 100
 	up := newTickedUpstream(t, events, 64000) // 6.4 MB a stream: more than a socket buffers (net.ipv4.tcp_wmem's 4 MiB)
 	tr := startRouter(t, []string{up.url}, withConfig(func(c *Config) { c.RequestLoops = 1 }))
@@ -397,25 +265,15 @@ func TestStreamBatchSlowAndGoneClients(t *testing.T) {
 	}
 }
 
-// A ring whose wait fails with an errno the kernel is not documented to
-// return is an error, not a panic: each operation it did not see end is
-// given the error, the loop's batch stops for good and says why, and the
-// ring is kept with the buffers the kernel may still hold.
-func TestURingFailureIsAnError(t *testing.T) {
-	u := openTestURing(t)
-	a, _ := socketPair(t)
+// A ring that failed stops the loop's batch for good, says why once,
+// and is kept with the buffers the kernel may still hold.
+func TestRingFailureStopsTheBatch(t *testing.T) {
+	u, err := netloop.OpenRing()
+	if err != nil {
+		t.Skipf("io_uring refused by this kernel: %v", err)
+	}
+	t.Cleanup(u.Close)
 	failed := errors.New("io_uring_enter waiting for completions: an errno not documented")
-	u.err = failed
-	got := map[int]error{}
-	u.prepare(uringOpSend, a, []byte("x"), 3)
-	u.prepare(uringOpSend, a, []byte("y"), 7)
-	if err := u.run(func(i, n int, err error) { got[i] = err }); err != failed {
-		t.Fatalf("run: %v, want the failure", err)
-	}
-	if len(got) != 2 || got[3] != failed || got[7] != failed {
-		t.Fatalf("operations given %v, want the failure each", got)
-	}
-
 	var said []error
 	m, err := newMetrics(prometheus.NewRegistry())
 	if err != nil {
@@ -464,10 +322,10 @@ func TestBatchOffIsLoggedOnce(t *testing.T) {
 // nothing to end, as when each was acted on in the wait's order. Acted on
 // the stream as looked up before the batch, it would be let go twice.
 func TestStreamBatchComesBeforeTheEventsAfterIt(t *testing.T) {
-	openTestURing(t) // or skip
-	craw, _, _ := rawPair(t)
-	up, engine := socketPair(t)
-	if _, err := rawWrite(engine, []byte(chunk(tokenEvent(1)+"data: [DONE]\n\n")+"0\r\n\r\n")); err != nil {
+	skipWithoutRing(t)
+	craw, _, _ := looptest.RawPair(t)
+	up, engine := looptest.SocketPair(t)
+	if _, err := netloop.Write(engine, []byte(chunk(tokenEvent(1)+"data: [DONE]\n\n")+"0\r\n\r\n")); err != nil {
 		t.Fatal(err)
 	}
 	m, err := newMetrics(prometheus.NewRegistry())
@@ -476,15 +334,15 @@ func TestStreamBatchComesBeforeTheEventsAfterIt(t *testing.T) {
 	}
 	s := &Server{cfg: Config{}.withDefaults(), now: time.Now}
 	p := newStreamPump(s.cfg, m, nil, nil)
-	p.streams, p.buf = fdTable[detachedBody]{}, make([]byte, 64<<10)
+	p.streams, p.buf = netloop.FDTable[detachedBody]{}, make([]byte, 64<<10)
 	p.openBatch()
 	t.Cleanup(p.closeBatch)
 	p.at = time.Now()
-	r := &relay{x: &exchange{s: s, ep: epChat, received: time.Now()}, gotBody: true}
-	d := &detachedBody{pump: p, r: r, client: craw, fd: up, pfd: up, cfd: -1, idle: time.Minute, back: make(chan pumpResult, 1), in: true, inPump: true}
+	r := &relay{x: &exchange{s: s, ep: openai.Chat, received: time.Now()}, gotBody: true}
+	d := &detachedBody{pump: p, r: r, client: craw, fd: up, pfd: up, cfd: -1, to: &timeouts{idle: time.Minute}, back: make(chan pumpResult, 1), in: true, inPump: true}
 	d.write = d.writeFrame
 	r.body = d
-	p.streams.set(up, d)
+	p.streams.Set(up, d)
 	p.size.Add(1)
 
 	dispatched := make(chan struct{})

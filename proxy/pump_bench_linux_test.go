@@ -8,6 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpurouter/gpurouter/internal/netloop"
+	"github.com/gpurouter/gpurouter/internal/netloop/looptest"
+	"github.com/gpurouter/gpurouter/internal/openai"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 )
@@ -32,14 +36,14 @@ func BenchmarkStreamLoopDeliver(b *testing.B) {
 }
 
 func benchStreamLoopDeliver(b *testing.B, direct bool) {
-	craw, _, peer := rawPair(b)
+	craw, _, peer := looptest.RawPair(b)
 	s := &Server{cfg: Config{}.withDefaults(), now: time.Now}
-	x := &exchange{s: s, ep: epChat, received: time.Now()}
+	x := &exchange{s: s, ep: openai.Chat, received: time.Now()}
 	x.mig = &migration{chat: true, idsOK: true, strip: true, pol: Migration{MaxSeqLen: 1 << 30}, buf: migBufPool.Get().(*migBuffers)}
 	x.mig.buf.reset()
 	r := &relay{x: x}
-	p := &streamPump{at: time.Now(), idle: time.Minute}
-	d := &detachedBody{pump: p, r: r, client: craw, fd: -1, cfd: -1, idle: time.Minute}
+	p := &streamPump{at: time.Now()}
+	d := &detachedBody{pump: p, r: r, client: craw, fd: -1, cfd: -1, to: &timeouts{idle: time.Minute}}
 	d.write = d.writeFrame
 	if direct {
 		if err := craw.Control(func(fd uintptr) { d.cfd = int(fd) }); err != nil {
@@ -92,18 +96,18 @@ func benchStreamLoopWakeUp(b *testing.B, k int, batched bool) {
 	s := &Server{cfg: Config{}.withDefaults(), now: time.Now}
 	s.cfg.UnbatchedIO = !batched
 	p := newStreamPump(s.cfg, m, nil, func(err error) { b.Skipf("io_uring refused by this kernel: %v", err) })
-	p.streams, p.buf, p.at = fdTable[detachedBody]{}, make([]byte, 64<<10), time.Now()
+	p.streams, p.buf, p.at = netloop.FDTable[detachedBody]{}, make([]byte, 64<<10), time.Now()
 	p.openBatch()
 	b.Cleanup(p.closeBatch)
 	engines, clients := make([]int, k), make([]int, k)
 	events := make([]unix.EpollEvent, k)
 	for i := range k {
-		up, engine := socketPair(b)
-		cfd, client := socketPair(b)
-		r := &relay{x: &exchange{s: s, ep: epChat, received: time.Now()}, gotBody: true}
-		d := &detachedBody{pump: p, r: r, fd: up, pfd: up, cfd: cfd, idle: time.Minute, back: make(chan pumpResult, 1), in: true, inPump: true}
+		up, engine := looptest.SocketPair(b)
+		cfd, client := looptest.SocketPair(b)
+		r := &relay{x: &exchange{s: s, ep: openai.Chat, received: time.Now()}, gotBody: true}
+		d := &detachedBody{pump: p, r: r, fd: up, pfd: up, cfd: cfd, to: &timeouts{idle: time.Minute}, back: make(chan pumpResult, 1), in: true, inPump: true}
 		r.body = d
-		p.streams.set(up, d)
+		p.streams.Set(up, d)
 		engines[i], clients[i] = engine, client
 		events[i] = unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(up)}
 	}
@@ -112,13 +116,13 @@ func benchStreamLoopWakeUp(b *testing.B, k int, batched bool) {
 	b.ReportAllocs()
 	for b.Loop() {
 		for _, fd := range engines {
-			if _, err := rawWrite(fd, ev); err != nil {
+			if _, err := netloop.Write(fd, ev); err != nil {
 				b.Fatal(err)
 			}
 		}
 		p.dispatch(events, p.at)
 		for _, fd := range clients {
-			if n, err := rawRead(fd, sink); err != nil || n == 0 {
+			if n, err := netloop.Read(fd, sink); err != nil || n == 0 {
 				b.Fatalf("a client read %d bytes (%v): its stream left the loop", n, err)
 			}
 		}

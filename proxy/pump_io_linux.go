@@ -9,46 +9,19 @@ import (
 	"os"
 	"strconv"
 	"time"
-	"unsafe"
 
+	"github.com/gpurouter/gpurouter/internal/netloop"
 	"golang.org/x/sys/unix"
 )
 
 // One stream's bytes through the loop (pump_linux.go): read off the
 // engine's socket, unframed, processed by the relay, written to the client.
 
-// rawRead and rawWrite read and write a non-blocking socket as raw
-// system calls: they never wait, so the runtime need not be told
-// (entersyscall), which would let it take the loop's P away while a write
-// runs the loopback's receive path, and make the loop win it back. They
-// are recvfrom(2) and sendto(2) rather than read(2) and write(2), which
-// reach the socket through the file layer: perf put vfs_read, vfs_write
-// and their checks at about 0.4 µs an SSE event that nginx, using recv(2)
-// and writev(2), does not spend; a loopback write and read pair measured
-// 0.2–0.5 µs less this way (30 interleaved runs, quartile and median).
-// MSG_NOSIGNAL: a write to a client gone fails with EPIPE and raises no
-// SIGPIPE.
-func rawRead(fd int, b []byte) (int, error) {
-	r, _, e := unix.RawSyscall6(unix.SYS_RECVFROM, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)), 0, 0, 0)
-	if e != 0 {
-		return 0, e
-	}
-	return int(r), nil
-}
-
-func rawWrite(fd int, b []byte) (int, error) {
-	r, _, e := unix.RawSyscall6(unix.SYS_SENDTO, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)), unix.MSG_NOSIGNAL, 0, 0)
-	if e != 0 {
-		return 0, e
-	}
-	return int(r), nil
-}
-
 // writeFrame is the loop's write of b.frame to the client's socket, made
 // a method value once (detach) so that a write allocates nothing. It never
 // waits: a socket that takes less goes back to the goroutine (send).
 func (b *detachedBody) writeFrame(fd uintptr) bool {
-	b.wn, b.werr = rawWrite(int(fd), b.frame)
+	b.wn, b.werr = netloop.Write(int(fd), b.frame)
 	return true
 }
 
@@ -59,7 +32,7 @@ func (p *streamPump) pull(b *detachedBody, now time.Time) {
 	if !ok {
 		return
 	}
-	n, err := rawRead(b.pfd, p.buf[:room])
+	n, err := netloop.Read(b.pfd, p.buf[:room])
 	p.pulled(b, p.buf, n, err, now)
 }
 
@@ -157,10 +130,7 @@ func (p *streamPump) deliver(b *detachedBody, raw []byte, readErr error, now tim
 		return
 	}
 	b.deadline = now.Add(b.limit())
-	x := r.x
-	if x.s.exceededAt(x, p.at) {
-		r.fail(fmt.Errorf("%w: total request deadline", ErrTimeout)) // as relay.afterRead
-	} else if m := x.mig; m != nil && m.pol.DrainGrace > 0 && m.off == nil && !r.eof && m.leaving(x, p.at) {
+	if r.afterEvents(p.at) {
 		p.release(b, pumpResult{leaving: true}, exitLeaving)
 		return
 	}
@@ -200,7 +170,7 @@ func (p *streamPump) send(b *detachedBody, then afterSend) {
 		// writes to the connection or closes it — its goroutine waits in
 		// take, and the server's shutdown closes only connections waiting
 		// for a request — as the set's registration of cfd already relies on.
-		b.wn, b.werr = rawWrite(b.cfd, f)
+		b.wn, b.werr = netloop.Write(b.cfd, f)
 	} else {
 		b.frame = f
 		if err := b.client.Write(b.write); err != nil {

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gpurouter/gpurouter/internal/netloop"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 )
@@ -40,10 +41,9 @@ import (
 
 // streamPump is the stream loop. Its zero value is not usable: newStreamPump.
 type streamPump struct {
-	firstByte, idle time.Duration
-	clock           func() time.Time // the exchanges' clock (Options.Now); nil: the sockets' own, time.Now
-	in              prometheus.Counter
-	out             [loopExits]prometheus.Counter // by loopExit
+	clock func() time.Time // the exchanges' clock (Options.Now); nil: the sockets' own, time.Now
+	in    prometheus.Counter
+	out   [loopExits]prometheus.Counter // by loopExit
 
 	size atomic.Int64 // streams in the loop now: taken and not yet handed back (gpurouter_stream_loop_streams)
 
@@ -56,10 +56,10 @@ type streamPump struct {
 	spare    [2][]*detachedBody
 
 	// The loop's own, touched by Run's goroutine only.
-	streams  fdTable[detachedBody] // by upstream descriptor
-	bufs     bufStack              // the streams' relay buffers while they wait
-	buf      []byte                // every read lands here, and is decoded before the next
-	frame    []byte                // a chunk being written to a client
+	streams  netloop.FDTable[detachedBody] // by upstream descriptor
+	bufs     bufStack                      // the streams' relay buffers while they wait
+	buf      []byte                        // every read lands here, and is decoded before the next
+	frame    []byte                        // a chunk being written to a client
 	events   []unix.EpollEvent
 	lastScan time.Time
 	at       time.Time   // the exchanges' clock at this wake-up: every event's timings
@@ -71,9 +71,9 @@ type streamPump struct {
 	// loop's batch could not open.
 	unbatched bool
 	batchOff  func(error)
-	// batched counts the reads and writes made in batches of two or more,
-	// for tests.
-	batched atomic.Int64
+	// batchedReads and batchedWrites count the reads and writes made in
+	// batches (gpurouter_loop_batched_io_total).
+	batchedReads, batchedWrites prometheus.Counter
 
 	// hosted: a request loop's (reqloop_stream_linux.go), which relays
 	// its streams in its own set with these methods (host, pull, expire,
@@ -114,8 +114,8 @@ const pumpScan = 100 * time.Millisecond
 // clock is the exchanges' (Options.Now), nil for time.Now; batchOff hears
 // why the loop's reads and writes are not batched (openBatch), nil: no one.
 func newStreamPump(cfg Config, m *metrics, clock func() time.Time, batchOff func(error)) *streamPump {
-	p := &streamPump{firstByte: cfg.FirstByteTimeout, idle: cfg.IdleTimeout, ep: -1, wake: -1, in: m.loopIn, loops: cfg.StreamLoops, clock: clock,
-		unbatched: cfg.UnbatchedIO, batchOff: batchOff}
+	p := &streamPump{ep: -1, wake: -1, in: m.loopIn, loops: cfg.StreamLoops, clock: clock,
+		unbatched: cfg.UnbatchedIO, batchOff: batchOff, batchedReads: m.streamReads, batchedWrites: m.streamWrites}
 	for e := range p.out {
 		p.out[e] = m.loopOut.WithLabelValues(loopExit(e).String())
 	}
@@ -151,7 +151,7 @@ func (p *streamPump) open() error {
 	if p.running {
 		return nil
 	}
-	ep, wake, err := openEpollWake()
+	ep, wake, err := netloop.OpenEpollWake()
 	if err != nil {
 		return err
 	}
@@ -173,7 +173,7 @@ func (p *streamPump) Run(ctx context.Context) error {
 	}
 	p.looping = true
 	p.mu.Unlock()
-	p.streams = fdTable[detachedBody]{}
+	p.streams = netloop.FDTable[detachedBody]{}
 	p.buf = make([]byte, 64<<10)
 	p.events = make([]unix.EpollEvent, 256)
 	p.openBatch()
@@ -224,7 +224,7 @@ func (p *streamPump) dispatch(events []unix.EpollEvent, now time.Time) {
 			p.admit(now)
 			continue
 		}
-		b := p.streams.get(fd)
+		b := p.streams.Get(fd)
 		switch {
 		case b == nil:
 		case ev.Pad == clientTag:
@@ -232,7 +232,7 @@ func (p *streamPump) dispatch(events []unix.EpollEvent, now time.Time) {
 			// hang-up then nothing to act on, as in the order the wait
 			// gave them.
 			p.flushPulls(now)
-			if b = p.streams.get(fd); b != nil {
+			if b = p.streams.Get(fd); b != nil {
 				p.hungUp(b)
 			}
 		default:
@@ -256,13 +256,13 @@ func (p *streamPump) dispatch(events []unix.EpollEvent, now time.Time) {
 // 10–20 ms, so the loop waits as any system call does, and pays the
 // wake-ups.
 func (p *streamPump) wait() (int, error) {
-	if p.streams.n == 0 {
+	if p.streams.N == 0 {
 		return unix.EpollWait(p.ep, p.events, -1)
 	}
 	if !p.holdP {
 		return unix.EpollWait(p.ep, p.events, int(pumpScan/time.Millisecond))
 	}
-	return rawEpollWait(p.ep, p.events, int(pumpScan/time.Millisecond))
+	return netloop.RawEpollWait(p.ep, p.events, int(pumpScan/time.Millisecond))
 }
 
 // stop ends the loop: every stream goes back to its goroutine as it is.
@@ -274,7 +274,7 @@ func (p *streamPump) stop() {
 		p.handBack(b, pumpResult{}, exitStopped)
 	}
 	p.incoming, p.aborts = nil, nil
-	for _, b := range p.streams.by {
+	for _, b := range p.streams.By {
 		if b != nil {
 			p.release(b, pumpResult{}, exitStopped)
 		}
@@ -348,7 +348,7 @@ func (p *streamPump) admit(now time.Time) {
 			continue
 		}
 		b.in = true
-		p.streams.set(b.pfd, b)
+		p.streams.Set(b.pfd, b)
 		p.watchClient(b)
 		p.begin(b, now)
 	}
@@ -399,12 +399,13 @@ func (p *streamPump) hungUp(b *detachedBody) {
 // deadline, needs no twin: Shutdown sets it after Serve has returned, by
 // when the loop has handed every stream back and their watches run again.
 func (p *streamPump) expire(now time.Time) {
-	for _, b := range p.streams.by {
+	for _, b := range p.streams.By {
 		if b == nil {
 			continue
 		}
-		if x := b.r.x; x.s.totalExceeded(x) { // the paused watch's other check
-			b.r.abort(fmt.Errorf("%w: total request deadline %s", ErrTimeout, x.s.cfg.TotalTimeout))
+		x := b.r.x
+		if err := x.s.to.totalPassed(x.received, x.s.now()); err != nil { // the paused watch's other check
+			b.r.abort(err)
 			p.release(b, pumpResult{}, exitAborted)
 			continue
 		}
@@ -423,7 +424,7 @@ func (p *streamPump) host(b *detachedBody, now time.Time) {
 	b.inPump = true
 	b.mu.Unlock()
 	b.pfd, b.cfd, b.in = b.fd, b.clientFD, true
-	p.streams.set(b.pfd, b)
+	p.streams.Set(b.pfd, b)
 	p.begin(b, now)
 }
 
@@ -449,7 +450,7 @@ func (p *streamPump) release(b *detachedBody, res pumpResult, why loopExit) {
 		}
 	}
 	b.cfd = -1
-	p.streams.del(b.pfd)
+	p.streams.Del(b.pfd)
 	b.in = false
 	p.handBack(b, res, why)
 }
@@ -463,6 +464,7 @@ func (p *streamPump) handBack(b *detachedBody, res pumpResult, why loopExit) {
 	if b.closed && b.fd >= 0 {
 		unix.Close(b.fd)
 		b.fd = -1
+		b.cap.give()
 	}
 	b.mu.Unlock()
 	p.size.Add(-1)

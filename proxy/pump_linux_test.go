@@ -14,6 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpurouter/gpurouter/internal/netloop/looptest"
+	"github.com/gpurouter/gpurouter/internal/openai"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -361,7 +364,7 @@ func TestStreamLoopLeavesTheLastEventsForTheLastChunk(t *testing.T) {
 		{"no [DONE]", chunk(tokenEvent(1)) + "0\r\n\r\n", 1, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			craw, _, _ := rawPair(t)
+			craw, _, _ := looptest.RawPair(t)
 			counted := &countingRawConn{RawConn: craw}
 			m, err := newMetrics(prometheus.NewRegistry())
 			if err != nil {
@@ -370,8 +373,8 @@ func TestStreamLoopLeavesTheLastEventsForTheLastChunk(t *testing.T) {
 			s := &Server{cfg: Config{}.withDefaults(), now: time.Now}
 			p := newStreamPump(s.cfg, m, nil, nil)
 			p.at = time.Now()
-			r := &relay{x: &exchange{s: s, ep: epChat, received: time.Now()}, gotBody: true}
-			d := &detachedBody{pump: p, r: r, client: counted, fd: -1, cfd: -1, idle: time.Minute, back: make(chan pumpResult, 1)}
+			r := &relay{x: &exchange{s: s, ep: openai.Chat, received: time.Now()}, gotBody: true}
+			d := &detachedBody{pump: p, r: r, client: counted, fd: -1, cfd: -1, to: &timeouts{idle: time.Minute}, back: make(chan pumpResult, 1)}
 			d.write = d.writeFrame
 			d.inPump = true
 			r.body = d

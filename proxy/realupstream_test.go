@@ -79,7 +79,7 @@ func TestConnectionClosedAfterEveryResponseIsResent(t *testing.T) {
 	if n := up.requests.Load(); n != 400 {
 		t.Errorf("the engine saw %d requests, want 400: a resend reached it twice or one was lost", n)
 	}
-	recs := tr.srv.records.since(0, 0)
+	recs := tr.srv.records.Since(0, 0)
 	if len(recs) != 400 {
 		t.Fatalf("%d records, want 400", len(recs))
 	}

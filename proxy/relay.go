@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gpurouter/gpurouter/internal/openai"
 	"github.com/valyala/fasthttp"
 )
 
@@ -20,7 +21,7 @@ var errBrokenStream = fmt.Errorf("%w: stream ended without [DONE]", ErrUpstream)
 // blank line is broken, not a reason to grow memory without bound.
 const maxEventBytes = 4 << 20
 
-var doneEvent = []byte("data: [DONE]\n\n")
+const doneEvent = "data: [DONE]\n\n"
 
 // relay streams an upstream SSE response to the client event by event. It
 // is the body stream fasthttp reads from after the handler returns: every
@@ -43,11 +44,11 @@ type relay struct {
 	out     []byte // processed bytes the client has not read yet
 	outPos  int
 	sawDone bool
-	choices keyHint // where the stream's chunks have their choices (sse.go)
-	eof     bool    // nothing more will be written after out
-	failure error   // why the stream ended badly (nil for a clean end)
-	errEv   bool    // the upstream sent an error event
-	gotBody bool    // a byte of the body has arrived (the idle timeout now applies, not first_byte)
+	hints   openai.ChunkHints // where the stream's chunks have their choices and output (sse.go)
+	eof     bool              // nothing more will be written after out
+	failure error             // why the stream ended badly (nil for a clean end)
+	errEv   bool              // the upstream sent an error event
+	gotBody bool              // a byte of the body has arrived (the idle timeout now applies, not first_byte)
 
 	abortErr  atomic.Pointer[error] // set by abort, from the watcher
 	watch     *clientWatch
@@ -223,7 +224,7 @@ func (r *relay) WriteTo(w io.Writer) (int64, error) {
 // fails instead, and the stream ends as the client's (ErrClientGone). The
 // deadline moves once per sixteenth of the timeout, not on every write.
 func (r *relay) armWrite() error {
-	limit := r.x.s.cfg.IdleTimeout
+	limit := r.x.s.to.idle
 	if r.conn == nil || limit <= 0 {
 		return nil
 	}
@@ -314,11 +315,7 @@ func (r *relay) fill() error {
 // gone.
 func (r *relay) afterRead(err error) error {
 	if err == nil {
-		if r.x.s.totalExceeded(r.x) {
-			r.fail(fmt.Errorf("%w: total request deadline", ErrTimeout))
-		} else if m := r.x.mig; m != nil && m.pol.DrainGrace > 0 && m.off == nil && !r.eof && m.leaving(r.x, r.x.s.now()) {
-			// The replica is draining or gone from its pool, and the
-			// grace period is over: the stream moves (migrate_resume.go).
+		if r.afterEvents(r.x.s.now()) {
 			r.upstreamFailed(errLeaving)
 		}
 		return nil
@@ -334,13 +331,28 @@ func (r *relay) afterRead(err error) error {
 	case isTimeout(err) && !r.gotBody:
 		// The engine answered the head but not yet the first event (a
 		// stream queued or in prefill): upstream.go's first_byte bound.
-		r.fail(fmt.Errorf("%w: no first stream event within %s", ErrTimeout, r.x.s.cfg.FirstByteTimeout))
+		r.fail(r.x.s.to.noFirstEvent())
 	case isTimeout(err):
-		r.upstreamFailed(fmt.Errorf("%w: no stream event for %s", ErrTimeout, r.x.s.cfg.IdleTimeout))
+		r.upstreamFailed(r.x.s.to.noEvent())
 	default:
 		r.upstreamFailed(&upstreamFailure{kind: errBrokenStream, words: streamWords(err), cause: err})
 	}
 	return nil
+}
+
+// afterEvents is the check after a read's events, at now (the
+// exchange's clock), on either relay (this one's reads, a loop's: pump):
+// past the total deadline the stream ends; true when its replica is
+// draining or gone from its pool and the grace period is over — the
+// stream moves (migrate_resume.go).
+func (r *relay) afterEvents(now time.Time) (leave bool) {
+	x := r.x
+	if err := x.s.to.totalPassed(x.received, now); err != nil {
+		r.fail(err)
+		return false
+	}
+	m := x.mig
+	return m != nil && m.pol.DrainGrace > 0 && m.off == nil && !r.eof && m.leaving(x, now)
 }
 
 // aborted ends the stream for abort's reason: a client that left gets
@@ -379,7 +391,7 @@ func (r *relay) process(now time.Time) {
 	tracked := r.x.mig != nil
 	rest := r.in
 	for {
-		k := nextEvent(rest)
+		k := openai.NextEvent(rest)
 		if k < 0 {
 			break
 		}
@@ -388,24 +400,26 @@ func (r *relay) process(now time.Time) {
 		if r.sawDone {
 			continue // nothing after [DONE] is part of the answer
 		}
-		payload := eventData(ev)
-		kind := classifyEvent(payload, &r.choices)
-		if tracked && (kind == evToken || kind == evUsageOnly) {
+		payload := openai.EventData(ev)
+		kind := openai.ClassifyEvent(payload, &r.hints)
+		if tracked && (kind == openai.EventToken || kind == openai.EventChoice || kind == openai.EventUsageOnly) {
 			r.tracked(ev, payload, kind, now) // migrate_track.go
 			continue
 		}
 		switch kind {
-		case evToken:
-			r.x.tokenChunk(now)
+		case openai.EventToken:
+			r.x.tokenChunk(now) // the first is the TTFT: the first chunk with output, not a role-only one
 			r.takeUsage(payload)
-		case evUsageOnly:
+		case openai.EventChoice:
+			r.takeUsage(payload)
+		case openai.EventUsageOnly:
 			r.takeUsage(payload)
 			if r.strip {
 				continue
 			}
-		case evDone:
+		case openai.EventDone:
 			r.sawDone = true
-		case evError:
+		case openai.EventError:
 			r.errEv = true
 		}
 		r.out = append(r.out, ev...)
@@ -415,7 +429,7 @@ func (r *relay) process(now time.Time) {
 }
 
 func (r *relay) takeUsage(payload []byte) {
-	if p, c, ok := readUsage(payload); ok {
+	if p, c, ok := openai.ReadUsage(payload); ok {
 		r.x.promptTokens, r.x.completionTokens, r.x.gotUsage = p, c, true
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/gpurouter/gpurouter/internal/h1"
+	"github.com/gpurouter/gpurouter/internal/openai"
 	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
 )
@@ -42,8 +43,8 @@ type rawField struct{ name, value []byte }
 // false when it did nothing, and the answer takes fasthttp's path.
 func (l *requestLoop) rawAnswer(c *loopConn, u *loopConn) bool {
 	r := c.r
-	ctx := r.ctx
-	if u.toClose || l.s.cfg.parseWholeAnswers || !ctx.Request.Header.IsHTTP11() {
+	ctx := r.f.ctx
+	if u.toClose || !ctx.Request.Header.IsHTTP11() {
 		return false
 	}
 	head, status, ok := h1.ReadHead(u.in.B[u.headAt:u.headLen])
@@ -99,13 +100,13 @@ func (l *requestLoop) rawAnswer(c *loopConn, u *loopConn) bool {
 		}
 	}
 	if !head.Ended() || ctype == nil || length < 0 || u.headLen+length > len(u.in.B) || !plainRouterHeaders(ctx) ||
-		strings.ContainsAny(r.up.replica.Name(), "\r\n") { // fasthttp's Set would blank them
+		strings.ContainsAny(r.f.up.replica.Name(), "\r\n") { // fasthttp's Set would blank them
 		return false
 	}
 
-	// From here on as whole, answer, respondWhole and respond do it.
-	l.rawAnswers.Add(1)
-	s, x := l.s, r.x
+	// From here on as whole, flow.whole and respond do it.
+	l.s.m.rawAnswers.Inc()
+	s, x := l.s, r.f.x
 	buf := bytebufferpool.Get()
 	buf.B = append(buf.B[:0], u.in.B[u.headLen:u.headLen+length]...)
 	l.ans = l.appendRawHead(l.ans[:0], ctx, ctype, length, kept[:n])
@@ -120,13 +121,11 @@ func (l *requestLoop) rawAnswer(c *loopConn, u *loopConn) bool {
 		l.putIdle(u)
 	}
 	r.phase = 0
-	x.answered(r.up, r.lease)
-	l.placed(r)
-	var members objectMembers
+	r.f.took() // judge passes it (passesOnStatus)
+	var members openai.ObjectMembers
 	if err := checkWhole(x, status, buf.B, &members); err != nil {
 		bytebufferpool.Put(buf)
-		s.reject(ctx, x, err)
-		l.respond(c)
+		l.act(c, r.f.bodyFailed(err))
 		return true
 	}
 	closing := ctx.Request.Header.ConnectionClose() || s.draining.Load() || ctx.Response.ConnectionClose()
@@ -140,7 +139,7 @@ func (l *requestLoop) rawAnswer(c *loopConn, u *loopConn) bool {
 	l.ans = append(l.ans, buf.B...)
 	c.r = nil // the exchange is the answer's now: a failed write ends it (wholeBody)
 	wb := wholeBody{x: x, buf: buf, status: status}
-	wb.setUsage(members.member(buf.B, "usage"))
+	wb.setUsage(members.Member(buf.B, "usage"))
 	l.w.c = c
 	_, err := l.w.Write(l.ans)
 	wb.off, wb.sent = len(buf.B), err == nil

@@ -17,15 +17,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpurouter/gpurouter/proxy/observe"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
 
 // An answer a request loop relays from its bytes (rawAnswer) reaches the
-// client byte for byte as fasthttp's path gives it — the loop's parse,
-// and fasthttp's goroutine per connection — but for the Date field's
-// value; it is accounted the same (the access log line); and an answer
-// that needs fasthttp's header takes fasthttp's path.
+// client byte for byte as fasthttp's path gives it — fasthttp's goroutine
+// per connection — but for the Date field's value; it is accounted the
+// same (the access log line); and an answer that needs fasthttp's header
+// takes the loop's parse, which gives the same bytes too.
 func TestRequestLoopRawAnswersAreFasthttps(t *testing.T) {
 	const body = `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}],"usage":{"prompt_tokens":7,"completion_tokens":2,"total_tokens":9}}`
 	reply := func(fields string, b string) string {
@@ -57,29 +59,28 @@ func TestRequestLoopRawAnswersAreFasthttps(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			up := answerEngine(t, func() string { return tc.reply })
 			var answers, lines []string
-			for _, path := range []string{"raw", "parsed", "goroutines"} {
+			for _, path := range []string{"loop", "goroutines"} {
 				logs := &lockedBuffer{}
-				log := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(LogEncoderConfig()), zapcore.AddSync(logs), zap.InfoLevel))
+				log := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(observe.LogEncoderConfig()), zapcore.AddSync(logs), zap.InfoLevel))
 				tr := startRouterWith(t, []string{up}, func(o *Options) { o.Logger, o.AccessLog = log, logs },
 					withConfig(func(c *Config) {
-						c.RequestLoops, c.GoroutineRequests, c.parseWholeAnswers = 1, path == "goroutines", path == "parsed"
+						c.RequestLoops, c.GoroutineRequests = 1, path == "goroutines"
 					}))
 				answers = append(answers, askRaw(t, tr.url, tc.client))
 				waitFor(t, "the access log line", func() bool { return requestLine(logs.String()) != "" })
 				lines = append(lines, comparableLine(t, requestLine(logs.String())))
-				if path != "goroutines" {
-					if got := tr.srv.reqLoops[0].rawAnswers.Load(); got != map[bool]int64{true: 1}[tc.raw && path == "raw"] {
-						t.Errorf("%s: %d answers relayed from their bytes", path, got)
+				if path == "loop" {
+					raw, parsed := testutil.ToFloat64(tr.srv.m.rawAnswers), testutil.ToFloat64(tr.srv.m.parsedAnswers)
+					if want := map[bool]float64{true: 1}[tc.raw]; raw != want || raw+parsed != 1 {
+						t.Errorf("%v answers relayed from their bytes, %v parsed; want %v from their bytes", raw, parsed, want)
 					}
 				}
 			}
-			for i, path := range []string{"parsed", "goroutines"} {
-				if answers[0] != answers[i+1] {
-					t.Errorf("the client's answer differs from %s's:\nraw  %q\n%-4s %q", path, answers[0], path[:4], answers[i+1])
-				}
-				if lines[0] != lines[i+1] {
-					t.Errorf("the access log line differs from %s's:\nraw  %s\n%-4s %s", path, lines[0], path[:4], lines[i+1])
-				}
+			if answers[0] != answers[1] {
+				t.Errorf("the client's answer differs from the goroutine path's:\nloop %q\ngoro %q", answers[0], answers[1])
+			}
+			if lines[0] != lines[1] {
+				t.Errorf("the access log line differs from the goroutine path's:\nloop %s\ngoro %s", lines[0], lines[1])
 			}
 		})
 	}
@@ -156,8 +157,9 @@ func comparableLine(t *testing.T, log string) string {
 }
 
 // Engine heads drawn at random from fields an engine or a proxy in front
-// of it may send, in any case and order, some repeated: the raw path and
-// the loop's parse give the client the same bytes, and the raw path takes
+// of it may send, in any case and order, some repeated: the loop (from
+// the engine's bytes, or through its parse) and fasthttp's goroutine path
+// give the client the same bytes, and the loop relays from their bytes
 // those whose fields are plain.
 func TestRequestLoopRawAnswersOfRandomHeads(t *testing.T) {
 	const body = `{"id":"c","object":"chat.completion","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}`
@@ -166,10 +168,9 @@ func TestRequestLoopRawAnswersOfRandomHeads(t *testing.T) {
 	values := []string{"1", "a, b", "", "no-store", "close", "keep-alive", "timeout=5", "W/\"x\"", "*", "a=b; Path=/", "a\x7fb", "é"}
 	var reply atomic.Value
 	up := answerEngine(t, func() string { return reply.Load().(string) })
-	// The loop's paths whatever GPUROUTER_TEST_GOROUTINE_REQUESTS says:
-	// the goroutine path has no raw answers to hold to fasthttp's.
+	// One of each path whatever GPUROUTER_TEST_GOROUTINE_REQUESTS says.
 	raw := startRouter(t, []string{up}, oneLoop)
-	parsed := startRouter(t, []string{up}, oneLoop, withConfig(func(c *Config) { c.parseWholeAnswers = true }))
+	parsed := startRouter(t, []string{up}, withConfig(func(c *Config) { c.GoroutineRequests = true }))
 	rng := rand.New(rand.NewPCG(15, 2026))
 	rawTaken := 0
 	for i := range 60 {
@@ -181,18 +182,15 @@ func TestRequestLoopRawAnswersOfRandomHeads(t *testing.T) {
 			fields.WriteString("Content-Type: application/json\r\n")
 		}
 		reply.Store("HTTP/1.1 200 OK\r\n" + fields.String() + "Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)
-		before := raw.srv.reqLoops[0].rawAnswers.Load()
+		before := testutil.ToFloat64(raw.srv.m.rawAnswers)
 		a, b := askRaw(t, raw.url, ""), askRaw(t, parsed.url, "")
 		if a != b {
-			t.Errorf("head %d %q:\nraw    %q\nparsed %q", i, fields.String(), a, b)
+			t.Errorf("head %d %q:\nloop       %q\ngoroutines %q", i, fields.String(), a, b)
 		}
-		rawTaken += int(raw.srv.reqLoops[0].rawAnswers.Load() - before)
+		rawTaken += int(testutil.ToFloat64(raw.srv.m.rawAnswers) - before)
 	}
 	t.Logf("%d of 60 relayed from their bytes", rawTaken)
 	if rawTaken < 10 || rawTaken > 50 {
 		t.Errorf("%d of 60 answers relayed from their bytes: the draw should give both paths many", rawTaken)
-	}
-	if n := parsed.srv.reqLoops[0].rawAnswers.Load(); n != 0 {
-		t.Errorf("%d answers relayed from their bytes with parseWholeAnswers", n)
 	}
 }

@@ -2,7 +2,10 @@
 
 package proxy
 
-import "golang.org/x/sys/unix"
+import (
+	"github.com/gpurouter/gpurouter/internal/netloop"
+	"golang.org/x/sys/unix"
+)
 
 // loopReads makes one wake-up's reads of clients' and engines' sockets —
 // requests coming in, whole answers coming back — in one io_uring_enter,
@@ -42,8 +45,8 @@ type loopReads struct {
 	// them, capped at its end, so that a write after it reallocates
 	// rather than overwrite the next one's.
 	frames []byte
-	sn     [uringBatchMax]int
-	serr   [uringBatchMax]error
+	sn     [netloop.RingBatch]int
+	serr   [netloop.RingBatch]error
 }
 
 const (
@@ -62,7 +65,7 @@ func (l *requestLoop) openReads() {
 		return
 	}
 	l.reads = loopReads{conns: make([]*loopConn, 0, loopReadsMax), buf: make([]byte, loopReadBytes),
-		sends: make([]*loopConn, 0, uringBatchMax), frames: make([]byte, 0, 16<<10)}
+		sends: make([]*loopConn, 0, netloop.RingBatch), frames: make([]byte, 0, 16<<10)}
 }
 
 // queueRead reads c's socket and takes what it gave: in the wake-up's
@@ -121,14 +124,14 @@ func (l *requestLoop) flushReads() {
 			q[i] = nil
 			continue
 		}
-		ring.prepare(uringOpRecv, c.fd, t.buf[i*slot:(i+1)*slot], i)
+		ring.Prepare(netloop.OpRecv, c.fd, t.buf[i*slot:(i+1)*slot], i)
 	}
-	if err := ring.run(t.result); err != nil {
+	if err := ring.Run(t.result); err != nil {
 		// The reads it did not see end failed; the next are system calls.
 		l.host.ringFailed(err)
 		defer func() { l.reads.buf = nil }()
 	}
-	l.batchedReads.Add(int64(len(q)))
+	l.s.m.requestReads.Add(float64(len(q)))
 	t.taking = true
 	defer l.flushWrites()
 	for i, c := range q {
@@ -158,7 +161,7 @@ func (l *requestLoop) flushReads() {
 
 // still reports whether c is the loop's connection on fd yet.
 func (l *requestLoop) still(c *loopConn, fd int) bool {
-	return c.fd == fd && fd >= 0 && l.conns.get(fd) == c
+	return c.fd == fd && fd >= 0 && l.conns.Get(fd) == c
 }
 
 func (t *loopReads) result(i, n int, err error) { t.n[i], t.err[i] = n, err }
@@ -178,7 +181,7 @@ func (t *loopReads) result(i, n int, err error) { t.n[i], t.err[i] = n, err }
 // the wait is in the batch (reading), and its answer is written at once.
 func (l *requestLoop) keep(c *loopConn, p []byte) bool {
 	t := &l.reads
-	if !t.taking || len(c.out) > 0 || c.batched || len(t.sends) == uringBatchMax || len(t.frames)+len(p) > loopFrameBytes {
+	if !t.taking || len(c.out) > 0 || c.batched || len(t.sends) == netloop.RingBatch || len(t.frames)+len(p) > loopFrameBytes {
 		return false
 	}
 	if c.up == nil && (c.reading || c.serving || c.in != nil && c.in.Len() > 0) {
@@ -214,19 +217,19 @@ func (l *requestLoop) flushWrites() {
 	case ops == 1 || ops > 1 && ring == nil: // a lone write, or the ring failed under them
 		for i, c := range q {
 			if c != nil {
-				t.sn[i], t.serr[i] = rawWrite(c.fd, c.out)
+				t.sn[i], t.serr[i] = netloop.Write(c.fd, c.out)
 			}
 		}
 	case ops > 1:
 		for i, c := range q {
 			if c != nil {
-				ring.prepare(uringOpSend, c.fd, c.out, i)
+				ring.Prepare(netloop.OpSend, c.fd, c.out, i)
 			}
 		}
-		if err := ring.run(t.sent); err != nil {
+		if err := ring.Run(t.sent); err != nil {
 			l.host.ringFailed(err)
 		}
-		l.batchedWrites.Add(int64(ops))
+		l.s.m.requestWrites.Add(float64(ops))
 	}
 	for i, c := range q {
 		if c != nil && c.fd >= 0 {

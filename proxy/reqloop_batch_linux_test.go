@@ -14,7 +14,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpurouter/gpurouter/internal/netloop"
+	"github.com/gpurouter/gpurouter/internal/netloop/looptest"
+
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -61,7 +65,7 @@ func lockstepEngine(t *testing.T, n int) string {
 // round — a third of them long requests and answers, past a batch's read
 // slot.
 func TestRequestLoopBatchesRequestsReadyTogether(t *testing.T) {
-	openTestURing(t) // or skip
+	skipWithoutRing(t)
 	const clients = 12
 	tr := startRouter(t, []string{lockstepEngine(t, clients)}, oneLoop)
 	l := tr.srv.reqLoops[0]
@@ -115,11 +119,11 @@ func TestRequestLoopBatchesRequestsReadyTogether(t *testing.T) {
 	}
 	// The engine's answers come together every round; the clients'
 	// requests when the goroutines happen to send them together.
-	for r := 0; r < 40 && (l.batchedReads.Load() == 0 || l.batchedWrites.Load() == 0 || r < 5); r++ {
+	for r := 0; r < 40 && (testutil.ToFloat64(l.s.m.requestReads) == 0 || testutil.ToFloat64(l.s.m.requestWrites) == 0 || r < 5); r++ {
 		round(r)
 	}
-	if l.batchedReads.Load() == 0 || l.batchedWrites.Load() == 0 {
-		t.Fatalf("%d reads and %d writes batched in 40 rounds of %d clients; want some of each", l.batchedReads.Load(), l.batchedWrites.Load(), clients)
+	if testutil.ToFloat64(l.s.m.requestReads) == 0 || testutil.ToFloat64(l.s.m.requestWrites) == 0 {
+		t.Fatalf("%v reads and %v writes batched in 40 rounds of %d clients; want some of each", testutil.ToFloat64(l.s.m.requestReads), testutil.ToFloat64(l.s.m.requestWrites), clients)
 	}
 }
 
@@ -130,7 +134,7 @@ func TestRequestLoopBatchesRequestsReadyTogether(t *testing.T) {
 // it still to come, or one pipelined — is written at once, since a
 // request handed off would take its kept bytes with it.
 func TestRequestLoopKeptWrites(t *testing.T) {
-	openTestURing(t) // or skip
+	skipWithoutRing(t)
 	m, err := newMetrics(prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
@@ -145,13 +149,13 @@ func TestRequestLoopKeptWrites(t *testing.T) {
 	t.Cleanup(func() { l.host.closeBatch(); unix.Close(l.ep); unix.Close(l.wake) })
 	l.now = time.Now()
 	conn := func() (*loopConn, int) {
-		a, b := socketPair(t)
+		a, b := looptest.SocketPair(t)
 		fd, err := unix.Dup(a) // the loop closes its own on failure
 		if err != nil {
 			t.Fatal(err)
 		}
 		c := &loopConn{fd: fd}
-		l.conns.set(fd, c)
+		l.conns.Set(fd, c)
 		unix.EpollCtl(l.ep, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP, Fd: int32(fd)}) //nolint:errcheck
 		return c, b
 	}
@@ -185,13 +189,13 @@ func TestRequestLoopKeptWrites(t *testing.T) {
 	}
 	unix.Close(pair[1])
 	gone := &loopConn{fd: pair[0]}
-	l.conns.set(pair[0], gone)
+	l.conns.Set(pair[0], gone)
 
 	// The full client's socket takes nothing more.
 	filler := bytes.Repeat([]byte("f"), 64<<10)
 	var filled int
 	for i := 0; i < 10000; i++ {
-		n, err := rawWrite(full.fd, filler)
+		n, err := netloop.Write(full.fd, filler)
 		if err == unix.EAGAIN {
 			break
 		}
@@ -217,8 +221,8 @@ func TestRequestLoopKeptWrites(t *testing.T) {
 	peerHas(pipelinedPeer, "written at once too")
 
 	l.flushWrites()
-	if n := l.batchedWrites.Load(); n != 4 {
-		t.Errorf("%d writes batched, want 4", n)
+	if n := testutil.ToFloat64(l.s.m.requestWrites); n != 4 {
+		t.Errorf("%v writes batched, want 4", n)
 	}
 
 	peerHas(plainPeer, "answer one, and two")
@@ -226,8 +230,8 @@ func TestRequestLoopKeptWrites(t *testing.T) {
 	if plain.out != nil || plain.batched || engine.out != nil {
 		t.Errorf("written whole, yet %q and %q wait", plain.out, engine.out)
 	}
-	if gone.fd != -1 || l.conns.get(plain.fd) != plain {
-		t.Errorf("the gone client's descriptor %d (want closed), the others' kept: %v", gone.fd, l.conns.get(plain.fd) == plain)
+	if gone.fd != -1 || l.conns.Get(plain.fd) != plain {
+		t.Errorf("the gone client's descriptor %d (want closed), the others' kept: %v", gone.fd, l.conns.Get(plain.fd) == plain)
 	}
 	if len(full.out) != 1000 {
 		t.Fatalf("%d bytes wait for the full client, want 1000", len(full.out))
@@ -258,7 +262,7 @@ func readFor(fd, n int) []byte {
 	got := make([]byte, 0, n)
 	buf := make([]byte, 64<<10)
 	for end := time.Now().Add(5 * time.Second); len(got) < n && time.Now().Before(end); {
-		m, err := rawRead(fd, buf)
+		m, err := netloop.Read(fd, buf)
 		if err == unix.EAGAIN {
 			time.Sleep(time.Millisecond)
 			continue

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gpurouter/gpurouter/internal/h1"
+	"github.com/gpurouter/gpurouter/internal/netloop"
 	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
 	"golang.org/x/sys/unix"
@@ -49,7 +50,7 @@ type loopConn struct {
 // readClient reads what a client sent and serves the requests it
 // completes.
 func (l *requestLoop) readClient(c *loopConn) {
-	n, err := rawRead(c.fd, l.buf)
+	n, err := netloop.Read(c.fd, l.buf)
 	l.clientRead(c, l.buf, n, err)
 }
 
@@ -220,7 +221,7 @@ func (c *loopConn) keep(b []byte) {
 func (l *requestLoop) respond(c *loopConn) {
 	r := c.r
 	c.r = nil // the exchange is the response's now: a failed write ends it (wholeBody)
-	ctx := r.ctx
+	ctx := r.f.ctx
 	if ctx.Request.Header.ConnectionClose() || l.s.draining.Load() {
 		ctx.Response.SetConnectionClose()
 	}
@@ -241,7 +242,7 @@ func (l *requestLoop) respond(c *loopConn) {
 // next request.
 func (l *requestLoop) done(c *loopConn, r *loopReq, err error, closing bool) {
 	c.closing = closing
-	l.releaseCtx(r.ctx)
+	l.releaseCtx(r.f.ctx)
 	l.releaseReq(r)
 	c.since = l.now
 	switch {
@@ -270,7 +271,7 @@ func (w *loopWriter) Write(p []byte) (int, error) {
 		return len(p), nil // written with the batch's (flushWrites)
 	}
 	if len(c.out) == 0 {
-		n, err := rawWrite(c.fd, p)
+		n, err := netloop.Write(c.fd, p)
 		if err != nil && err != unix.EAGAIN && err != unix.EINTR {
 			return 0, err
 		}
@@ -303,7 +304,7 @@ func (l *requestLoop) writable(c *loopConn) bool {
 	if len(c.out) == 0 {
 		return true
 	}
-	n, err := rawWrite(c.fd, c.out)
+	n, err := netloop.Write(c.fd, c.out)
 	if err != nil && err != unix.EAGAIN && err != unix.EINTR {
 		l.closeConn(c)
 		return false
@@ -370,8 +371,8 @@ func (l *requestLoop) closeClient(c *loopConn) {
 // forget closes c's socket (its descriptor leaves the set with it) and
 // drops what it holds.
 func (l *requestLoop) forget(c *loopConn) {
-	if l.conns.get(c.fd) == c {
-		l.conns.del(c.fd)
+	if l.conns.Get(c.fd) == c {
+		l.conns.Del(c.fd)
 	}
 	unix.Close(c.fd)
 	c.fd = -1
@@ -386,10 +387,10 @@ func (l *requestLoop) forget(c *loopConn) {
 // fasthttp's server:
 // what the loop does not serve. Nothing of the request was acted on.
 func (l *requestLoop) handOff(c *loopConn, b []byte) {
-	l.conns.del(c.fd)
+	l.conns.Del(c.fd)
 	unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, c.fd, nil) //nolint:errcheck
 	l.size.Add(-1)
-	pc := newPrefetchConn(newFileConn(c.fd, c.addrs.laddr, c.addrs.raddr), &l.s.conns, l.s.door)
+	pc := newPrefetchConn(netloop.NewFileConn(c.fd, c.addrs.laddr, c.addrs.raddr), &l.s.conns, l.s.door)
 	if len(b) > 0 {
 		// A buffer of the prefetch pool, which the connection gives back
 		// once it has read it: a stream handed off holds none.
@@ -419,10 +420,10 @@ var errHeadUnread = fmt.Errorf("%w: a head fasthttp cannot read", h1.ErrMalforme
 // a goroutine that writes the answer, lingers while the client may still
 // be sending, and closes (prefetchConn.refuse).
 func (l *requestLoop) refuse(c *loopConn, err error) {
-	l.conns.del(c.fd)
+	l.conns.Del(c.fd)
 	unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, c.fd, nil) //nolint:errcheck
 	l.size.Add(-1)
-	pc := newPrefetchConn(newFileConn(c.fd, c.addrs.laddr, c.addrs.raddr), &l.s.conns, l.s.door)
+	pc := newPrefetchConn(netloop.NewFileConn(c.fd, c.addrs.laddr, c.addrs.raddr), &l.s.conns, l.s.door)
 	if c.in != nil {
 		bytebufferpool.Put(c.in)
 		c.in = nil
@@ -435,7 +436,7 @@ func (l *requestLoop) refuse(c *loopConn, err error) {
 // the read timeout (slowloris), as fasthttp would, and closes it.
 func (l *requestLoop) requestTimeout(c *loopConn) {
 	ctx := l.acquireCtx(c)
-	writeError(ctx, fmt.Errorf("%w: the request must arrive within %s", ErrRequestTimeout, l.s.cfg.ReadTimeout))
+	writeError(ctx, l.s.to.requestLate())
 	ctx.Response.SetConnectionClose()
 	l.w.c = c
 	l.bw.Reset(&l.w)

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gpurouter/gpurouter/internal/netloop"
 	"github.com/valyala/fasthttp"
 	"golang.org/x/sys/unix"
 )
@@ -26,18 +27,19 @@ import (
 // sockets in one epoll set, each read once per readiness, each answer
 // written at once.
 //
-// The loop only ever does the steady part, as the stream loop does
-// (pump_linux.go), and takes every decision through the same functions as
-// proxyAPI (plan, admitNow, beginAttempt, attemptFailed, judge,
-// retryDelay, respondWhole): nothing is decided twice, or differently.
-// Streams are served here too, their events relayed by the loop
-// (reqloop_stream_linux.go). What it does not serve it hands off before
-// any side effect — the connection, with the bytes read so far, goes to
-// fasthttp's server (handOff): streams under upstream.goroutine_streams,
-// the router's own endpoints, HTTP/1.0, chunked request bodies, Expect,
-// bodies or heads over the limits, malformed requests, engines behind
-// TLS. What would block goes to a goroutine that posts its result back
-// (post): an admission wait, a new engine connection, a retry's pause.
+// The loop only ever does the I/O, as the stream loop does
+// (pump_linux.go): every decision is the request's flow's (flow.go), which
+// the loop drives as proxyAPI does on fasthttp's goroutine — nothing is
+// decided twice, or differently (reqloop_exchange_linux.go: act). Streams
+// are served here too, their events relayed by the loop
+// (reqloop_stream_linux.go). What it does not serve it hands off, by its
+// head, before anything is done — the connection, with the bytes read so
+// far, goes to fasthttp's server (handOff): the router's own endpoints,
+// HTTP/1.0, chunked request bodies, Expect, bodies or heads over the
+// limits, and, where a pool is behind TLS (which the loop does not speak),
+// the requests its path does not route to another pool. What would block
+// goes to a goroutine that posts its result back (post): an admission
+// wait, a new engine connection, a retry's pause.
 
 // haveRequestLoops tells New that request loops run here.
 const haveRequestLoops = true
@@ -60,7 +62,7 @@ type requestLoop struct {
 	// Run's own.
 	host     *streamPump // relays the loop's streams (reqloop_stream_linux.go)
 	reads    loopReads   // a wake-up's reads of clients and engines (reqloop_batch_linux.go)
-	conns    fdTable[loopConn]
+	conns    netloop.FDTable[loopConn]
 	events   []unix.EpollEvent
 	buf      []byte // every read lands here first
 	rd       bytes.Reader
@@ -79,13 +81,9 @@ type requestLoop struct {
 	holdP      bool // wait as a raw system call while relaying streams (wait)
 	// An answer relayed from its bytes (rawAnswer): the client's head and
 	// body, and the Date field's value for the second dateSec.
-	ans        []byte
-	dateText   []byte
-	dateSec    int64
-	rawAnswers atomic.Int64 // answers relayed from their bytes, for tests
-	// Reads and writes of clients and engines made in batches
-	// (reqloop_batch_linux.go), for tests.
-	batchedReads, batchedWrites atomic.Int64
+	ans      []byte
+	dateText []byte
+	dateSec  int64
 }
 
 // newRequestLoop is a loop of s's; clock is the exchanges' (Options.Now),
@@ -104,7 +102,7 @@ func (l *requestLoop) open() error {
 	if l.running {
 		return nil
 	}
-	ep, wake, err := openEpollWake()
+	ep, wake, err := netloop.OpenEpollWake()
 	if err != nil {
 		return err
 	}
@@ -117,7 +115,7 @@ func (l *requestLoop) open() error {
 // success c is closed: the loop keeps the socket through a duplicate
 // descriptor, out of Go's netpoller.
 func (l *requestLoop) take(c net.Conn) bool {
-	fd, ok := dupSocket(c)
+	fd, ok := netloop.Dup(c)
 	if !ok {
 		return false
 	}
@@ -134,24 +132,6 @@ func (l *requestLoop) take(c net.Conn) bool {
 	c.Close() //nolint:errcheck // the duplicate keeps the socket open
 	l.poke()
 	return true
-}
-
-// dupSocket duplicates c's descriptor (non-blocking, as Go made it).
-func dupSocket(c net.Conn) (int, bool) {
-	tc, ok := c.(*net.TCPConn)
-	if !ok {
-		return -1, false
-	}
-	raw, err := tc.SyscallConn()
-	if err != nil {
-		return -1, false
-	}
-	fd := -1
-	var dupErr error
-	if err := raw.Control(func(s uintptr) { fd, dupErr = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0) }); err != nil || dupErr != nil || fd < 0 {
-		return -1, false
-	}
-	return fd, true
 }
 
 // post runs f on the loop's goroutine at its next wake-up: how goroutines
@@ -225,7 +205,7 @@ func (l *requestLoop) Run(ctx context.Context) error {
 		}
 		for _, ev := range l.events[:max(n, 0)] {
 			fd := int(ev.Fd)
-			if c := l.conns.get(fd); c != nil && ev.Events&unix.EPOLLOUT == 0 {
+			if c := l.conns.Get(fd); c != nil && ev.Events&unix.EPOLLOUT == 0 {
 				// A socket to read: its read joins the wake-up's batch,
 				// made before anything else is touched — a stream's
 				// engine's in the streams' (reqloop_stream_linux.go).
@@ -243,7 +223,7 @@ func (l *requestLoop) Run(ctx context.Context) error {
 				l.admit()
 				continue
 			}
-			c := l.conns.get(fd)
+			c := l.conns.Get(fd)
 			if c == nil {
 				continue
 			}
@@ -309,10 +289,10 @@ func (l *requestLoop) waitMillis() int {
 // serves the rest of the router meanwhile. Unless the request loops
 // would hold every P (holdP): a one-core router.
 func (l *requestLoop) wait() (int, error) {
-	if !l.holdP || (l.quiet && l.host.streams.n == 0) {
+	if !l.holdP || (l.quiet && l.host.streams.N == 0) {
 		return unix.EpollWait(l.ep, l.events, l.waitMillis())
 	}
-	return rawEpollWait(l.ep, l.events, l.waitMillis())
+	return netloop.RawEpollWait(l.ep, l.events, l.waitMillis())
 }
 
 // admit takes the connections queued and the results posted since the
@@ -330,7 +310,7 @@ func (l *requestLoop) admit() {
 			l.closeClient(c)
 			continue
 		}
-		l.conns.set(c.fd, c)
+		l.conns.Set(c.fd, c)
 	}
 	for i, f := range posted {
 		f()
@@ -350,7 +330,7 @@ func (l *requestLoop) scan() {
 			until = t
 		}
 	}
-	for _, c := range l.conns.by {
+	for _, c := range l.conns.By {
 		switch {
 		case c == nil:
 		case c.up != nil:
@@ -358,11 +338,11 @@ func (l *requestLoop) scan() {
 				continue // its client's request is scanned; a stream's relay is (below)
 			}
 			if l.scanUpstream(c) {
-				expires(c.since.Add(l.s.cfg.MaxIdleConnTime))
+				expires(c.since.Add(l.s.to.engineKeepAlive))
 			}
 		case len(c.out) > 0:
 			quiet = false
-			if aborting || l.now.Sub(c.wrote) > l.s.cfg.IdleTimeout {
+			if aborting || l.now.Sub(c.wrote) > l.s.to.idle {
 				// A client that stops reading holds no answer for good:
 				// a write must progress within the idle timeout, as on
 				// fasthttp's path (Server.WriteTimeout).
@@ -373,25 +353,21 @@ func (l *requestLoop) scan() {
 			l.scanRequest(c, aborting)
 		case c.in != nil && c.in.Len() > 0 && !aborting:
 			quiet = false
-			if l.now.Sub(c.since) > l.s.cfg.ReadTimeout {
+			if l.now.Sub(c.since) > l.s.to.read {
 				l.requestTimeout(c)
 			}
-		case draining || l.now.Sub(c.since) > clientIdleTimeout:
+		case draining || l.now.Sub(c.since) > l.s.to.keepAlive:
 			l.closeClient(c)
 		default:
-			expires(c.since.Add(clientIdleTimeout))
+			expires(c.since.Add(l.s.to.keepAlive))
 		}
 	}
-	if l.host.streams.n > 0 {
+	if l.host.streams.N > 0 {
 		quiet = false
 		l.scanStreams(aborting)
 	}
 	l.quiet, l.quietUntil = quiet, until
 }
-
-// clientIdleTimeout is how long a client's keep-alive connection may wait
-// for its next request, as fasthttp's Server.IdleTimeout (server.go).
-const clientIdleTimeout = 2 * time.Minute
 
 // stop ends the loop: requests in progress end, connections close.
 func (l *requestLoop) stop() {
@@ -410,7 +386,7 @@ func (l *requestLoop) stop() {
 		f()
 	}
 	l.stopStreams()
-	for _, c := range l.conns.by {
+	for _, c := range l.conns.By {
 		switch {
 		case c == nil:
 		case c.up != nil:

@@ -373,8 +373,8 @@ func TestRequestLoopSleepsWhileQuiet(t *testing.T) {
 	}
 	client := &loopConn{fd: 5, since: l.now}
 	engine := &loopConn{fd: 6, up: &upstream{}, since: l.now.Add(-time.Second)}
-	l.conns.set(client.fd, client)
-	l.conns.set(engine.fd, engine)
+	l.conns.Set(client.fd, client)
+	l.conns.Set(engine.fd, engine)
 	l.scan()
 	want := tr.srv.cfg.MaxIdleConnTime - time.Second + time.Millisecond
 	if w := l.waitMillis(); w != int(want/time.Millisecond) {

@@ -3,12 +3,11 @@
 package proxy
 
 import (
-	"fmt"
 	"io"
 	"net"
 	"sync"
-	"time"
 
+	"github.com/gpurouter/gpurouter/internal/netloop"
 	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
 	"golang.org/x/sys/unix"
@@ -37,8 +36,9 @@ import (
 // the rest as fasthttp's path does (streamOnGoroutine): the client's
 // connection then stays on that path, as a hijacked stream's does.
 
-// streamsOnLoop reports whether the loop takes streams' requests: unless
-// every stream is to run on a goroutine (upstream.goroutine_streams).
+// streamsOnLoop reports whether the loop relays its streams' events:
+// unless every stream is to run on a goroutine (upstream.goroutine_streams,
+// streamOnGoroutine).
 func (l *requestLoop) streamsOnLoop() bool {
 	return !l.s.cfg.GoroutineStreams
 }
@@ -56,14 +56,11 @@ func (l *requestLoop) streamHead(c *loopConn, u *loopConn) bool {
 	if resp.Header.Read(l.br) != nil || resp.StatusCode() != fasthttp.StatusOK || !isEventStream(resp) {
 		return false
 	}
-	x := r.x
-	x.answered(r.up, r.lease)
-	l.placed(r)
+	f := &r.f
+	x, ctx := f.x, f.ctx
+	f.answered(resp) // a 200 event stream: actStream, always
 	r.phase = phaseStreaming
-	ctx := r.ctx
-	copyHeaders(ctx, resp, x)
-	ctx.SetStatusCode(fasthttp.StatusOK)
-	ctx.Response.Header.Set("Cache-Control", "no-cache")
+	streamHead(ctx, resp, x)
 	ctx.Response.Header.SetContentLength(-1) // chunked
 	r.closing = ctx.Request.Header.ConnectionClose() || s.draining.Load()
 	if r.closing {
@@ -94,32 +91,32 @@ func (l *requestLoop) streamHead(c *loopConn, u *loopConn) bool {
 	if resp.Header.ContentLength() == -1 {
 		b = &detachedBody{
 			pump: l.host, stash: stash, clientFD: c.fd, cfd: -1, fd: u.fd,
-			firstByte: s.cfg.FirstByteTimeout, idle: s.cfg.IdleTimeout,
+			to: &s.to, cap: &f.up.cap,
 			laddr: u.addrs.laddr, raddr: u.addrs.raddr,
-			deadline: r.sentAt.Add(s.cfg.FirstByteTimeout), // the first byte's, running since the request went
+			deadline: r.sentAt.Add(s.to.firstByte), // the first byte's, running since the request went
 		}
 		b.write = b.writeFrame
 		if !resp.ConnectionClose() {
-			b.reuse = &r.up.idle // should the goroutine path end it
+			b.reuse = &f.up.idle // should the goroutine path end it
 		}
 		body = b
 	} else {
 		// Framed by its length or its connection's close (HTTP/1.0): the
 		// goroutine path's reader relays it.
 		body = &plainBody{fd: u.fd, stash: stash, left: resp.Header.ContentLength(), up: u.addrs,
-			firstByte: s.cfg.FirstByteTimeout, idle: s.cfg.IdleTimeout}
+			to: &s.to, cap: &f.up.cap}
 	}
-	rl := newRelay(x, nil, body, r.strip)
+	rl := newRelay(x, nil, body, f.strip)
 	if b != nil {
 		b.r = rl
 	}
 
-	n, err := rawWrite(c.fd, head)
+	n, err := netloop.Write(c.fd, head)
 	if err != nil && err != unix.EAGAIN && err != unix.EINTR {
 		n = 0 // the goroutine's write fails the same way, and ends the stream as the client's
 	}
 	n = max(n, 0)
-	if n < len(head) || b == nil {
+	if n < len(head) || b == nil || !l.streamsOnLoop() {
 		l.streamOnGoroutine(c, u, r, rl, pumpResult{}, append([]byte(nil), head[n:]...))
 		return true
 	}
@@ -190,9 +187,9 @@ func (l *requestLoop) scanStreams(aborting bool) {
 		l.host.expire(l.now)
 		return
 	}
-	for _, b := range l.host.streams.by {
+	for _, b := range l.host.streams.By {
 		if b != nil {
-			b.r.abort(fmt.Errorf("%w: drain deadline passed", ErrShuttingDown))
+			b.r.abort(errDrainPassed)
 			l.host.release(b, pumpResult{}, exitAborted)
 		}
 	}
@@ -201,7 +198,7 @@ func (l *requestLoop) scanStreams(aborting bool) {
 // stopStreams gives the loop's streams to goroutines as the loop stops:
 // they go on there (streamOnGoroutine).
 func (l *requestLoop) stopStreams() {
-	for _, b := range l.host.streams.by {
+	for _, b := range l.host.streams.By {
 		if b != nil {
 			l.host.release(b, pumpResult{}, exitStopped)
 		}
@@ -211,7 +208,8 @@ func (l *requestLoop) stopStreams() {
 // unhost lets go of a stream's engine connection, which its body is to
 // close, or reads on a goroutine from now on: the loop forgets it. open:
 // the socket is still open (its descriptor still u's), so it leaves the
-// set; else the body closed it already (handBack).
+// set; else the body closed it already (handBack). Either way the body
+// takes it off the replica's count when it closes it.
 func (l *requestLoop) unhost(u *loopConn, open bool) {
 	if u.fd < 0 {
 		return
@@ -219,11 +217,10 @@ func (l *requestLoop) unhost(u *loopConn, open bool) {
 	if open {
 		unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, u.fd, nil) //nolint:errcheck // a goroutine's, or closed, either way
 	}
-	if l.conns.get(u.fd) == u {
-		l.conns.del(u.fd)
+	if l.conns.Get(u.fd) == u {
+		l.conns.Del(u.fd)
 	}
 	u.fd = -1
-	u.up.loopConns.Add(-1)
 }
 
 // streamWriteError is a failed write of a stream's end to its client.
@@ -240,8 +237,8 @@ func (e *streamWriteError) Unwrap() error { return e.err }
 // context, which the stream keeps (a migration reads its headers).
 func (l *requestLoop) streamOnGoroutine(c *loopConn, u *loopConn, r *loopReq, rl *relay, res pumpResult, head []byte) {
 	s := l.s
-	if l.conns.get(c.fd) == c {
-		l.conns.del(c.fd)
+	if l.conns.Get(c.fd) == c {
+		l.conns.Del(c.fd)
 	}
 	unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, c.fd, nil) //nolint:errcheck // Go's netpoller's from now on
 	// A plainBody's socket is closed by its reader only.
@@ -250,7 +247,7 @@ func (l *requestLoop) streamOnGoroutine(c *loopConn, u *loopConn, r *loopReq, rl
 		open = b.owns(u.fd)
 	}
 	l.unhost(u, open)
-	pc := newPrefetchConn(newFileConn(c.fd, c.addrs.laddr, c.addrs.raddr), &s.conns, s.door)
+	pc := newPrefetchConn(netloop.NewFileConn(c.fd, c.addrs.laddr, c.addrs.raddr), &s.conns, s.door)
 	c.fd, c.r, c.req = -1, nil, nil
 	closing := r.closing
 	if c.in != nil {
@@ -293,11 +290,12 @@ func (l *requestLoop) streamOnGoroutine(c *loopConn, u *loopConn, r *loopReq, rl
 // bytes read with the head, then the socket's, through Go's netpoller
 // with the first-byte and idle deadlines fasthttp's reads have.
 type plainBody struct {
-	stash           []byte
-	left            int // bytes to come, the stash's included; -1: to the close
-	up              loopAddrs
-	firstByte, idle time.Duration
-	gotBody         bool
+	stash   []byte
+	left    int // bytes to come, the stash's included; -1: to the close
+	up      loopAddrs
+	to      *timeouts
+	cap     *connCap // the replica's connection count, which the socket leaves when it closes
+	gotBody bool
 
 	mu     sync.Mutex // orders the socket's wrapping against a close from the watch (relay.abort)
 	fd     int        // the socket until conn wraps it; -1 then, or once closed
@@ -342,7 +340,7 @@ func (p *plainBody) netConn() (net.Conn, error) {
 		return nil, net.ErrClosed
 	}
 	if p.conn == nil {
-		p.conn = upstreamConn(p.fd, p.up.laddr, p.up.raddr, p.firstByte, p.idle, p.gotBody)
+		p.conn = upstreamConn(p.fd, p.up.laddr, p.up.raddr, p.to, p.cap, p.gotBody)
 		p.fd = -1
 	}
 	return p.conn, nil
@@ -363,6 +361,7 @@ func (p *plainBody) CloseWithError(error) error {
 	if p.fd >= 0 {
 		unix.Close(p.fd)
 		p.fd = -1
+		p.cap.give()
 	}
 	return nil
 }

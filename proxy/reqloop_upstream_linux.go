@@ -5,13 +5,13 @@ package proxy
 import (
 	"bytes"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"strconv"
 	"time"
 
 	"github.com/gpurouter/gpurouter/internal/h1"
+	"github.com/gpurouter/gpurouter/internal/netloop"
 	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
 	"golang.org/x/sys/unix"
@@ -19,33 +19,37 @@ import (
 
 // upstreamWire writes the head of the request the replicas are sent, as
 // upstreamRequest builds it for fasthttp's client: the same method, path
-// and headers (forwardedHeaders, routerHeaders), the body's length; the Host line follows
-// per replica (sendRequest). The same headers, not in the same order: an
-// engine reads them by name. A whole request starts no migration
-// (startMigration is for streams), so its body goes as plan left it.
+// and headers (forwardedHeaders, routerHeaders), the length of the flow's
+// body; the Host line follows per replica (sendRequest). The same headers,
+// not in the same order: an engine reads them by name.
 func (l *requestLoop) upstreamWire(r *loopReq) {
-	b := append(append(append(r.wire[:0], "POST "...), r.x.ep.path()...), " HTTP/1.1\r\n"...)
-	forwardedHeaders(&r.ctx.Request.Header, r.x, func(k, v []byte) {
+	f := &r.f
+	b := append(append(append(r.wire[:0], "POST "...), f.x.ep.Path()...), " HTTP/1.1\r\n"...)
+	forwardedHeaders(&f.ctx.Request.Header, f.x, func(k, v []byte) {
 		b = append(append(append(append(b, k...), ": "...), v...), "\r\n"...)
 	})
 	var own [128]byte
-	seq, xff := l.s.routerHeaders(r.ctx, r.x, own[:0])
-	b = append(append(append(b, "X-Request-Id: "...), r.x.id...), "\r\n"...)
+	seq, xff := l.s.routerHeaders(f.ctx, f.x, own[:0])
+	b = append(append(append(b, "X-Request-Id: "...), f.x.id...), "\r\n"...)
 	b = append(append(append(append(append(b, seqHeader...), ": "...), seq...), "\r\nX-Forwarded-For: "...), xff...)
 	b = append(b, "\r\n"...)
-	b = strconv.AppendInt(append(b, "Content-Length: "...), int64(len(r.body)), 10)
+	b = strconv.AppendInt(append(b, "Content-Length: "...), int64(len(f.body)), 10)
 	r.wire, r.head = append(b, "\r\n"...), len(b)+2
 }
 
-// sendRequest sends c's request to the replica its attempt leased: on an
-// idle keep-alive connection of the loop's, else on one dialed for it.
+// sendRequest is actSend on the loop: c's request to the replica its
+// flow leased, on an idle keep-alive connection of the loop's, else on
+// one dialed for it. The head is written once, for the first attempt.
 func (l *requestLoop) sendRequest(c *loopConn) {
 	r := c.r
-	r.wire = append(append(append(r.wire[:r.head], "Host: "...), r.rep.Addr()...), "\r\n\r\n"...)
-	r.wire = append(r.wire, r.body...)
-	r.x.sent, r.sentAt = l.s.now(), l.now
+	if len(r.wire) == 0 {
+		l.upstreamWire(r)
+	}
+	r.wire = append(append(append(r.wire[:r.head], "Host: "...), r.f.rep.Addr()...), "\r\n\r\n"...)
+	r.wire = append(r.wire, r.f.body...)
+	r.sentAt = l.now
 	r.phase = phaseAwaiting
-	if u := l.takeIdle(r.up); u != nil {
+	if u := l.takeIdle(r.f.up); u != nil {
 		l.sendOn(c, u)
 		return
 	}
@@ -76,25 +80,32 @@ func (l *requestLoop) takeIdle(up *upstream) *loopConn {
 	return u
 }
 
-// putIdle keeps u for up's next request.
+// putIdle keeps u for up's next request — unless the replica has its
+// cap's worth of connections (conncap.go): then u closes, so that the
+// goroutine path, which can't take the loop's idle ones, may dial.
 func (l *requestLoop) putIdle(u *loopConn) {
+	if u.up.cap.full() {
+		u.peer = nil
+		l.closeUpstream(u)
+		return
+	}
 	u.peer, u.reused, u.since = nil, true, l.now
 	l.idle[u.up] = append(l.idle[u.up], u)
 }
 
 // dial connects to c's replica on a goroutine — a connect may take a
 // round trip, a name a lookup — and sends the request once it is up.
-// The connection is counted against upstream.max_conns_per_replica.
+// The connection is counted against upstream.max_conns_per_replica, with
+// the goroutine path's (conncap.go).
 func (l *requestLoop) dial(c *loopConn) {
 	r := c.r
 	r.phase = phaseConnecting
-	up, gen := r.up, r.gen
-	if up.loopConns.Add(1) > int64(l.s.cfg.MaxConnsPerReplica) {
-		up.loopConns.Add(-1)
-		l.upstreamFailed(c, nil, fasthttp.ErrNoFreeConns)
+	up, gen := r.f.up, r.gen
+	if !up.cap.take() {
+		l.upstreamFailed(c, nil, errNoFreeConns)
 		return
 	}
-	addr, timeout := r.rep.Addr(), l.s.cfg.ConnectTimeout
+	addr, timeout := r.f.rep.Addr(), l.s.to.connect
 	connect := up.connect
 	go func() {
 		start := time.Now()
@@ -103,13 +114,13 @@ func (l *requestLoop) dial(c *loopConn) {
 		if err == nil {
 			connect.Observe(time.Since(start).Seconds())
 			var ok bool
-			if fd, ok = dupSocket(nc); !ok {
+			if fd, ok = netloop.Dup(nc); !ok {
 				err = &net.OpError{Op: "dial", Net: "tcp", Err: errNoLoopConn}
 			}
 			nc.Close() //nolint:errcheck // the duplicate keeps the socket
 		}
 		if fd < 0 {
-			up.loopConns.Add(-1)
+			up.cap.give()
 		}
 		var u *loopConn
 		if err == nil {
@@ -119,7 +130,7 @@ func (l *requestLoop) dial(c *loopConn) {
 		posted := l.post(func() { l.dialed(c, r, gen, u, err) })
 		if !posted && u != nil {
 			unix.Close(fd)
-			up.loopConns.Add(-1)
+			up.cap.give()
 		}
 	}()
 }
@@ -131,10 +142,10 @@ func (l *requestLoop) dialed(c *loopConn, r *loopReq, gen uint64, u *loopConn, e
 	if u != nil {
 		if uerr := unix.EpollCtl(l.ep, unix.EPOLL_CTL_ADD, u.fd, &unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP, Fd: int32(u.fd)}); uerr != nil {
 			unix.Close(u.fd)
-			u.up.loopConns.Add(-1)
+			u.up.cap.give()
 			u, err = nil, &net.OpError{Op: "dial", Net: "tcp", Err: uerr}
 		} else {
-			l.conns.set(u.fd, u)
+			l.conns.Set(u.fd, u)
 		}
 	}
 	switch {
@@ -156,7 +167,7 @@ func (l *requestLoop) readUpstream(u *loopConn) {
 		l.host.pull(b, l.now) // a stream's event (reqloop_stream_linux.go)
 		return
 	}
-	n, err := rawRead(u.fd, l.buf)
+	n, err := netloop.Read(u.fd, l.buf)
 	l.upstreamRead(u, l.buf, n, err)
 }
 
@@ -207,7 +218,7 @@ func (l *requestLoop) upstreamRead(u *loopConn, buf []byte, n int, err error) {
 	if !u.head {
 		if at, end := finalHead(u.in.B); end >= 0 {
 			u.head, u.headAt, u.headLen = true, at, end
-			if c.r.x.req.stream && l.streamHead(c, u) {
+			if (c.r.f.x.req.Stream || bytes.Contains(u.in.B[at:end], []byte("event-stream"))) && l.streamHead(c, u) {
 				return // the stream's now (reqloop_stream_linux.go)
 			}
 			if u.toClose {
@@ -247,16 +258,19 @@ func finalHead(b []byte) (at, end int) {
 }
 
 // headLength is the Content-Length of a response head, -1 when it has
-// none (or fasthttp can't read it: the parse at the close judges it).
+// none, headUnread when fasthttp can't read it.
 func (l *requestLoop) headLength(head []byte) int {
 	var h fasthttp.ResponseHeader
 	l.rd.Reset(head)
 	l.br.Reset(&l.rd)
 	if h.Read(l.br) != nil {
-		return -1
+		return headUnread
 	}
 	return max(h.ContentLength(), -1)
 }
+
+// headUnread is headLength's word for a head fasthttp's parse refuses.
+const headUnread = -2
 
 // tooLarge ends c's request whose answer on u runs past
 // limits.max_response_bytes, as respondWhole does.
@@ -264,10 +278,8 @@ func (l *requestLoop) tooLarge(c *loopConn, u *loopConn) {
 	r := c.r
 	u.peer = nil
 	l.closeUpstream(u)
-	r.u, r.phase = nil, 0
-	r.x.answered(r.up, r.lease)
-	l.placed(r)
-	l.reject(c, fmt.Errorf("%w: response over %d bytes", ErrUpstream, l.s.cfg.MaxResponseBytes))
+	r.u = nil
+	l.act(c, r.f.bodyFailed(r.f.tooLarge()))
 }
 
 // whole relays u's complete response from its bytes where it can
@@ -281,6 +293,10 @@ func (l *requestLoop) whole(c *loopConn, u *loopConn) {
 	l.rd.Reset(u.in.B)
 	l.br.Reset(&l.rd)
 	err := resp.ReadLimitBody(l.br, l.s.cfg.MaxResponseBytes)
+	// A head fasthttp's parse refuses fails the attempt before any answer
+	// came, as fasthttp's client fails it on the goroutine path; a body it
+	// refuses fails the answer.
+	headless := err != nil && l.headLength(u.in.B[u.headAt:u.headLen]) == headUnread
 	extra := u.extra
 	bytebufferpool.Put(u.in)
 	u.in = nil
@@ -289,6 +305,10 @@ func (l *requestLoop) whole(c *loopConn, u *loopConn) {
 		fasthttp.ReleaseResponse(resp)
 		u.peer = nil
 		l.closeUpstream(u)
+		if headless {
+			l.act(c, c.r.f.failed(err))
+			return
+		}
 		l.attemptError(c, u, err)
 		return
 	}
@@ -298,7 +318,18 @@ func (l *requestLoop) whole(c *loopConn, u *loopConn) {
 	} else {
 		l.putIdle(u)
 	}
-	l.answer(c, resp)
+	// The flow judges it (a refusal or a 502 tries another replica), and
+	// it is the client's answer, as respondWhole writes it.
+	f := &c.r.f
+	if a := f.answered(resp); a != actStream && a != actWhole {
+		fasthttp.ReleaseResponse(resp)
+		l.act(c, a)
+		return
+	}
+	buf := bytebufferpool.Get()
+	buf.Set(resp.Body())
+	l.s.m.parsedAnswers.Inc()
+	l.act(c, f.whole(resp, buf))
 }
 
 // upstreamGone is an engine connection that failed on a write.
@@ -328,31 +359,21 @@ func (l *requestLoop) upstreamFailed(c *loopConn, u *loopConn, err error) {
 		r.u = nil
 	}
 	if stale {
-		l.s.m.stale.WithLabelValues(r.rep.Name()).Inc()
+		l.s.m.stale.WithLabelValues(r.f.rep.Name()).Inc()
 		l.dial(c)
 		return
 	}
 	l.attemptError(c, u, err)
 }
 
-// attemptError judges a failed attempt as forward does: before the
-// response's head, another replica may take it; after, the request ends.
+// attemptError is an attempt that failed with err: before the answer's
+// head, the flow may try another replica; after, the request ends.
 func (l *requestLoop) attemptError(c *loopConn, u *loopConn, err error) {
-	r, s := c.r, l.s
-	r.phase = 0
 	if u != nil && u.head {
-		r.x.answered(r.up, r.lease)
-		l.placed(r)
-		name := r.up.replica.Name()
-		if isTimeout(err) {
-			err = &upstreamFailure{kind: ErrTimeout, words: "replica " + name + " stopped sending its response", cause: err}
-		} else {
-			err = &upstreamFailure{kind: ErrUpstream, words: "replica " + name + ": " + streamWords(err) + " during the response", cause: err}
-		}
-		l.reject(c, err)
+		l.act(c, c.r.f.bodyFailed(err))
 		return
 	}
-	l.retry(c, s.attemptFailed(r.x, r.rep, r.lease, err))
+	l.act(c, c.r.f.failed(err))
 }
 
 // closeUpstream closes an engine connection and forgets it.
@@ -369,13 +390,13 @@ func (l *requestLoop) closeUpstream(u *loopConn) {
 		}
 	}
 	l.forget(u)
-	u.up.loopConns.Add(-1)
+	u.up.cap.give()
 }
 
 // scanUpstream closes an idle connection past upstream.max_idle_conn_time,
 // as fasthttp's client does; kept: it stays, for now.
 func (l *requestLoop) scanUpstream(u *loopConn) (kept bool) {
-	if l.now.Sub(u.since) > l.s.cfg.MaxIdleConnTime {
+	if l.now.Sub(u.since) > l.s.to.engineKeepAlive {
 		l.closeUpstream(u)
 		return false
 	}

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/gpurouter/gpurouter/internal/openai"
+	"github.com/gpurouter/gpurouter/proxy/observe"
 	"github.com/prometheus/common/expfmt"
 	"github.com/valyala/fasthttp"
 )
@@ -15,7 +17,7 @@ import (
 // dedicated path prefix, that pool's route. A POST to exactly a prefix is a chat
 // completion unless the prefix names another endpoint; under a prefix the
 // usual paths work too (/v1/chat/tinyllama/v1/completions).
-func (rt *routeTable) apiRoute(path string) (endpoint, *poolRoute) {
+func (rt *routeTable) apiRoute(path string) (openai.Endpoint, *poolRoute) {
 	if ep := endpointOf(path); ep != 0 {
 		return ep, nil
 	}
@@ -28,11 +30,11 @@ func (rt *routeTable) apiRoute(path string) (endpoint, *poolRoute) {
 		case rest == "" || rest == "/":
 			switch {
 			case strings.HasPrefix(pr.prefix, "/v1/completions"):
-				return epCompletions, pr.route
+				return openai.Completions, pr.route
 			case strings.HasPrefix(pr.prefix, "/v1/embeddings"):
-				return epEmbeddings, pr.route
+				return openai.Embeddings, pr.route
 			}
-			return epChat, pr.route
+			return openai.Chat, pr.route
 		case rest[0] == '/':
 			if ep := endpointOf(rest); ep != 0 {
 				return ep, pr.route
@@ -42,14 +44,14 @@ func (rt *routeTable) apiRoute(path string) (endpoint, *poolRoute) {
 	return 0, nil
 }
 
-func endpointOf(path string) endpoint {
+func endpointOf(path string) openai.Endpoint {
 	switch path {
 	case "/v1/chat/completions":
-		return epChat
+		return openai.Chat
 	case "/v1/completions":
-		return epCompletions
+		return openai.Completions
 	case "/v1/embeddings":
-		return epEmbeddings
+		return openai.Embeddings
 	}
 	return 0
 }
@@ -124,7 +126,7 @@ func (s *Server) serveDebugRequests(ctx *fasthttp.RequestCtx) {
 	args := ctx.QueryArgs()
 	since, _ := strconv.ParseInt(string(args.Peek("since")), 10, 64)
 	limit, _ := strconv.Atoi(string(args.Peek("limit")))
-	b, err := recordsJSON(s.records.since(since, limit))
+	b, err := observe.RecordsJSON(s.records.Since(since, limit))
 	if err != nil {
 		writeError(ctx, err)
 		return
@@ -199,4 +201,31 @@ func requestPath(ctx *fasthttp.RequestCtx) []byte {
 		}
 	}
 	return uri
+}
+
+// serveDebugLatency answers GET /debug/latency?since=UNIX_NS&until=UNIX_NS:
+// per pool and replica, the router's ITL and queue-time sketches merged
+// over the windows the interval overlaps. until defaults to now and since
+// to until minus the retention; either later than now counts as now, so a
+// client whose clock runs ahead reads the current window.
+func (s *Server) serveDebugLatency(ctx *fasthttp.RequestCtx) {
+	now := s.now()
+	args := ctx.QueryArgs()
+	// Each no later than now (UnixNano of a time, which has no min).
+	at := func(name string, def time.Time) time.Time {
+		v, err := strconv.ParseInt(string(args.Peek(name)), 10, 64)
+		if err != nil {
+			return def
+		}
+		return time.Unix(0, min(v, now.UnixNano()))
+	}
+	until := at("until", now)
+	since := at("since", until.Add(-observe.LatencyRetention))
+	b, err := json.Marshal(s.lat.Collect(since, until))
+	if err != nil {
+		writeError(ctx, err)
+		return
+	}
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
 }

@@ -4,7 +4,9 @@
 // streams event by event, maps every error to one OpenAI error shape, and
 // measures every request (TTFT, ITL, TPOT, e2e, queue time).
 //
-// Start reading at handler.go: it follows one request top to bottom.
+// Start reading at flow.go: it follows one request top to bottom, on
+// either path (handler.go: fasthttp's goroutines; reqloop_*_linux.go: the
+// request loops).
 package proxy
 
 import (
@@ -21,6 +23,8 @@ import (
 
 	"github.com/gpurouter/gpurouter/admission"
 	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/gpurouter/gpurouter/proxy/auth"
+	"github.com/gpurouter/gpurouter/proxy/observe"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
@@ -39,7 +43,7 @@ type Options struct {
 	Score balancer.ScoreConfig
 	// Keys turns client authentication on: every API request needs one of
 	// its API keys (see clients.go). nil means no authentication.
-	Keys *KeyStore
+	Keys *auth.KeyStore
 	// StatusToken guards the status page (/status and /): when set, the
 	// page needs it as "Authorization: Bearer TOKEN" or, for a browser,
 	// ?token=TOKEN. cmd/gpurouter sets it to the admin token. "" leaves the
@@ -76,21 +80,22 @@ type Options struct {
 // stop with Shutdown.
 type Server struct {
 	cfg    Config
+	to     timeouts // the time limits, one table (timeouts.go)
 	score  balancer.ScoreConfig
 	log    *zap.Logger
 	m      *metrics
 	gather prometheus.Gatherer
 	routes atomic.Pointer[routeTable]
-	keys   atomic.Pointer[KeyStore] // nil: no client authentication
+	keys   atomic.Pointer[auth.KeyStore] // nil: no client authentication
 	// statusToken guards the status page; "" means open.
 	statusToken string
 	// plainEst costs the requests of pools without admission: it never
 	// learns, so its estimates keep their defaults.
 	plainEst *admission.Estimator
 	authM    *authMetrics
-	parsers  fastjson.ParserPool // JSON bodies' parsers: requests (readRequest), whole responses (wholeUsage)
-	records  *recordRing
-	lat      *latencyStore // ITL and queue-time sketches per replica (latency.go)
+	parsers  fastjson.ParserPool // JSON bodies' parsers: requests (openai.ReadRequest), whole responses (wholeUsage)
+	records  *observe.Records
+	lat      *observe.Latency // ITL and queue-time sketches per replica (latency.go)
 	srv      *fasthttp.Server
 	pumps    []*streamPump  // the stream loops, run by Serve (pump_linux.go)
 	nextPump atomic.Uint64  // the loop the last stream went to
@@ -99,10 +104,12 @@ type Server struct {
 	nextLoop atomic.Uint64  // the request loop the last connection went to
 	batchLog sync.Once      // batchOff's
 
+	// flows pools the goroutine path's request flows (proxyAPI).
+	flows sync.Pool
 	// accessFields pools the access log line's fields (*accessFields,
 	// exchange.finish); access writes the common lines without them.
 	accessFields sync.Pool
-	access       accessLog
+	access       observe.AccessLog
 
 	now    func() time.Time
 	jitter func(int64) int64
@@ -146,8 +153,10 @@ func New(o Options) (*Server, error) {
 		sleep:  o.Sleep,
 	}
 	s.afterFunc = o.AfterFunc
+	s.to = newTimeouts(s.cfg)
+	s.flows.New = func() any { return new(flow) }
 	s.accessFields.New = func() any { return new(accessFields) }
-	s.access.w = o.AccessLog
+	s.access.W = o.AccessLog
 	s.statusToken = o.StatusToken
 	s.base, s.stopBase = context.WithCancelCause(context.Background())
 	if s.log == nil {
@@ -185,8 +194,8 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("proxy: metrics: %w", err)
 	}
 	s.keys.Store(o.Keys)
-	s.records = newRecordRing(s.cfg.RecordRing)
-	s.lat = newLatencyStore()
+	s.records = observe.NewRecords(s.cfg.RecordRing)
+	s.lat = observe.NewLatency()
 	s.plainEst = admission.NewEstimator(admission.EstimateConfig{})
 	for range s.cfg.StreamLoops {
 		s.pumps = append(s.pumps, newStreamPump(s.cfg, s.m, o.Now, s.batchOff))
@@ -214,7 +223,7 @@ func New(o Options) (*Server, error) {
 		ReadBufferSize:     s.cfg.MaxHeaderBytes, // holds any head the front door lets through (a longer one is its 431)
 		ReadTimeout:        s.cfg.ReadTimeout,    // a client must send its request within this (slowloris)
 		Concurrency:        s.cfg.MaxConnections, // connections over it get fasthttp's 503 and are closed
-		IdleTimeout:        2 * time.Minute,
+		IdleTimeout:        clientKeepAlive,
 		// A response must be written within the idle timeout, so a client
 		// that stops reading cannot hold its connection and a whole body
 		// for good. A stream's relay moves the deadline on with each of its
@@ -425,7 +434,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.abortStreams.Store(true)
 	s.wakeRequestLoops()
-	s.stopBase(fmt.Errorf("%w: drain deadline passed", ErrShuttingDown))
+	s.stopBase(errDrainPassed)
 	grace, cancel := context.WithTimeout(context.Background(), 2*time.Second+2*s.cfg.DisconnectCheck)
 	defer cancel()
 	err2 := s.srv.ShutdownWithContext(grace)
@@ -462,16 +471,6 @@ func (s *Server) serverName() string {
 		return "fasthttp"
 	}
 	return s.srv.Name
-}
-
-// totalExceeded reports that x has run past the total request deadline
-// (timeouts.total).
-func (s *Server) totalExceeded(x *exchange) bool { return s.exceededAt(x, s.now()) }
-
-// exceededAt is totalExceeded at now, the server's clock read by the
-// caller.
-func (s *Server) exceededAt(x *exchange, now time.Time) bool {
-	return s.cfg.TotalTimeout > 0 && now.Sub(x.received) > s.cfg.TotalTimeout
 }
 
 // sequentialIDs makes request ids unique across processes (random prefix)

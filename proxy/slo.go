@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/gpurouter/gpurouter/internal/openai"
 )
 
 // Request headers that give a request its own latency objectives, which
@@ -17,14 +18,14 @@ func sloOf(hdr *clientHeaders, pick *balancer.Request) error {
 	if v := hdr.sloTTFT; len(v) > 0 {
 		d, err := parseTimeout(string(v))
 		if err != nil {
-			return badParam(headerSLOTTFT, err.Error())
+			return openai.BadParam(headerSLOTTFT, err.Error())
 		}
 		pick.SLOTTFT = d
 	}
 	if v := hdr.sloTPOT; len(v) > 0 {
 		d, err := parseTimeout(string(v))
 		if err != nil {
-			return badParam(headerSLOTPOT, err.Error())
+			return openai.BadParam(headerSLOTPOT, err.Error())
 		}
 		pick.SLOTPOT = d
 	}

@@ -111,7 +111,7 @@ func TestClientDisconnectAbortsUpstream(t *testing.T) {
 			if got := tr.reps[0].BreakerState(); got != "closed" {
 				t.Errorf("a client cancel counted against the replica: breaker %s", got)
 			}
-			recs := tr.srv.records.since(0, 0)
+			recs := tr.srv.records.Since(0, 0)
 			if len(recs) != 1 || recs[0].Outcome != "canceled" {
 				t.Errorf("records = %+v, want one canceled", recs)
 			}
@@ -173,7 +173,7 @@ func TestStreamCutWithoutDoneReachesClientAsErrorEvent(t *testing.T) {
 		t.Errorf("error event %q (%v), want an OpenAI error with code bad_upstream", errEv, err)
 	}
 	waitFor(t, "finish", func() bool { return tr.srv.Active() == 0 })
-	if recs := tr.srv.records.since(0, 0); len(recs) != 1 || recs[0].Outcome != "broken_stream" {
+	if recs := tr.srv.records.Since(0, 0); len(recs) != 1 || recs[0].Outcome != "broken_stream" {
 		t.Errorf("records = %+v, want broken_stream", recs)
 	}
 }
@@ -197,7 +197,7 @@ func TestUsageInjectedAndHidden(t *testing.T) {
 			}
 		}
 		waitFor(t, "finish", func() bool { return tr.srv.Active() == 0 })
-		recs := tr.srv.records.since(0, 0)
+		recs := tr.srv.records.Since(0, 0)
 		if got := recs[len(recs)-1]; got.CompletionTokens != 4 || got.PromptTokens != 7 {
 			t.Errorf("router counted %d/%d tokens, want 7 prompt / 4 completion", got.PromptTokens, got.CompletionTokens)
 		}

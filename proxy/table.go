@@ -3,13 +3,15 @@ package proxy
 import (
 	"errors"
 	"fmt"
-	"github.com/prometheus/client_golang/prometheus"
 	"sort"
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/gpurouter/gpurouter/admission"
 	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/gpurouter/gpurouter/proxy/observe"
 )
 
 // Route is one pool as the router serves it: the pool, the admission
@@ -50,12 +52,20 @@ func (s *Server) SetRoutes(routes []Route) error {
 		return errors.New("proxy: no pools")
 	}
 	now := s.now()
-	rt, err := buildRoutes(routes, s.plainEst, s.cfg, s.m, s.lat, now, s.routes.Load())
+	rt, err := buildRoutes(routes, s.plainEst, s.cfg, &s.to, s.m, s.lat, now, s.routes.Load())
 	if err != nil {
 		return err
 	}
 	s.routes.Store(rt)
-	s.lat.retain(rt, now)
+	models := make([]string, 0, len(rt.pools))
+	for _, p := range rt.pools {
+		models = append(models, p.Model())
+	}
+	live := make(map[*observe.ReplicaLatency]bool, len(rt.upstreams))
+	for _, u := range rt.upstreams {
+		live[u.lat] = true
+	}
+	s.lat.Retain(models, live, now)
 	return nil
 }
 
@@ -88,7 +98,7 @@ type prefixRoute struct {
 	route  *poolRoute
 }
 
-func buildRoutes(routes []Route, plain *admission.Estimator, cfg Config, m *metrics, lat *latencyStore, now time.Time, prev *routeTable) (*routeTable, error) {
+func buildRoutes(routes []Route, plain *admission.Estimator, cfg Config, to *timeouts, m *metrics, lat *observe.Latency, now time.Time, prev *routeTable) (*routeTable, error) {
 	rt := &routeTable{
 		byModel:   make(map[string]*poolRoute),
 		upstreams: make(map[*balancer.Replica]*upstream),
@@ -122,7 +132,7 @@ func buildRoutes(routes []Route, plain *admission.Estimator, cfg Config, m *metr
 				rt.upstreams[rep] = u
 				continue
 			}
-			rt.upstreams[rep] = newUpstream(p, rep, cfg, m, lat)
+			rt.upstreams[rep] = newUpstream(p, rep, cfg, to, m, lat)
 		}
 	}
 	sort.Slice(rt.prefixes, func(i, j int) bool { return len(rt.prefixes[i].prefix) > len(rt.prefixes[j].prefix) })

@@ -4,11 +4,15 @@ import (
 	"bytes"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/gpurouter/gpurouter/internal/netloop"
+	"github.com/gpurouter/gpurouter/internal/openai"
+	"github.com/gpurouter/gpurouter/proxy/observe"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 )
@@ -21,27 +25,27 @@ type upstream struct {
 	pool    *balancer.Pool
 	client  upstreamClient // a *fasthttp.HostClient, but for benchmarks of the router's own work
 	all     *metrics
-	byArm   []*replicaMetrics   // children for the pool's arms at build time
-	lat     *replicaLatency     // the replica's ITL and queue-time sketches (latency.go)
-	pending pendingSet          // requests sent and not yet answered
-	idle    idleConns           // connections streams taken from fasthttp gave back (pump_linux.go)
-	connect prometheus.Observer // the replica's connect-time histogram child
-	// loopConns counts the request loops' connections to the replica
-	// (reqloop_upstream_linux.go), held to MaxConnsPerReplica apart from
-	// fasthttp's.
-	loopConns atomic.Int64
+	byArm   []*replicaMetrics       // children for the pool's arms at build time
+	lat     *observe.ReplicaLatency // the replica's ITL and queue-time sketches (latency.go)
+	pending pendingSet              // requests sent and not yet answered
+	idle    idleConns               // connections streams taken from fasthttp gave back (pump_linux.go)
+	connect prometheus.Observer     // the replica's connect-time histogram child
+	// cap counts the replica's connections, both paths', held to
+	// MaxConnsPerReplica (conncap.go).
+	cap connCap
 }
 
 // upstreamClient sends a request to a replica and reads its response's
-// head (the body is streamed when resp.StreamBody is set): what forward
+// head (the body is streamed when resp.StreamBody is set): what send
 // needs of fasthttp's HostClient.
 type upstreamClient interface {
 	Do(req *fasthttp.Request, resp *fasthttp.Response) error
 }
 
-func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, m *metrics, lat *latencyStore) *upstream {
-	u := &upstream{replica: r, pool: p, all: m, lat: lat.forReplica(p.Model(), r.Name())}
-	u.idle.maxIdle = cfg.MaxIdleConnTime
+func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, to *timeouts, m *metrics, lat *observe.Latency) *upstream {
+	u := &upstream{replica: r, pool: p, all: m, lat: lat.Replica(p.Model(), r.Name())}
+	u.cap.max = int64(cfg.MaxConnsPerReplica)
+	u.idle.maxIdle, u.idle.cap = cfg.MaxIdleConnTime, &u.cap
 	for _, a := range p.Arms() {
 		u.byArm = append(u.byArm, m.forReplica(p.Model(), r.Name(), a.Name))
 	}
@@ -77,15 +81,19 @@ func newUpstream(p *balancer.Pool, r *balancer.Replica, cfg Config, m *metrics, 
 			if c := u.idle.take(time.Now()); c != nil {
 				// Reused: a request that finds it closed by the engine is
 				// resent (staleRetry), as on one of fasthttp's own.
-				return (&deadlineConn{Conn: c, firstByte: cfg.FirstByteTimeout, idle: cfg.IdleTimeout, pending: &u.pending, uses: 1}).withSock(), nil
+				return (&deadlineConn{Conn: c, to: to, pending: &u.pending, uses: 1, cap: &u.cap}).withSock(), nil
+			}
+			if !u.cap.take() {
+				return nil, errNoFreeConns // the loops hold the rest
 			}
 			start := time.Now()
 			c, err := dialOffStack(dialer, addr)
 			if err != nil {
+				u.cap.give()
 				return nil, err
 			}
 			connect.Observe(time.Since(start).Seconds())
-			return (&deadlineConn{Conn: c, firstByte: cfg.FirstByteTimeout, idle: cfg.IdleTimeout, pending: &u.pending}).withSock(), nil
+			return (&deadlineConn{Conn: c, to: to, pending: &u.pending, cap: &u.cap}).withSock(), nil
 		},
 	}
 	return u
@@ -150,17 +158,16 @@ func (u *upstream) metricsFor(arm string) *replicaMetrics {
 // goroutine at a time, so the fields need no lock.
 type deadlineConn struct {
 	net.Conn
-	firstByte time.Duration
-	idle      time.Duration
-	sent      bool        // a request was written and no response byte read yet
-	awaiting  bool        // no byte of the response body read yet
-	headEnd   int         // bytes of the head's closing CRLF CRLF seen so far
-	headPos   int         // bytes of the head seen so far
-	status    byte        // the head's status code's first digit, once seen
-	uses      int         // requests written on the connection, this one included
-	cur       *pendingReq // the request being written or awaited; nil if not the router's
-	pending   *pendingSet // where the request being written is expected
-	armed     time.Time   // the read deadline set on Conn (armRead); zero if none
+	to       *timeouts   // readLimit: first byte, then idle
+	sent     bool        // a request was written and no response byte read yet
+	awaiting bool        // no byte of the response body read yet
+	headEnd  int         // bytes of the head's closing CRLF CRLF seen so far
+	headPos  int         // bytes of the head seen so far
+	status   byte        // the head's status code's first digit, once seen
+	uses     int         // requests written on the connection, this one included
+	cur      *pendingReq // the request being written or awaited; nil if not the router's
+	pending  *pendingSet // where the request being written is expected
+	armed    time.Time   // the read deadline set on Conn (armRead); zero if none
 
 	// A stream's response head is handed to fasthttp alone (limitHead),
 	// the body bytes that came with it kept in stash: fasthttp then holds
@@ -170,18 +177,28 @@ type deadlineConn struct {
 	headCut   bool
 	stash     []byte
 
-	sock rawSock // Linux: the socket's raw reads and writes (rawsock_linux.go)
+	sock netloop.RawSock // Linux: the socket's raw reads and writes (rawsock_linux.go)
+	// cap is the replica's connection count, given back when fasthttp
+	// closes the connection (nil: not counted, or given back already).
+	cap *connCap
+}
+
+// Close closes the connection and takes it off its replica's count.
+func (c *deadlineConn) Close() error {
+	c.cap.give()
+	c.cap = nil
+	return c.Conn.Close()
 }
 
 // withSock sets c's raw socket I/O where the system has it.
 func (c *deadlineConn) withSock() *deadlineConn {
-	c.sock.set(c.Conn)
+	c.sock.Set(c.Conn)
 	return c
 }
 
 func (c *deadlineConn) readConn(p []byte) (int, error) {
-	if c.sock.ok() {
-		return c.sock.read(p)
+	if c.sock.OK() {
+		return c.sock.Read(p)
 	}
 	return c.Conn.Read(p)
 }
@@ -207,8 +224,8 @@ func (c *deadlineConn) Write(p []byte) (int, error) {
 	}
 	var n int
 	var err error
-	if c.sock.ok() {
-		n, err = c.sock.write(p)
+	if c.sock.OK() {
+		n, err = c.sock.Write(p)
 	} else {
 		n, err = c.Conn.Write(p)
 	}
@@ -233,11 +250,7 @@ func (c *deadlineConn) Read(p []byte) (int, error) {
 		c.stash = c.stash[n:]
 		return n, nil
 	}
-	d := c.idle
-	if c.awaiting {
-		d = c.firstByte
-	}
-	if err := c.armRead(d); err != nil {
+	if err := c.armRead(c.to.readLimit(!c.awaiting)); err != nil {
 		return 0, err
 	}
 	n, err := c.readConn(p)
@@ -352,7 +365,7 @@ func (s *pendingSet) shard(seq uint64) *pendingShard { return &s.shards[seq%pend
 // seqHeader carries the router's number of a request to its replica.
 const seqHeader = "X-Gpurouter-Seq"
 
-var seqLine = []byte("\r\n" + seqHeader + ": ")
+const seqLine = "\r\n" + seqHeader + ": "
 
 // expect registers the request numbered seq before it is sent.
 func (s *pendingSet) expect(seq uint64, stream bool) *pendingReq {
@@ -390,7 +403,7 @@ func (s *pendingSet) of(head []byte) *pendingReq {
 	if s == nil {
 		return nil
 	}
-	i := bytes.Index(head, seqLine)
+	i := strings.Index(openai.BytesView(head), seqLine)
 	if i < 0 {
 		return nil
 	}

@@ -49,19 +49,15 @@ func isRouterSet(k []byte) bool {
 	return false
 }
 
-// upstreamRequest builds the request sent to replicas: the client's headers
-// minus hop-by-hop ones, the request id, and the (possibly rewritten) body.
-// The API key of a client that authenticated to the router is not
-// forwarded: the engines have their own, if any.
-func (s *Server) upstreamRequest(ctx *fasthttp.RequestCtx, x *exchange, ep endpoint, body []byte) *fasthttp.Request {
-	if x.mig == nil {
-		// A stream that may outlive its replica asks for what continuing
-		// it needs (migrate.go); a continuation has its body made.
-		body = s.startMigration(ctx, x, body)
-	}
+// upstreamRequest builds the request sent to replicas on the goroutine
+// path: the client's headers minus hop-by-hop ones, the request id, and
+// body (the flow's: plan's, startMigration's). The API key of a client
+// that authenticated to the router is not forwarded: the engines have
+// their own, if any.
+func (s *Server) upstreamRequest(ctx *fasthttp.RequestCtx, x *exchange, body []byte) *fasthttp.Request {
 	u := fasthttp.AcquireRequest()
 	u.Header.SetMethod(fasthttp.MethodPost)
-	u.SetRequestURI(ep.path())
+	u.SetRequestURI(x.ep.Path())
 	forwardedHeaders(&ctx.Request.Header, x, u.Header.SetBytesKV)
 	var own [128]byte
 	seq, xff := s.routerHeaders(ctx, x, own[:0])
@@ -82,7 +78,7 @@ func (s *Server) upstreamRequest(ctx *fasthttp.RequestCtx, x *exchange, ep endpo
 func forwardedHeaders(h *fasthttp.RequestHeader, x *exchange, add func(k, v []byte)) {
 	// Headers named in Connection are hop-by-hop too (RFC 9110 §7.6.1).
 	connHdr := h.Peek("Connection")
-	stripAuth := x.principal.key != nil
+	stripAuth := x.principal.Authenticated()
 	h.VisitAll(func(k, v []byte) {
 		if isHopByHop(k) || isRouterSet(k) || (len(connHdr) > 0 && listsToken(connHdr, k)) ||
 			(stripAuth && bytes.EqualFold(k, []byte("Authorization"))) {

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"fmt"
+	"github.com/gpurouter/gpurouter/internal/netloop"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -113,14 +114,15 @@ func (w *clientWatch) tick() {
 	}
 	s := w.x.s
 	switch {
-	case w.raw != nil && peerClosed(w.raw):
+	case w.raw != nil && netloop.PeerClosed(w.raw):
 		w.fire(fmt.Errorf("%w: connection closed by client", ErrClientGone))
 		return
 	case s.abortStreams.Load():
-		w.fire(fmt.Errorf("%w: drain deadline passed", ErrShuttingDown))
+		w.fire(errDrainPassed)
 		return
-	case s.totalExceeded(w.x):
-		w.fire(fmt.Errorf("%w: total request deadline %s", ErrTimeout, s.cfg.TotalTimeout))
+	}
+	if err := s.to.totalPassed(w.x.received, s.now()); err != nil {
+		w.fire(err)
 		return
 	}
 	w.mu.Lock()
@@ -176,6 +178,16 @@ func (w *clientWatch) retarget(a aborter) {
 	if fired != nil && a != nil {
 		a.abort(fired)
 	}
+}
+
+// why is why the watch fired, nil if it has not (or w is nil).
+func (w *clientWatch) why() error {
+	if w == nil {
+		return nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.fired
 }
 
 // stop ends the watch; safe to call more than once and on a nil watch.

@@ -48,6 +48,7 @@ func TestWatchInjectedTimer(t *testing.T) {
 	var timers []*handTimer
 	s := &Server{
 		cfg: Config{DisconnectCheck: time.Minute, TotalTimeout: 10 * time.Second},
+		to:  timeouts{total: 10 * time.Second},
 		now: func() time.Time { return now },
 		afterFunc: func(d time.Duration, f func()) Timer {
 			h := &handTimer{f: f, resets: []time.Duration{d}} // arming counts as the first reset
@@ -103,6 +104,7 @@ func TestWatchRetarget(t *testing.T) {
 	var timer *handTimer
 	s := &Server{
 		cfg: Config{DisconnectCheck: time.Minute, TotalTimeout: 10 * time.Second},
+		to:  timeouts{total: 10 * time.Second},
 		now: func() time.Time { return now },
 		afterFunc: func(d time.Duration, f func()) Timer {
 			timer = &handTimer{f: f, resets: []time.Duration{d}}

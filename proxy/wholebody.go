@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strings"
 
+	"github.com/gpurouter/gpurouter/internal/openai"
 	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fastjson"
 )
@@ -117,7 +119,7 @@ func (b *wholeBody) CloseWithError(err error) error {
 // not note where their usage is (not a 200, more members than noted, a
 // key with escapes before it: respondWhole); usageOf reads a noted one.
 // Only the usage member is parsed: the rest is passed over in its bytes
-// (eachMember), so an answer's text and logprobs — thousands of values
+// (openai.EachMember), so an answer's text and logprobs — thousands of values
 // with top_logprobs — build no parse tree. gjson's walk to "usage" took
 // 3.7 µs of a 4 KB answer (`bench proxy-cost --reply-bytes 4096`); a
 // whole-answer parse, ~1 µs.
@@ -125,7 +127,7 @@ func (s *Server) wholeUsage(body []byte) (prompt, completion int, ok bool) {
 	// An engine writes usage last or nearly: looked for from the end, it
 	// is found within the last few hundred bytes, where a search from the
 	// start stops at every "u" of the text before it.
-	if bytes.LastIndex(body, usageKey) < 0 {
+	if strings.LastIndex(openai.BytesView(body), openai.UsageKey) < 0 {
 		return 0, 0, false
 	}
 	body = bytes.TrimSpace(body)
@@ -135,8 +137,8 @@ func (s *Server) wholeUsage(body []byte) (prompt, completion int, ok bool) {
 	p := s.parsers.Get()
 	defer s.parsers.Put(p)
 	var usage []byte
-	err := eachMember(body, func(key, raw []byte) error {
-		if usage == nil && memberKey(p, key) == "usage" {
+	err := openai.EachMember(body, func(key, raw []byte) error {
+		if usage == nil && openai.MemberKey(p, key) == "usage" {
 			usage = raw // the first, as a parse's Get finds it
 		}
 		return nil
@@ -159,13 +161,13 @@ func (s *Server) usageOf(usage []byte) (prompt, completion int, ok bool) {
 
 // usageOfWith is usageOf with the parser p, which the caller holds.
 func (s *Server) usageOfWith(p *fastjson.Parser, usage []byte) (prompt, completion int, ok bool) {
-	if rawType(usage) != fastjson.TypeObject {
+	if openai.RawType(usage) != fastjson.TypeObject {
 		return 0, 0, false
 	}
-	mp := newMemberParser(p)
-	u, err := mp.tree("usage", usage)
+	mp := openai.NewMemberParser(p)
+	u, err := mp.Tree("usage", usage)
 	if err != nil {
 		return 0, 0, false
 	}
-	return int(intOf(u.Get("prompt_tokens"))), int(intOf(u.Get("completion_tokens"))), true
+	return int(openai.IntOf(u.Get("prompt_tokens"))), int(openai.IntOf(u.Get("completion_tokens"))), true
 }

@@ -75,7 +75,7 @@ func TestWholeAnswerBeforeAccounting(t *testing.T) {
 	if !strings.Contains(line, `"outcome":"ok"`) || !strings.Contains(line, `"completion_tokens":5`) {
 		t.Errorf("access log %s", line)
 	}
-	recs := tr.srv.records.since(0, 0)
+	recs := tr.srv.records.Since(0, 0)
 	if len(recs) != 1 || recs[0].Outcome != "ok" || recs[0].CompletionTokens != 5 {
 		t.Errorf("records %+v", recs)
 	}

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpurouter/gpurouter/proxy/observe"
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -32,7 +33,7 @@ func (c memClient) Do(_ *fasthttp.Request, resp *fasthttp.Response) error {
 // on Go's netpoller and fasthttp costs. The bodies are the harness's:
 // a 300-byte chat request, a 500-byte answer.
 func BenchmarkRouterWork(b *testing.B) {
-	core := zapcore.NewCore(zapcore.NewJSONEncoder(LogEncoderConfig()), zapcore.AddSync(io.Discard), zap.InfoLevel)
+	core := zapcore.NewCore(zapcore.NewJSONEncoder(observe.LogEncoderConfig()), zapcore.AddSync(io.Discard), zap.InfoLevel)
 	b.Run("log=off", func(b *testing.B) { benchRouterWork(b, nil, nil) })
 	b.Run("log=zap", func(b *testing.B) { benchRouterWork(b, zap.New(core), nil) })
 	// As `gpurouter serve` logs: the common line written by the proxy.

@@ -28,8 +28,16 @@
 #                   its conversations come back later).
 #   long85 long130  long context: prompts 8k-32k tokens, outputs 100-800,
 #                   Poisson arrivals (qwen3.5-9b-h100, as mooncake)
+#   chat85 chat130  long multi-turn chat (bench/scripts/chat-trace.py, a
+#                   Mooncake-format trace made for the run): prompts mean
+#                   ~13k tokens, median ~7k, a few past 80k, outputs ~340,
+#                   one shared system block, a quarter of the conversations
+#                   coming back with their history (27% of the blocks
+#                   repeat) — the shape of a production chat trace the
+#                   project does not have (qwen3.5-9b-h100, as mooncake)
 # SLOs (sent as X-Gpurouter-Slo-Ttft/-Tpot headers, which HAProxy and
-# round_robin ignore; goodput is judged on them): conv TTFT 2 s / TPOT 100 ms,
+# round_robin ignore, unless SLO_HEADERS=0: a client that sends none, as
+# a new user's does; goodput is judged on them either way): conv TTFT 2 s / TPOT 100 ms,
 # burst 6 s / 250 ms, mooncake and long 2 s / 100 ms. Prompts go to
 # /v1/completions: the prompt is the text as is, so a Mooncake prompt is
 # exactly input_length tokens and its 512-token blocks start on engine block
@@ -97,7 +105,7 @@ abspath() { case $1 in /*) echo "$1" ;; "") echo "" ;; *) echo "$here/$1" ;; esa
 
 TRACE=${TRACE:-../shared/data/azure-llm-2023-conv.csv}
 MOONCAKE=${MOONCAKE:-../shared/data/mooncake-synthetic.jsonl}
-WORKLOADS=${WORKLOADS:-conv85 conv130 burst mooncake85 mooncake130 long85 long130}
+WORKLOADS=${WORKLOADS:-conv85 conv130 burst mooncake85 mooncake130 long85 long130 chat85 chat130}
 FLEETS=${FLEETS:-even uneven}
 CONFIGS=${CONFIGS:-round_robin haproxy default default_admission_off}
 REPS=${REPS:-1}
@@ -105,6 +113,8 @@ CONV_PROMPTS=${CONV_PROMPTS:-350}
 BURST_PROMPTS=${BURST_PROMPTS:-220}
 MOONCAKE_PROMPTS=${MOONCAKE_PROMPTS:-800}
 LONG_PROMPTS=${LONG_PROMPTS:-400}
+CHAT_PROMPTS=${CHAT_PROMPTS:-1000}
+SLO_HEADERS=${SLO_HEADERS:-1}
 # conv: the 350 rows' own rate is 3.76 req/s; x1.09 = 4.1 req/s (85% of
 # 3.5 x 1.37), x1.66 = 6.2 (130%); 8/7 of that on the even fleet.
 CONV85_SCALE_UNEVEN=${CONV85_SCALE_UNEVEN:-1.09} CONV85_SCALE_EVEN=${CONV85_SCALE_EVEN:-1.25}
@@ -116,6 +126,9 @@ MOONCAKE85_SCALE_UNEVEN=${MOONCAKE85_SCALE_UNEVEN:-2.0} MOONCAKE85_SCALE_EVEN=${
 MOONCAKE130_SCALE_UNEVEN=${MOONCAKE130_SCALE_UNEVEN:-3.1} MOONCAKE130_SCALE_EVEN=${MOONCAKE130_SCALE_EVEN:-3.6}
 LONG85_RATE_UNEVEN=${LONG85_RATE_UNEVEN:-4.25} LONG85_RATE_EVEN=${LONG85_RATE_EVEN:-4.85}
 LONG130_RATE_UNEVEN=${LONG130_RATE_UNEVEN:-6.5} LONG130_RATE_EVEN=${LONG130_RATE_EVEN:-7.4}
+# chat: the trace is made at 7.4 req/s; CHAT*_SCALE compress it.
+CHAT85_SCALE_UNEVEN=${CHAT85_SCALE_UNEVEN:-0.85} CHAT85_SCALE_EVEN=${CHAT85_SCALE_EVEN:-1.0}
+CHAT130_SCALE_UNEVEN=${CHAT130_SCALE_UNEVEN:-1.3} CHAT130_SCALE_EVEN=${CHAT130_SCALE_EVEN:-1.5}
 SHORT_PROFILE=${SHORT_PROFILE:-llama3-8b-a10}
 LONG_PROFILE=${LONG_PROFILE:-qwen3.5-9b-h100}
 MAX_MODEL_LEN=${MAX_MODEL_LEN:-131072} # the long-prompt fleet's, and bench's drop bound
@@ -246,6 +259,12 @@ workload() {
     wl=(--dataset-name mooncake --dataset-path "$MOONCAKE" --num-prompts "$MOONCAKE_PROMPTS" --time-scale "${!v}"
       --max-model-len "$MAX_MODEL_LEN")
     sim=("$LONG_PROFILE" --max-model-len "$MAX_MODEL_LEN") slo_ttft=2000 slo_tpot=100 ;;
+  chat85 | chat130)
+    v=${1^^}_SCALE_$f
+    [ -f "$work/chat.jsonl" ] || python3 bench/scripts/chat-trace.py --seed "$SEED" --requests "$CHAT_PROMPTS" >"$work/chat.jsonl"
+    wl=(--dataset-name mooncake --dataset-path "$work/chat.jsonl" --num-prompts "$CHAT_PROMPTS" --time-scale "${!v}"
+      --max-model-len "$MAX_MODEL_LEN")
+    sim=("$LONG_PROFILE" --max-model-len "$MAX_MODEL_LEN") slo_ttft=2000 slo_tpot=100 ;;
   long85 | long130)
     v=${1^^}_RATE_$f
     wl=(--dataset-name random --random-input-len 20000 --random-range-ratio 0.6 --random-output-len 450
@@ -263,13 +282,14 @@ for w in $WORKLOADS; do for fl in $FLEETS; do
     run=$w.$fl.$c
     [ "$rep" = 1 ] || run=$run.r$rep
     echo "$(date -u +%H:%M:%S) $run" >&2
-    echo "${sim[*]} --speed $speeds | ${wl[*]} | slo ttft:$slo_ttft tpot:$slo_tpot" >"$out/$run.settings"
+    echo "${sim[*]} --speed $speeds | ${wl[*]} | slo ttft:$slo_ttft tpot:$slo_tpot headers:$SLO_HEADERS" >"$out/$run.settings"
     start_fleet "$run" "${sim[0]}" "$speeds" "${sim[@]:1}"
     start_front "$c" "$run"
+    slo=(--header "X-Gpurouter-Slo-Ttft=${slo_ttft}ms" --header "X-Gpurouter-Slo-Tpot=${slo_tpot}ms")
+    [ "$SLO_HEADERS" = 1 ] || slo=()
     "$bin" bench --base-url "http://127.0.0.1:$fport" --model m --backend openai "${wl[@]}" --seed "$SEED" \
       --disable-tqdm --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,99 \
-      --goodput "ttft:$slo_ttft tpot:$slo_tpot" --request-timeout 600s "${engine_flags[@]}" \
-      --header "X-Gpurouter-Slo-Ttft=${slo_ttft}ms" --header "X-Gpurouter-Slo-Tpot=${slo_tpot}ms" \
+      --goodput "ttft:$slo_ttft tpot:$slo_tpot" --request-timeout 600s "${engine_flags[@]}" "${slo[@]}" \
       --save-result --result-dir "$out" --result-filename "$run.json" >"$out/$run.txt" 2>&1 ||
       { cat "$out/$run.txt"; exit 1; }
     engine_counts "$run"

@@ -73,11 +73,22 @@ func (inc *incarnation) handle(ctx *fasthttp.RequestCtx) {
 		writeJSON(ctx, fasthttp.StatusOK, map[string]string{"version": "0.11.0+gpurouter.sim"})
 	case path == "/load" && get:
 		writeJSON(ctx, fasthttp.StatusOK, map[string]int64{"server_load": r.inflight.Load()})
+	case path == "/v1/load_lora_adapter" && post && r.cfg.AllowRuntimeLoRAUpdating:
+		inc.serveLoadLoRA(ctx)
+	case path == "/v1/unload_lora_adapter" && post && r.cfg.AllowRuntimeLoRAUpdating:
+		inc.serveUnloadLoRA(ctx)
 	default:
 		switch path {
 		case "/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/tokenize",
 			"/v1/gpus", "/ping", "/version", "/load":
 			writeMethodNotAllowed(ctx)
+		case "/v1/load_lora_adapter", "/v1/unload_lora_adapter":
+			// vLLM has these routes only with VLLM_ALLOW_RUNTIME_LORA_UPDATING.
+			if r.cfg.AllowRuntimeLoRAUpdating {
+				writeMethodNotAllowed(ctx)
+			} else {
+				writeJSON(ctx, fasthttp.StatusNotFound, map[string]string{"detail": "Not Found"})
+			}
 		default:
 			writeJSON(ctx, fasthttp.StatusNotFound, map[string]string{"detail": "Not Found"})
 		}
@@ -162,6 +173,10 @@ type inferenceRequest struct {
 	// continued rather than answered.
 	ContinueFinalMessage bool  `json:"continue_final_message"`
 	AddGenerationPrompt  *bool `json:"add_generation_prompt"`
+	// KVTransferParams is vLLM's kv_transfer_params (prefill/decode
+	// disaggregation, kvtransfer.go); read only by a replica with a KV
+	// connector.
+	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
 }
 
 type streamOptions struct {
@@ -329,41 +344,53 @@ func (r *Replica) knownModel(name string) bool {
 	return false
 }
 
+// modelPermission and modelCard are vLLM's ModelPermission and ModelCard
+// (GET /v1/models).
+type modelPermission struct {
+	ID                 string  `json:"id"`
+	Object             string  `json:"object"`
+	Created            int64   `json:"created"`
+	AllowCreateEngine  bool    `json:"allow_create_engine"`
+	AllowSampling      bool    `json:"allow_sampling"`
+	AllowLogprobs      bool    `json:"allow_logprobs"`
+	AllowSearchIndices bool    `json:"allow_search_indices"`
+	AllowView          bool    `json:"allow_view"`
+	AllowFineTuning    bool    `json:"allow_fine_tuning"`
+	Organization       string  `json:"organization"`
+	Group              *string `json:"group"`
+	IsBlocking         bool    `json:"is_blocking"`
+}
+
+type modelCard struct {
+	ID          string            `json:"id"`
+	Object      string            `json:"object"`
+	Created     int64             `json:"created"`
+	OwnedBy     string            `json:"owned_by"`
+	Root        string            `json:"root"`
+	Parent      *string           `json:"parent"`
+	MaxModelLen *int              `json:"max_model_len"`
+	Permission  []modelPermission `json:"permission"`
+}
+
+func (r *Replica) modelCard(id, root string, parent *string, maxModelLen *int) modelCard {
+	return modelCard{ID: id, Object: "model", Created: r.created, OwnedBy: "vllm", Root: root, Parent: parent,
+		MaxModelLen: maxModelLen,
+		Permission: []modelPermission{{ID: "modelperm-sim", Object: "model_permission", Created: r.created,
+			AllowSampling: true, AllowLogprobs: true, AllowView: true, Organization: "*"}}}
+}
+
+// serveModels lists the served names, then the LoRA adapters, as vLLM's
+// show_available_models.
 func (r *Replica) serveModels(ctx *fasthttp.RequestCtx) {
-	type permission struct {
-		ID                 string  `json:"id"`
-		Object             string  `json:"object"`
-		Created            int64   `json:"created"`
-		AllowCreateEngine  bool    `json:"allow_create_engine"`
-		AllowSampling      bool    `json:"allow_sampling"`
-		AllowLogprobs      bool    `json:"allow_logprobs"`
-		AllowSearchIndices bool    `json:"allow_search_indices"`
-		AllowView          bool    `json:"allow_view"`
-		AllowFineTuning    bool    `json:"allow_fine_tuning"`
-		Organization       string  `json:"organization"`
-		Group              *string `json:"group"`
-		IsBlocking         bool    `json:"is_blocking"`
-	}
-	type card struct {
-		ID          string       `json:"id"`
-		Object      string       `json:"object"`
-		Created     int64        `json:"created"`
-		OwnedBy     string       `json:"owned_by"`
-		Root        string       `json:"root"`
-		Parent      *string      `json:"parent"`
-		MaxModelLen int          `json:"max_model_len"`
-		Permission  []permission `json:"permission"`
-	}
 	list := struct {
-		Object string `json:"object"`
-		Data   []card `json:"data"`
+		Object string      `json:"object"`
+		Data   []modelCard `json:"data"`
 	}{Object: "list"}
+	maxLen := r.d.maxModelLen
 	for _, n := range r.names {
-		list.Data = append(list.Data, card{ID: n, Object: "model", Created: r.created, OwnedBy: "vllm",
-			Root: r.cfg.Profile.Model.Name, MaxModelLen: r.d.maxModelLen,
-			Permission: []permission{{ID: "modelperm-sim", Object: "model_permission", Created: r.created,
-				AllowSampling: true, AllowLogprobs: true, AllowView: true, Organization: "*"}}})
+		list.Data = append(list.Data, r.modelCard(n, r.cfg.Profile.Model.Name, nil, &maxLen))
 	}
+	list.Data = append(list.Data, r.loraModelCards()...)
 	writeJSON(ctx, fasthttp.StatusOK, list)
 }
 
@@ -401,7 +428,7 @@ func (r *Replica) serveTokenize(ctx *fasthttp.RequestCtx) {
 		writeBadRequest(ctx, "invalid JSON body: "+err.Error())
 		return
 	}
-	if !r.knownModel(req.Model) {
+	if _, ok := r.resolveModel(req.Model); !ok {
 		writeError(ctx, fasthttp.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", req.Model))
 		return
 	}

@@ -12,7 +12,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -115,16 +114,6 @@ func benchCapacity(b *testing.B, profile string, replicas, streams int) {
 	b.ReportMetric(float64(replicas*streams), "streams")
 	b.ReportMetric(float64(failures.Load()), "failures")
 	b.ReportMetric(cpu.Seconds()/elapsed.Seconds(), "cpu-cores")
-}
-
-// processCPU is the CPU time (user + system) this process has used: the
-// simulator and its load generator together.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // streamOnce runs one streaming request over a fresh connection and counts

@@ -32,26 +32,41 @@ func (r *Replica) Crash(d time.Duration) {
 // and, for TCP listeners, listens on the same address again when the
 // downtime is over; other listeners stay open and reset new connections
 // while down. Serve also runs the periodic crashes of CrashEverySeconds.
+// A replica with a KV connector serves its side channel alongside (bound
+// here, on ln's host, unless Fleet.Listen did): it dies and comes back
+// with the rest.
 func (r *Replica) Serve(ctx context.Context, ln net.Listener) error {
 	addr := ln.Addr().String()
 	_, isTCP := ln.(*net.TCPListener)
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil || !isTCP {
+		host = "127.0.0.1"
+	}
+	if err := r.ListenKVSideChannel(host); err != nil {
+		return err
+	}
+	side := r.kvLn // nil without a connector
 	for {
 		inc := r.newIncarnation()
-		srv := inc.server()
-		errc := make(chan error, 1)
-		go func() { errc <- srv.Serve(ln) }()
+		srvs := []served{inc.serve(inc.server(), ln)}
+		if side != nil {
+			srvs = append(srvs, inc.serve(inc.sideServer(), side))
+		}
 		var down time.Duration
 		for {
 			var ok bool
 			if down, ok = r.awaitCrash(ctx); !ok {
-				inc.stop(srv, ln, errc)
+				inc.stop(srvs...)
 				return nil
 			}
 			if isTCP {
-				// The listener goes before the connections, so that a
+				// The listeners go before the connections, so that a
 				// client whose pooled connection was just reset finds its
 				// reconnect refused, not accepted by a dying server.
 				_ = ln.Close()
+				if side != nil {
+					_ = side.Close()
+				}
 				inc.closeConns()
 				break
 			}
@@ -59,25 +74,39 @@ func (r *Replica) Serve(ctx context.Context, ln net.Listener) error {
 			// the incarnation reset new ones until the downtime is over.
 			inc.closeConns()
 			if !sleepCtx(ctx, down) {
-				inc.stop(srv, ln, errc)
+				inc.stop(srvs...)
 				return nil
 			}
 			r.restarted()
 		}
-		inc.stop(srv, ln, errc)
+		inc.stop(srvs...)
 		if !sleepCtx(ctx, down) {
 			return nil
 		}
-		var err error
-		for {
-			if ln, err = net.Listen("tcp", addr); err == nil {
-				break
-			}
-			if !sleepCtx(ctx, 50*time.Millisecond) {
+		if ln, err = relisten(ctx, addr); err != nil {
+			return nil
+		}
+		if side != nil {
+			if side, err = relisten(ctx, r.KVSideChannelAddr()); err != nil {
+				_ = ln.Close()
 				return nil
 			}
 		}
 		r.restarted()
+	}
+}
+
+// relisten listens on addr again after a crash, retrying until ctx ends
+// (a port in TIME_WAIT, or taken meanwhile).
+func relisten(ctx context.Context, addr string) (net.Listener, error) {
+	for {
+		ln, err := net.Listen("tcp", addr)
+		if err == nil {
+			return ln, nil
+		}
+		if !sleepCtx(ctx, 50*time.Millisecond) {
+			return nil, ctx.Err()
+		}
 	}
 }
 

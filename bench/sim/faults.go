@@ -103,6 +103,23 @@ type Faults struct {
 	KVEventsDropRate    float64 `json:"kv_events_drop_rate,omitempty"`
 	KVEventsLoseRate    float64 `json:"kv_events_lose_rate,omitempty"`
 	KVEventsReorderRate float64 `json:"kv_events_reorder_rate,omitempty"`
+	// LoRALoadRefuse fails every POST /v1/load_lora_adapter as a load
+	// that vLLM's engine could not do (400 BadRequestError);
+	// LoRALoadDelaySeconds answers each that much later, as a load from a
+	// slow store does. They need AllowRuntimeLoRAUpdating.
+	LoRALoadRefuse       bool    `json:"lora_load_refuse,omitempty"`
+	LoRALoadDelaySeconds float64 `json:"lora_load_delay_seconds,omitempty"`
+	// KVTransferStall makes the side channel of a prefill replica post
+	// every read (headers) and then send nothing, as a stalled RDMA
+	// transfer: the decode replica's read times out. KVTransferCrashSeconds
+	// makes the replica die (as crash_seconds, down this long) half-way
+	// through every read it serves: the reader's connection is reset and
+	// the held blocks are lost. KVTransferFailRate answers that fraction of
+	// reads with an error at once, as a failed NIXL transfer. They need a
+	// KV connector.
+	KVTransferStall        bool    `json:"kv_transfer_stall,omitempty"`
+	KVTransferCrashSeconds float64 `json:"kv_transfer_crash_seconds,omitempty"`
+	KVTransferFailRate     float64 `json:"kv_transfer_fail_rate,omitempty"`
 	// XidErrors and ThrottleReasons are reported by /v1/gpus; throttling
 	// also lowers the reported SM clock. They don't change timing: use
 	// Speed for that.
@@ -127,12 +144,15 @@ func (f Faults) validate() error {
 	}
 	if f.StaleMetricsSeconds < 0 || f.SlowStartSeconds < 0 || f.SlowStartFactor < 0 || f.Speed < 0 || f.CrashSeconds < 0 ||
 		f.CrashEverySeconds < 0 || f.CrashDownSeconds < 0 || f.KeepAliveTimeoutSeconds < 0 || f.MaxWaitingQueueLength < 0 ||
-		f.CloseLagSeconds < 0 {
+		f.CloseLagSeconds < 0 || f.LoRALoadDelaySeconds < 0 || f.KVTransferCrashSeconds < 0 {
 		errs = append(errs, errors.New("durations, factors, speed and lengths must be >= 0"))
 	}
 	if r := f.KVEventsDropRate + f.KVEventsLoseRate + f.KVEventsReorderRate; f.KVEventsDropRate < 0 ||
 		f.KVEventsLoseRate < 0 || f.KVEventsReorderRate < 0 || r > 1 {
 		errs = append(errs, fmt.Errorf("kv_events_{drop,lose,reorder}_rate must be >= 0 and sum to at most 1"))
+	}
+	if f.KVTransferFailRate < 0 || f.KVTransferFailRate > 1 {
+		errs = append(errs, fmt.Errorf("kv_transfer_fail_rate %v not in [0,1]", f.KVTransferFailRate))
 	}
 	if f.RetryAfterSeconds < -1 {
 		errs = append(errs, fmt.Errorf("retry_after_seconds %d: want >= 0, or -1 for no header", f.RetryAfterSeconds))

@@ -22,6 +22,11 @@ type FaultFlags struct {
 	kvDrop      *float64
 	kvLose      *float64
 	kvReorder   *float64
+	loraRefuse  *bool
+	loraDelay   *time.Duration
+	kvStall     *bool
+	kvCrash     *time.Duration
+	kvFail      *float64
 }
 
 // RegisterFaultFlags defines the fault flags on fs. The vLLM and uvicorn
@@ -51,6 +56,16 @@ func RegisterFaultFlags(fs *flag.FlagSet) *FaultFlags {
 			"fraction of KV event batches lost for good, from the replay buffer too: a subscriber must resync (fault kv_events_lose_rate)"),
 		kvReorder: fs.Float64("kv-events-reorder-rate", 0,
 			"fraction of KV event batches sent after the next one (fault kv_events_reorder_rate)"),
+		loraRefuse: fs.Bool("lora-load-refuse", false,
+			"fail every POST /v1/load_lora_adapter as a load the engine could not do, 400 BadRequestError (fault lora_load_refuse)"),
+		loraDelay: fs.Duration("lora-load-delay", 0,
+			"answer every POST /v1/load_lora_adapter this much later, as a load from a slow store (fault lora_load_delay_seconds)"),
+		kvStall: fs.Bool("kv-transfer-stall", false,
+			"a prefill replica posts every KV read and never finishes it: the decode replica's read times out (fault kv_transfer_stall)"),
+		kvCrash: fs.Duration("kv-transfer-crash", 0,
+			"a prefill replica dies half-way through every KV read it serves, down this long (fault kv_transfer_crash_seconds)"),
+		kvFail: fs.Float64("kv-transfer-fail-rate", 0,
+			"fraction of KV reads a prefill replica refuses at once, as a failed NIXL transfer (fault kv_transfer_fail_rate)"),
 	}
 }
 
@@ -80,6 +95,16 @@ func (ff *FaultFlags) Apply(f *Faults) {
 			f.KVEventsLoseRate = *ff.kvLose
 		case "kv-events-reorder-rate":
 			f.KVEventsReorderRate = *ff.kvReorder
+		case "lora-load-refuse":
+			f.LoRALoadRefuse = *ff.loraRefuse
+		case "lora-load-delay":
+			f.LoRALoadDelaySeconds = ff.loraDelay.Seconds()
+		case "kv-transfer-stall":
+			f.KVTransferStall = *ff.kvStall
+		case "kv-transfer-crash":
+			f.KVTransferCrashSeconds = ff.kvCrash.Seconds()
+		case "kv-transfer-fail-rate":
+			f.KVTransferFailRate = *ff.kvFail
 		}
 	})
 }

@@ -20,7 +20,7 @@ func RegisterEngineFlags(fs *flag.FlagSet) *EngineFlags {
 	ef := &EngineFlags{}
 	for _, name := range KnobNames() {
 		switch name {
-		case "enable-chunked-prefill", "enable-prefix-caching":
+		case "enable-chunked-prefill", "enable-prefix-caching", "enable-lora":
 			fs.Var(&knobFlag{ef: ef, name: name, isBool: true}, name, "vLLM engine argument (true|false)")
 			fs.Var(&knobFlag{ef: ef, name: "no-" + name, isBool: true}, "no-"+name, "vLLM engine argument: disable "+strings.TrimPrefix(name, "enable-"))
 		default:

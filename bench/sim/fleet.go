@@ -39,6 +39,14 @@ type FleetConfig struct {
 	KVEvents *KVEventsConfig
 	// Tokenizer is shared by the replicas; nil = prefixcache.NewBPE("").
 	Tokenizer *prefixcache.BPE
+	// LoRAModules and AllowRuntimeLoRAUpdating apply to every replica
+	// (see ReplicaConfig).
+	LoRAModules              []LoRAModule
+	AllowRuntimeLoRAUpdating bool
+	// KVTransfer, when set, makes every replica a NixlConnector replica
+	// (see ReplicaConfig.KVTransfer); replica i's side channel listens on
+	// the given port + i.
+	KVTransfer *KVTransferConfig
 }
 
 // Fleet is a set of replicas served on consecutive loopback ports, each with
@@ -94,6 +102,7 @@ func NewFleet(cfg FleetConfig) (*Fleet, error) {
 			Profile: cfg.Profiles[min(i, len(cfg.Profiles)-1)], ServedModelNames: cfg.ServedModelNames,
 			Index: i, Estimator: est, LegacyMetrics: cfg.LegacyMetrics, Faults: cfg.Faults, Seed: cfg.Seed + uint64(i),
 			SpinWait: cfg.SpinWait, Tokenizer: bpe,
+			LoRAModules: cfg.LoRAModules, AllowRuntimeLoRAUpdating: cfg.AllowRuntimeLoRAUpdating,
 		}
 		if cfg.KVEvents != nil {
 			kc, err := cfg.KVEvents.forReplica(i)
@@ -104,6 +113,10 @@ func NewFleet(cfg FleetConfig) (*Fleet, error) {
 		}
 		if len(cfg.Speeds) > 0 {
 			rc.Speed = cfg.Speeds[min(i, len(cfg.Speeds)-1)]
+		}
+		if cfg.KVTransfer != nil {
+			kc := cfg.KVTransfer.forReplica(i, n)
+			rc.KVTransfer = &kc
 		}
 		r, err := NewReplica(rc)
 		if err != nil {
@@ -148,6 +161,17 @@ func (f *Fleet) Listen() error {
 				_ = l.Close()
 			}
 			return fmt.Errorf("sim: replica %d: KV events: %w", i, err)
+		}
+	}
+	for i, r := range f.replicas {
+		if err := r.ListenKVSideChannel(f.host); err != nil {
+			for _, l := range lns {
+				_ = l.Close()
+			}
+			for _, r := range f.replicas[:i] {
+				r.closeKVSideChannel()
+			}
+			return fmt.Errorf("sim: replica %d: %w", i, err)
 		}
 	}
 	f.lns, f.urls = lns, urls

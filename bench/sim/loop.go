@@ -71,6 +71,7 @@ func runReplicas(ctx context.Context, rs []*Replica) error {
 		cancel()
 		wg.Wait()
 		for _, r := range rs {
+			r.pulls.Wait() // they end with ctx
 			r.mu.Lock()
 			r.eng.reset(time.Now())
 			r.mu.Unlock()
@@ -111,7 +112,7 @@ func drive(ctx context.Context, rs []*Replica, wake <-chan struct{}, spin time.D
 		for i := range slots {
 			s := &slots[i]
 			if !s.busy {
-				s.start(time.Now())
+				s.start(ctx, time.Now())
 			}
 			if s.busy && (earliest.IsZero() || s.end.Before(earliest)) {
 				earliest = s.end
@@ -143,8 +144,9 @@ func drive(ctx context.Context, rs []*Replica, wake <-chan struct{}, spin time.D
 	}
 }
 
-// start schedules the replica's next step, if it has work.
-func (s *slot) start(now time.Time) {
+// start schedules the replica's next step, if it has work, and starts the
+// KV reads the scheduler decided (they run until ctx ends at the latest).
+func (s *slot) start(ctx context.Context, now time.Time) {
 	base := s.next
 	if base.IsZero() || now.Sub(base) > maxCatchUp {
 		base = now
@@ -152,7 +154,11 @@ func (s *slot) start(now time.Time) {
 	r := s.r
 	r.mu.Lock()
 	d := r.eng.schedule(base)
+	pulls := r.eng.takePulls()
 	r.mu.Unlock()
+	if len(pulls) > 0 {
+		r.startPulls(ctx, pulls)
+	}
 	if d == 0 {
 		s.next = time.Time{}
 		return
@@ -204,6 +210,7 @@ func housekeeping(ctx context.Context, rs []*Replica) {
 			}
 			for _, r := range rs {
 				r.sweepDisconnected()
+				r.expireKV(now)
 				if snap {
 					r.expo.snapshot(now)
 					r.gpuMeter.sample(now, r.busyNanos.Load())
@@ -224,6 +231,16 @@ func (r *Replica) sweepDisconnected() {
 	for _, q := range r.waiting.sweep(sweepBatch, func(q *request) bool { return q.conn != nil && peerClosed(q.conn) }) {
 		q.disconnected()
 	}
+}
+
+// expireKV frees held KV blocks nobody read in time (a prefill replica).
+func (r *Replica) expireKV(now time.Time) {
+	if r.eng.kvx == nil {
+		return
+	}
+	r.mu.Lock()
+	r.eng.expireHeld(now)
+	r.mu.Unlock()
 }
 
 // sweepBatch bounds the disconnect checks per replica per housekeeping tick.

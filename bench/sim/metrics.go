@@ -62,12 +62,14 @@ type engineMetrics struct {
 
 	prefixQueries, prefixHits, preemptions prometheus.Counter
 	promptTokens, generationTokens         prometheus.Counter
-	success                                [4]prometheus.Counter // by finishReason
+	success                                [5]prometheus.Counter // by finishReason; nil where not exposed
 	ttft, itl, tpot, e2e, queue, prefill   prometheus.Observer
 	decode, inference, reqPrompt, reqGen   prometheus.Observer
 	iterationTokens, maxTokensParam        prometheus.Observer
 	stepLag, stepDuration                  prometheus.Observer
 	steps                                  prometheus.Counter
+	lora                                   *loraMetrics // nil without LoRA
+	kv                                     *kvMetrics   // nil without a KV connector
 }
 
 // metricsOptions says what newEngineMetrics labels and how.
@@ -76,6 +78,10 @@ type metricsOptions struct {
 	maxModelLen int
 	legacyKV    bool // vllm:gpu_cache_usage_perc instead of vllm:kv_cache_usage_perc
 	cacheInfo   map[string]string
+	maxLoRAs    int // > 0: LoRA is on, with this max_loras
+	// kvTransfer: a KV connector is on (its series, and
+	// finished_reason="error", which only a failed KV read produces here).
+	kvTransfer bool
 }
 
 func newEngineMetrics(reg prometheus.Registerer, o metricsOptions) *engineMetrics {
@@ -129,7 +135,11 @@ func newEngineMetrics(reg prometheus.Registerer, o metricsOptions) *engineMetric
 	}
 	succ := f.NewCounterVec(prometheus.CounterOpts{Name: "vllm:request_success_total",
 		Help: "Count of successfully processed requests."}, []string{"model_name", "engine", "finished_reason"})
-	for _, r := range []finishReason{reasonStop, reasonLength, reasonAbort} {
+	reasons := []finishReason{reasonStop, reasonLength, reasonAbort}
+	if o.kvTransfer {
+		reasons = append(reasons, reasonError)
+	}
+	for _, r := range reasons {
 		m.success[r] = succ.WithLabelValues(o.modelName, "0", r.String())
 	}
 
@@ -150,6 +160,12 @@ func newEngineMetrics(reg prometheus.Registerer, o metricsOptions) *engineMetric
 	m.stepDuration = f.NewHistogram(prometheus.HistogramOpts{Name: "gpurouter_sim_step_duration_seconds",
 		Help: "Modelled duration of each engine step.", Buckets: ttftBuckets()})
 	m.steps = f.NewCounter(prometheus.CounterOpts{Name: "gpurouter_sim_steps_total", Help: "Engine steps run."})
+	if o.maxLoRAs > 0 {
+		m.lora = newLoRAMetrics(f, o.maxLoRAs)
+	}
+	if o.kvTransfer {
+		m.kv = newKVMetrics(f, labels, lv)
+	}
 	return m
 }
 
@@ -168,8 +184,10 @@ func sortedKeys(m map[string]string) []string {
 
 // finished records a sequence that ended, as vLLM's frontend does.
 func (m *engineMetrics) finished(s *seq, reason finishReason, now time.Time) {
-	m.success[reason].Inc()
-	if reason == reasonAbort || s.firstToken.IsZero() {
+	if c := m.success[reason]; c != nil {
+		c.Inc()
+	}
+	if reason == reasonAbort || reason == reasonError || s.firstToken.IsZero() {
 		return
 	}
 	m.e2e.Observe(now.Sub(s.arrival).Seconds())

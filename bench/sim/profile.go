@@ -26,6 +26,9 @@ type Profile struct {
 	Model     Model     `yaml:"model"`
 	Engine    Engine    `yaml:"engine"`
 	Overheads Overheads `yaml:"overheads"`
+	// LoRA is what serving LoRA adapters costs; it matters only with
+	// Engine.EnableLoRA. The zero value is the defaults (lora.go).
+	LoRA LoRACosts `yaml:"lora,omitempty"`
 }
 
 // Hardware is one GPU. Efficiencies are the fractions of the peak figures
@@ -88,6 +91,15 @@ type Engine struct {
 	Quantization         string  `yaml:"quantization"`            // ""/none, fp8, int8, w8a8, awq, gptq, …: sets bytes per parameter
 	BlockSize            int     `yaml:"block_size"`              // tokens per KV block; 0 = 16
 	NumGPUBlocksOverride int     `yaml:"num_gpu_blocks_override"` // 0 = derived from memory
+
+	// EnableLoRA serves LoRA adapters (--enable-lora): a request names
+	// its adapter as its model, and a batch holds requests of at most
+	// MaxLoRAs distinct adapters. vLLM's defaults: MaxLoRAs 1 (0 here
+	// means that), MaxCPULoRAs = MaxLoRAs (0), MaxLoRARank 16 (0).
+	EnableLoRA  bool `yaml:"enable_lora"`
+	MaxLoRAs    int  `yaml:"max_loras"`     // adapters in GPU slots, and in one batch
+	MaxCPULoRAs int  `yaml:"max_cpu_loras"` // adapters cached in CPU memory (LRU)
+	MaxLoRARank int  `yaml:"max_lora_rank"` // every slot's rank, and the simulated adapters'
 }
 
 // Overheads are the host-side costs the GPU roofline doesn't see. They are
@@ -168,6 +180,7 @@ func KnobNames() []string {
 		"max-num-seqs", "max-num-batched-tokens", "enable-chunked-prefill", "enable-prefix-caching",
 		"gpu-memory-utilization", "max-model-len", "kv-cache-dtype", "tensor-parallel-size",
 		"quantization", "block-size", "num-gpu-blocks-override",
+		"enable-lora", "max-loras", "max-cpu-loras", "max-lora-rank",
 	}
 }
 
@@ -205,6 +218,14 @@ func (p *Profile) Set(name, value string) error {
 		e.BlockSize, err = strconv.Atoi(value)
 	case "num-gpu-blocks-override":
 		e.NumGPUBlocksOverride, err = strconv.Atoi(value)
+	case "enable-lora":
+		e.EnableLoRA, err = parseBool(value)
+	case "max-loras":
+		e.MaxLoRAs, err = strconv.Atoi(value)
+	case "max-cpu-loras":
+		e.MaxCPULoRAs, err = strconv.Atoi(value)
+	case "max-lora-rank":
+		e.MaxLoRARank, err = strconv.Atoi(value)
 	default:
 		return fmt.Errorf("sim: unknown engine argument %q (known: %s)", name, strings.Join(KnobNames(), ", "))
 	}
@@ -273,6 +294,7 @@ type derived struct {
 	weightBytes        float64 // whole model
 	kvBytesPerToken    float64 // whole model, after kv_cache_dtype
 	kvBytesAvailPerGPU float64
+	lora               loraDerived // zero without enable_lora
 }
 
 func (p Profile) derive() (derived, error) {
@@ -304,6 +326,12 @@ func (p Profile) derive() (derived, error) {
 	d.kvBytesPerToken = p.Model.KVBytesPerToken * scale
 	d.kvBytesAvailPerGPU = p.Hardware.MemoryGiB*gib*e.GPUMemoryUtilization - d.weightBytes/float64(d.tp) -
 		p.Overheads.ActivationReserveGiB*gib
+	if e.EnableLoRA {
+		// vLLM preallocates every GPU slot at max_lora_rank before it
+		// sizes the KV cache, so the slots come out of the KV blocks.
+		d.lora = deriveLoRA(p)
+		d.kvBytesAvailPerGPU -= float64(d.lora.maxLoRAs) * d.lora.adapterBytes / float64(d.tp)
+	}
 	if e.NumGPUBlocksOverride > 0 {
 		d.numGPUBlocks = e.NumGPUBlocksOverride
 	} else if d.kvBytesPerToken > 0 && d.blockSize > 0 {
@@ -358,6 +386,7 @@ func (p Profile) Validate() error {
 	if o.Step < 0 || o.PerSeq < 0 || o.API < 0 || o.APIPerPromptToken < 0 || o.ActivationReserveGiB < 0 {
 		bad("overheads must be >= 0")
 	}
+	errs = append(errs, p.validateLoRA()...)
 	d, err := p.derive()
 	if err != nil {
 		errs = append(errs, err)

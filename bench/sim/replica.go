@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -56,6 +57,18 @@ type ReplicaConfig struct {
 	// KVEvents, when set, publishes the engine's KV-cache events as vLLM
 	// does when started with --kv-events-config (needs prefix caching).
 	KVEvents *KVEventsConfig
+	// LoRAModules are the adapters served from the start, as vLLM's
+	// --lora-modules; they need Profile.Engine.EnableLoRA. A request
+	// names its adapter as its model.
+	LoRAModules []LoRAModule
+	// KVTransfer, when set, makes the replica a NixlConnector replica of a
+	// prefill/decode split (kvtransfer.go), as vLLM's --kv-transfer-config;
+	// nil = no connector: kv_transfer_params are ignored, as vLLM does.
+	KVTransfer *KVTransferConfig
+	// AllowRuntimeLoRAUpdating serves POST /v1/load_lora_adapter and
+	// /v1/unload_lora_adapter, as vLLM does with
+	// VLLM_ALLOW_RUNTIME_LORA_UPDATING=True; without it they are 404.
+	AllowRuntimeLoRAUpdating bool
 	// SpinWait is how long before a step's intended end the real-time loop
 	// stops sleeping and busy-waits, trading CPU for timing precision (Go's
 	// timers wake with about 1 ms granularity). 0 = 1ms; negative = never
@@ -117,6 +130,23 @@ type Replica struct {
 	waiting waitSet // requests that have written nothing yet
 
 	traces traceLog // the trace context of each inference request (TraceContexts)
+
+	// adapters are the LoRA adapters served (never nil after NewReplica);
+	// loads and unloads replace the set under loraMu, which also guards
+	// nextLoRAID.
+	adapters   atomic.Pointer[adapterSet]
+	loraMu     sync.Mutex
+	nextLoRAID int
+
+	// The KV connector (kvtransfer*.go), with KVTransfer only: its
+	// effective config, the side channel's listener (bound once; a crash
+	// listens again at kvAddr), the decode side's client and its reads in
+	// flight.
+	kvc      KVTransferConfig
+	kvLn     net.Listener
+	kvAddr   atomic.Pointer[string]
+	kvClient *http.Client
+	pulls    sync.WaitGroup
 }
 
 // NewReplica builds a replica. It starts nothing and binds nothing.
@@ -158,7 +188,7 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 		names = []string{p.Model.Name}
 	}
 	m := newEngineMetrics(reg, metricsOptions{modelName: names[0], maxModelLen: d.maxModelLen,
-		legacyKV: cfg.LegacyMetrics, cacheInfo: cacheInfo(p, d)})
+		legacyKV: cfg.LegacyMetrics, cacheInfo: cacheInfo(p, d), maxLoRAs: d.lora.maxLoRAs, kvTransfer: cfg.KVTransfer != nil})
 	eng, err := newEngine(p, m)
 	if err != nil {
 		return nil, err
@@ -171,10 +201,19 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 		faultsChanged: make(chan struct{}, 1),
 		bpe:           bpe, hashSeed: mix64(cfg.Seed, uint64(cfg.Index)+0x6b76),
 	}
+	if err := r.setupLoRA(cfg.LoRAModules); err != nil {
+		return nil, fmt.Errorf("sim: replica %d: %w", cfg.Index, err)
+	}
 	if cfg.KVEvents != nil {
 		if err := r.setupKVEvents(*cfg.KVEvents); err != nil {
 			return nil, fmt.Errorf("sim: replica %d: %w", cfg.Index, err)
 		}
+	}
+	if cfg.KVTransfer != nil {
+		if err := r.setupKVTransfer(*cfg.KVTransfer); err != nil {
+			return nil, fmt.Errorf("sim: replica %d: %w", cfg.Index, err)
+		}
+		r.kvClient = newKVClient()
 	}
 	f := cfg.Faults
 	f.CrashSeconds = 0
@@ -200,6 +239,11 @@ type EngineState struct {
 	KVUsage          float64 // as vllm:kv_cache_usage_perc
 	UsedBlocks       int     // blocks referenced by live sequences
 	Preemptions      int
+	// LoRAInGPU and LoRAInCPU are the adapters in GPU slots and in the CPU
+	// cache, least recently used first; LoRASwapsCPU and LoRASwapsDisk
+	// count the swaps into GPU slots by where from. Empty without LoRA.
+	LoRAInGPU, LoRAInCPU        []string
+	LoRASwapsCPU, LoRASwapsDisk int
 }
 
 // State reports the engine's current state.
@@ -213,8 +257,13 @@ func (r *Replica) State() EngineState {
 			used++
 		}
 	}
-	return EngineState{Running: len(e.running), Waiting: e.waiting.len(), KVUsage: e.kv.usage(),
+	st := EngineState{Running: len(e.running), Waiting: e.waiting.len(), KVUsage: e.kv.usage(),
 		UsedBlocks: used, Preemptions: e.preemptions}
+	if le := e.lora; le != nil {
+		st.LoRAInGPU, st.LoRAInCPU = names(le.gpu), names(le.cpu)
+		st.LoRASwapsCPU, st.LoRASwapsDisk = le.swaps[swapFromCPU], le.swaps[swapFromDisk]
+	}
+	return st
 }
 
 // speedFactor is the divisor of modelled step time right now.
@@ -317,19 +366,37 @@ func resetConn(c net.Conn) {
 	_ = c.Close()
 }
 
+// served is one server of an incarnation on its listener.
+type served struct {
+	srv  *fasthttp.Server
+	ln   net.Listener
+	errc chan error
+}
+
+// serve starts srv on ln.
+func (inc *incarnation) serve(srv *fasthttp.Server, ln net.Listener) served {
+	s := served{srv: srv, ln: ln, errc: make(chan error, 1)}
+	go func() { s.errc <- srv.Serve(ln) }()
+	return s
+}
+
 // stop ends the incarnation: no new connections, handlers told to give up,
-// connections closed, then waits for the server to finish.
-func (inc *incarnation) stop(srv *fasthttp.Server, ln net.Listener, errc <-chan error) {
+// connections closed, then waits for the servers to finish.
+func (inc *incarnation) stop(ss ...served) {
 	inc.mu.Lock()
 	inc.done = true
 	inc.mu.Unlock()
-	_ = ln.Close()
+	for _, s := range ss {
+		_ = s.ln.Close()
+	}
 	close(inc.quit)
 	inc.closeConns()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_ = srv.ShutdownWithContext(ctx)
-	<-errc
+	for _, s := range ss {
+		_ = s.srv.ShutdownWithContext(ctx)
+		<-s.errc
+	}
 }
 
 // lagRing keeps the most recent step lags for StepLag.

@@ -19,7 +19,9 @@ import (
 // blocks freed, back to the front of the waiting queue). Then, unless
 // something was preempted, waiting sequences are admitted FCFS while there is
 // budget, a free seat under max_num_seqs and room for their blocks (after
-// prefix-cache hits). The head of the queue blocks the rest (no skipping).
+// prefix-cache hits). The head of the queue blocks the rest (no skipping),
+// except for LoRA: a request whose adapter would make the step's distinct
+// adapters exceed max_loras is skipped and keeps its place (lora.go).
 //
 // Not safe for concurrent use: a Replica guards it with its mutex.
 type engine struct {
@@ -32,8 +34,11 @@ type engine struct {
 	chunked     bool
 	m           *engineMetrics
 	events      *kvEventLog // nil: KV events off
+	lora        *loraEngine // nil: LoRA off
+	kvx         *kvEngine   // nil: no KV connector
 
 	waiting deque
+	skipped []*seq // waiting requests skipped this step for max_loras, reused
 	running []*seq
 	batch   []batchEntry
 	load    stepLoad
@@ -64,6 +69,9 @@ func newEngine(p Profile, m *engineMetrics) (*engine, error) {
 		chunked:     p.Engine.EnableChunkedPrefill,
 		m:           m,
 	}
+	if p.Engine.EnableLoRA {
+		e.lora = newLoRAEngine(d.lora, m.lora)
+	}
 	return e, nil
 }
 
@@ -83,7 +91,10 @@ func (e *engine) add(s *seq, now time.Time) {
 	s.state = stateWaiting
 	s.queued = now
 	e.waiting.pushBack(s)
-	e.gauges()
+	if e.lora != nil {
+		e.lora.move(s.lora, +1, 0)
+	}
+	e.gauges(now)
 }
 
 // idle reports whether there is nothing to schedule.
@@ -97,11 +108,20 @@ func (e *engine) schedule(now time.Time) time.Duration {
 	e.load = stepLoad{}
 	budget := e.budget
 	preempted := false
+	if e.lora != nil {
+		e.lora.startStep()
+	}
 
 	for i := 0; i < len(e.running) && budget > 0; i++ {
 		s := e.running[i]
 		need := min(s.numTokens()-s.computed, budget)
 		if need <= 0 {
+			continue
+		}
+		if e.lora != nil && !e.lora.admits(s.lora) {
+			// Running sequences left out of an earlier step for lack of
+			// budget may not all fit with those admitted since: vLLM
+			// asserts they do; the simulator lets them wait a step.
 			continue
 		}
 		for !e.fits(s, need) {
@@ -124,6 +144,28 @@ func (e *engine) schedule(now time.Time) time.Duration {
 
 	for !preempted && budget > 0 && e.waiting.len() > 0 && len(e.running) < e.maxNumSeqs {
 		s := e.waiting.front()
+		if e.lora != nil && !e.lora.admits(s.lora) {
+			e.skipped = append(e.skipped, e.waiting.popFront())
+			continue
+		}
+		if s.kv != nil && s.kv.load != nil && s.kv.load.state == loadPending {
+			if !e.admitRemote(s) {
+				break
+			}
+			continue
+		}
+		if len(s.blocks) > 0 {
+			// Its prompt's KV was read from a prefill replica: it holds
+			// its blocks and needs the last prompt token computed.
+			need := min(s.numTokens()-s.computed, budget)
+			if !e.fits(s, need) {
+				break
+			}
+			e.waiting.popFront()
+			e.admit(s, need, now)
+			budget -= need
+			continue
+		}
 		hits := e.cachedBlocks(s)
 		e.countPrefixQuery(s, hits)
 		need := s.numTokens() - hits*e.blockSize
@@ -140,25 +182,46 @@ func (e *engine) schedule(now time.Time) time.Duration {
 			s.blocks = append(s.blocks, e.kv.touch(s.blockHash(i)))
 		}
 		s.computed, s.sealed = hits*e.blockSize, hits
-		e.grow(s, need)
-		s.state = stateRunning
-		if s.scheduled.IsZero() {
-			s.scheduled = now
-		}
-		e.running = append(e.running, s)
-		e.take(s, need)
+		e.admit(s, need, now)
 		budget -= need
 	}
+	for i := len(e.skipped) - 1; i >= 0; i-- {
+		e.waiting.pushFront(e.skipped[i]) // back at the head, in order, as vLLM's skipped queue
+	}
+	clear(e.skipped)
+	e.skipped = e.skipped[:0]
 
-	e.gauges()
+	e.gauges(now)
 	if len(e.batch) == 0 {
+		if e.lora != nil {
+			e.lora.idle()
+		}
 		return 0
 	}
 	e.m.iterationTokens.Observe(float64(e.load.tokens))
-	return e.cost.stepTime(e.load)
+	d := e.cost.stepTime(e.load)
+	if e.lora != nil {
+		d = e.lora.stepTime(d)
+	}
+	return d
 }
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
+
+// admit moves s, taken off the waiting queue, into the running batch with
+// need tokens to compute this step.
+func (e *engine) admit(s *seq, need int, now time.Time) {
+	e.grow(s, need)
+	s.state = stateRunning
+	if s.scheduled.IsZero() {
+		s.scheduled = now
+	}
+	e.running = append(e.running, s)
+	if e.lora != nil {
+		e.lora.move(s.lora, -1, +1)
+	}
+	e.take(s, need)
+}
 
 // countPrefixQuery counts a prefix-cache lookup as vLLM's metrics do
 // (KVCacheManager.get_computed_blocks, PrefixCacheStats.record): in tokens,
@@ -220,6 +283,9 @@ func (e *engine) grow(s *seq, need int) {
 func (e *engine) take(s *seq, need int) {
 	e.batch = append(e.batch, batchEntry{s: s, n: need})
 	e.load.add(s.computed, need)
+	if e.lora != nil {
+		e.lora.use(s.lora)
+	}
 }
 
 // preempt frees s's blocks and requeues it at the front (recompute).
@@ -230,6 +296,9 @@ func (e *engine) preempt(s *seq) {
 	s.state = stateWaiting
 	s.preempts++
 	e.waiting.pushFront(s)
+	if e.lora != nil {
+		e.lora.move(s.lora, +1, -1)
+	}
 	e.preemptions++
 	e.m.preemptions.Inc()
 }
@@ -245,21 +314,7 @@ func (e *engine) complete(now time.Time) {
 			continue // aborted during the step
 		}
 		s.computed += b.n
-		if e.kv.cached != nil {
-			run := 0 // blocks just cached, not yet reported
-			for s.sealed < s.computed/e.blockSize {
-				if e.kv.seal(s.blocks[s.sealed], s.blockHash(s.sealed)) {
-					run++
-				} else if run > 0 && e.events != nil {
-					e.events.stored(s, s.sealed-run, run)
-					run = 0
-				}
-				s.sealed++
-			}
-			if run > 0 && e.events != nil {
-				e.events.stored(s, s.sealed-run, run)
-			}
-		}
+		e.sealComputed(s)
 		if s.computed < s.numTokens() {
 			continue // prefill chunk
 		}
@@ -283,6 +338,9 @@ func (e *engine) complete(now time.Time) {
 			reason = reasonStop
 		}
 		if reason != reasonNone {
+			if e.lora != nil {
+				e.lora.move(s.lora, 0, -1)
+			}
 			e.finish(s, reason, now)
 			finished = true
 		}
@@ -292,7 +350,7 @@ func (e *engine) complete(now time.Time) {
 	if finished {
 		e.compactRunning()
 	}
-	e.gauges()
+	e.gauges(now)
 	e.flushEvents(now)
 }
 
@@ -326,6 +384,9 @@ func (e *engine) compactRunning() {
 }
 
 func (e *engine) finish(s *seq, reason finishReason, now time.Time) {
+	if s.kv != nil && s.kv.produce && e.kvx != nil && e.kvx.hold(s, reason, now) {
+		s.blocks = nil // held for a decode replica (kvEngine.held)
+	}
 	e.kv.release(s.blocks)
 	s.blocks = nil
 	s.state = stateFinished
@@ -338,15 +399,26 @@ func (e *engine) abort(s *seq, now time.Time) bool {
 	switch s.state {
 	case stateWaiting:
 		e.waiting.remove(s)
+		if e.lora != nil {
+			e.lora.move(s.lora, -1, 0)
+		}
 	case stateRunning:
 		s.state = stateFinished // complete skips it
 		e.compactRunning()
+		if e.lora != nil {
+			e.lora.move(s.lora, 0, -1)
+		}
+	case stateRemote:
+		e.kvx.unpark(s)
+		if e.lora != nil {
+			e.lora.move(s.lora, -1, 0)
+		}
 	default:
 		return false
 	}
 	e.finish(s, reasonAbort, now)
 	s.sink.emit(0, reasonAbort, now)
-	e.gauges()
+	e.gauges(now)
 	e.flushEvents(now)
 	return true
 }
@@ -359,71 +431,21 @@ func (e *engine) reset(now time.Time) {
 	for len(e.running) > 0 {
 		e.abort(e.running[len(e.running)-1], now)
 	}
+	if e.kvx != nil {
+		e.resetKV(now)
+	}
 	e.batch = e.batch[:0]
 }
 
-func (e *engine) gauges() {
+func (e *engine) gauges(now time.Time) {
 	e.m.running.Set(float64(len(e.running)))
-	e.m.waiting.Set(float64(e.waiting.len()))
+	waiting := e.waiting.len()
+	if e.kvx != nil {
+		waiting += len(e.kvx.loading) // vLLM's WAITING_FOR_REMOTE_KVS are waiting
+	}
+	e.m.waiting.Set(float64(waiting))
 	e.m.kvUsage.Set(e.kv.usage())
-}
-
-// deque is a FIFO of sequences with cheap push at both ends.
-type deque struct {
-	buf        []*seq
-	head, size int
-}
-
-func (q *deque) len() int { return q.size }
-
-func (q *deque) grow() {
-	nb := make([]*seq, max(16, 2*len(q.buf)))
-	for i := range q.size {
-		nb[i] = q.buf[(q.head+i)%len(q.buf)]
-	}
-	q.buf, q.head = nb, 0
-}
-
-func (q *deque) pushBack(s *seq) {
-	if q.size == len(q.buf) {
-		q.grow()
-	}
-	q.buf[(q.head+q.size)%len(q.buf)] = s
-	q.size++
-}
-
-func (q *deque) pushFront(s *seq) {
-	if q.size == len(q.buf) {
-		q.grow()
-	}
-	q.head = (q.head - 1 + len(q.buf)) % len(q.buf)
-	q.buf[q.head] = s
-	q.size++
-}
-
-func (q *deque) front() *seq { return q.buf[q.head] }
-
-func (q *deque) popFront() *seq {
-	s := q.buf[q.head]
-	q.buf[q.head] = nil
-	q.head = (q.head + 1) % len(q.buf)
-	q.size--
-	return s
-}
-
-func (q *deque) at(i int) *seq { return q.buf[(q.head+i)%len(q.buf)] }
-
-// remove deletes s, keeping order.
-func (q *deque) remove(s *seq) {
-	for i := range q.size {
-		if q.at(i) != s {
-			continue
-		}
-		for j := i; j < q.size-1; j++ {
-			q.buf[(q.head+j)%len(q.buf)] = q.at(j + 1)
-		}
-		q.buf[(q.head+q.size-1)%len(q.buf)] = nil
-		q.size--
-		return
+	if e.lora != nil {
+		e.lora.publish(now)
 	}
 }

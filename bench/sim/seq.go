@@ -10,6 +10,9 @@ const (
 	reasonStop                // the model stopped on its own (EOS)
 	reasonLength              // max_tokens (or max_model_len) reached
 	reasonAbort               // client went away, or the engine was reset
+	// reasonError: the request failed in the engine (a failed KV read
+	// under kv_load_failure_policy "fail"); vLLM's FINISHED_ERROR.
+	reasonError
 )
 
 func (r finishReason) String() string {
@@ -20,6 +23,8 @@ func (r finishReason) String() string {
 		return "length"
 	case reasonAbort:
 		return "abort"
+	case reasonError:
+		return "error"
 	}
 	return ""
 }
@@ -31,6 +36,10 @@ const (
 	stateWaiting
 	stateRunning
 	stateFinished
+	// stateRemote: a decode request holding its blocks while they are read
+	// from a prefill replica (vLLM's WAITING_FOR_REMOTE_KVS); it counts
+	// as waiting.
+	stateRemote
 )
 
 // sink receives a sequence's output. The engine calls it with its lock held,
@@ -44,12 +53,14 @@ type sink interface {
 // seq is one request inside the engine.
 type seq struct {
 	id        uint64
-	prompt    int      // prompt tokens
-	target    int      // output tokens this sequence will produce
-	maxTokens int      // the request's cap: reaching it finishes with "length"
-	hashes    []uint64 // content hashes of the full prompt blocks (prefix caching)
-	ids       []uint32 // the prompt's token ids, kept only for KV events
-	salt      uint64   // makes generated blocks' hashes unique to this request
+	prompt    int          // prompt tokens
+	target    int          // output tokens this sequence will produce
+	maxTokens int          // the request's cap: reaching it finishes with "length"
+	hashes    []uint64     // content hashes of the full prompt blocks (prefix caching)
+	ids       []uint32     // the prompt's token ids, kept only for KV events
+	salt      uint64       // makes generated blocks' hashes unique to this request
+	lora      *loraAdapter // the adapter the request names; nil = the base model
+	kv        *seqKV       // the request's part in a prefill/decode split; nil = none
 	sink      sink
 
 	state    seqState

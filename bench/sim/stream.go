@@ -111,6 +111,14 @@ func (q *request) Read(p []byte) (int, error) {
 		if reason == reasonAbort {
 			return 0, errAborted
 		}
+		if reason == reasonError {
+			// As vLLM streams an engine error: one error event, then [DONE].
+			q.r.unwatch(q)
+			q.out = appendErrorEvent(q.out, kvLoadFailedMessage)
+			q.out = append(q.out, "data: [DONE]\n\n"...)
+			q.eof = true
+			continue
+		}
 		if n == 0 && reason == reasonNone {
 			select {
 			case <-q.notify:
@@ -287,7 +295,8 @@ func (inc *incarnation) inference(ctx *fasthttp.RequestCtx, chat bool) {
 		writeBadRequest(ctx, "invalid JSON body: "+err.Error())
 		return
 	}
-	if !r.knownModel(req.Model) {
+	adapter, ok := r.resolveModel(req.Model)
+	if !ok {
 		writeError(ctx, fasthttp.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", req.Model))
 		return
 	}
@@ -326,11 +335,19 @@ func (inc *incarnation) inference(ctx *fasthttp.RequestCtx, chat bool) {
 		writeBadRequest(ctx, err.Error())
 		return
 	}
+	kv, err := r.kvParams(req.KVTransferParams, pi.tokens)
+	if err != nil {
+		writeBadRequest(ctx, err.Error())
+		return
+	}
 
 	q := &request{r: r, inc: inc, conn: ctx.Conn(), chat: chat, created: arrival.Unix(), notify: make(chan struct{}, 1)}
 	q.usage = req.StreamOptions != nil && (req.StreamOptions.IncludeUsage == nil || *req.StreamOptions.IncludeUsage)
 	q.model, _ = json.Marshal(r.names[0])
-	s := &seq{prompt: pi.tokens, maxTokens: maxTokens, hashes: pi.hashes, sink: q, arrival: arrival}
+	s := &seq{prompt: pi.tokens, maxTokens: maxTokens, hashes: pi.hashes, sink: q, arrival: arrival, lora: adapter, kv: kv}
+	if adapter != nil {
+		q.model, _ = json.Marshal(adapter.name) // vLLM answers with the adapter's name
+	}
 	if r.pub != nil {
 		s.ids = pi.toks // what BlockStored events report
 	}
@@ -377,16 +394,19 @@ func (inc *incarnation) inference(ctx *fasthttp.RequestCtx, chat bool) {
 	if reqID == "" {
 		reqID = fmt.Sprintf("%016x%016x", s.salt, s.id)
 	}
-	r.eng.add(s, time.Now())
-	r.mu.Unlock()
-	r.kick()
-	r.inflight.Add(1)
-	r.watch(q)
 	if chat {
 		q.id = "chatcmpl-" + reqID
 	} else {
 		q.id = "cmpl-" + reqID
 	}
+	if kv != nil && kv.produce {
+		kv.reqID = kvRequestID(q.id, s.salt)
+	}
+	r.eng.add(s, time.Now())
+	r.mu.Unlock()
+	r.kick()
+	r.inflight.Add(1)
+	r.watch(q)
 	q.idJSON, _ = json.Marshal(q.id) // the header may hold anything
 
 	if req.Stream {
@@ -402,6 +422,10 @@ func (inc *incarnation) inference(ctx *fasthttp.RequestCtx, chat bool) {
 		_, total, reason := q.snapshot()
 		if reason == reasonAbort {
 			dropConn(ctx)
+			return
+		}
+		if reason == reasonError {
+			writeError(ctx, fasthttp.StatusInternalServerError, "InternalServerError", kvLoadFailedMessage)
 			return
 		}
 		if reason != reasonNone {
@@ -420,67 +444,4 @@ func (inc *incarnation) inference(ctx *fasthttp.RequestCtx, chat bool) {
 			return
 		}
 	}
-}
-
-// completion is the non-streaming response document.
-func (q *request) completion(reason finishReason) any {
-	text := string(q.appendTextFrom(nil, q.written))
-	usage := json.RawMessage(q.appendUsageObject(nil))
-	var ids []int
-	var promptIDs json.RawMessage
-	if q.tokenIDs {
-		ids = q.genIDs(q.written)
-		promptIDs = q.appendPromptIDs(nil)
-	}
-	if q.chat {
-		type message struct {
-			Role      string `json:"role"`
-			Content   string `json:"content"`
-			ToolCalls []any  `json:"tool_calls"`
-		}
-		type choice struct {
-			Index        int     `json:"index"`
-			Message      message `json:"message"`
-			Logprobs     any     `json:"logprobs"`
-			FinishReason string  `json:"finish_reason"`
-			StopReason   any     `json:"stop_reason"`
-			TokenIDs     []int   `json:"token_ids,omitempty"`
-		}
-		return struct {
-			ID             string          `json:"id"`
-			Object         string          `json:"object"`
-			Created        int64           `json:"created"`
-			Model          json.RawMessage `json:"model"`
-			Choices        []choice        `json:"choices"`
-			Usage          json.RawMessage `json:"usage"`
-			PromptTokenIDs json.RawMessage `json:"prompt_token_ids,omitempty"`
-		}{q.id, "chat.completion", q.created, q.model,
-			[]choice{{Message: message{Role: "assistant", Content: text, ToolCalls: []any{}}, FinishReason: reason.String(), TokenIDs: ids}}, usage, promptIDs}
-	}
-	type choice struct {
-		Index          int             `json:"index"`
-		Text           string          `json:"text"`
-		Logprobs       any             `json:"logprobs"`
-		FinishReason   string          `json:"finish_reason"`
-		StopReason     any             `json:"stop_reason"`
-		PromptTokenIDs json.RawMessage `json:"prompt_token_ids,omitempty"`
-		TokenIDs       []int           `json:"token_ids,omitempty"`
-	}
-	return struct {
-		ID      string          `json:"id"`
-		Object  string          `json:"object"`
-		Created int64           `json:"created"`
-		Model   json.RawMessage `json:"model"`
-		Choices []choice        `json:"choices"`
-		Usage   json.RawMessage `json:"usage"`
-	}{q.id, "text_completion", q.created, q.model, []choice{{Text: text, FinishReason: reason.String(), PromptTokenIDs: promptIDs, TokenIDs: ids}}, usage}
-}
-
-// appendTextFrom appends the first n generated tokens.
-func (q *request) appendTextFrom(b []byte, n int) []byte {
-	saved, savedGen := q.written, q.gen
-	q.written, q.gen = 0, q.gen0
-	b = q.appendText(b, n)
-	q.written, q.gen = saved, savedGen
-	return b
 }

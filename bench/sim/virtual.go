@@ -28,6 +28,16 @@ type Workload struct {
 	// latency statistics (they see an empty engine fill up); they still
 	// count for throughput.
 	Warmup int
+	// Adapters, when > 0, makes every request name one of that many LoRA
+	// adapters (the profile needs enable_lora), drawn by a Zipf law of
+	// exponent AdapterZipf over their rank (0 = uniform). The adapters
+	// are preloaded as vLLM's --lora-modules are, in rank order.
+	Adapters    int
+	AdapterZipf float64
+	// SLOTTFT and SLOTPOT judge goodput as vllm bench's --goodput does:
+	// a request is good when its TTFT and its TPOT are within them (0 =
+	// not judged). With neither, Report.RequestGoodput is 0.
+	SLOTTFT, SLOTPOT time.Duration
 }
 
 // RequestClass is one request shape in a Workload.
@@ -53,6 +63,7 @@ type Report struct {
 	InputTokens          int
 	OutputTokens         int
 	RequestThroughput    float64 // requests/s
+	RequestGoodput       float64 // requests/s meeting Workload's SLOs (latency-measured requests only)
 	OutputThroughput     float64 // tokens/s
 	TotalTokenThroughput float64 // (input+output) tokens/s
 	TTFT, TPOT, ITL, E2E Dist
@@ -62,6 +73,15 @@ type Report struct {
 	PeakKVUsage          float64
 	Preemptions          int
 	PrefixCacheHitRate   float64 // hits / queries, tokens
+	// LoRASwapsCPU and LoRASwapsDisk count adapters swapped into GPU
+	// slots from the CPU cache and from disk; LoRASwapTime is the engine
+	// time they took.
+	LoRASwapsCPU, LoRASwapsDisk int
+	LoRASwapTime                time.Duration
+	// KVTransfers and KVTransferTime are a split fleet's KV reads and how
+	// long each took (SimulateFleet); zero otherwise.
+	KVTransfers    int
+	KVTransferTime Dist
 }
 
 // Simulate runs a workload against one replica of profile p in virtual time:
@@ -75,13 +95,21 @@ func Simulate(p Profile, w Workload) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
+	if w.Adapters < 0 || w.AdapterZipf < 0 || (w.Adapters > 0 && !p.Engine.EnableLoRA) {
+		return Report{}, errors.New("sim: workload adapters need a profile with enable_lora, and must be >= 0")
+	}
 	reg := prometheus.NewRegistry()
-	m := newEngineMetrics(reg, metricsOptions{modelName: p.Model.Name, maxModelLen: d.maxModelLen})
+	m := newEngineMetrics(reg, metricsOptions{modelName: p.Model.Name, maxModelLen: d.maxModelLen, maxLoRAs: d.lora.maxLoRAs})
 	eng, err := newEngine(p, m)
 	if err != nil {
 		return Report{}, err
 	}
 	v := &vdriver{eng: eng, p: p, w: w, rng: rand.New(rand.NewPCG(w.Seed, 0x5EED))}
+	for i := range w.Adapters {
+		a := &loraAdapter{id: i + 1, name: fmt.Sprintf("lora-%d", i), path: fmt.Sprintf("/adapters/%d", i)}
+		v.adapters = append(v.adapters, a)
+		eng.lora.preload(a)
+	}
 	if err := v.makeRequests(d.maxModelLen); err != nil {
 		return Report{}, err
 	}
@@ -97,7 +125,8 @@ type vdriver struct {
 	rng *rand.Rand
 
 	reqs     []*vreq
-	next     int // next request to arrive
+	adapters []*loraAdapter // by popularity rank
+	next     int            // next request to arrive
 	queue    []*vreq
 	frontend vheap
 	inflight int
@@ -172,6 +201,15 @@ func (v *vdriver) makeRequests(maxModelLen int) error {
 		r := &vreq{d: v, arrive: t, warmup: i < v.w.Warmup}
 		r.s = &seq{id: uint64(i + 1), prompt: in, target: target, maxTokens: out, salt: v.rng.Uint64(), sink: r}
 		v.reqs = append(v.reqs, r)
+	}
+	if len(v.adapters) > 0 {
+		// A stream of its own, so that the requests' shapes do not change
+		// with the adapters.
+		pick := zipfPicker(len(v.adapters), v.w.AdapterZipf)
+		arng := rand.New(rand.NewPCG(v.w.Seed, 0x10AA))
+		for _, r := range v.reqs {
+			r.s.lora = v.adapters[pick(arng.Float64())]
+		}
 	}
 	// Like vllm bench, stretch the arrivals so the last one is at
 	// NumPrompts/RequestRate and the offered rate is exact.
@@ -279,6 +317,7 @@ func (v *vdriver) dispatch() {
 func (v *vdriver) report() Report {
 	var rep Report
 	var ttft, tpot, e2e []time.Duration
+	good := 0
 	var start, end time.Time
 	for i, r := range v.reqs {
 		if i == 0 || r.sent.Before(start) {
@@ -298,13 +337,21 @@ func (v *vdriver) report() Report {
 		}
 		ttft = append(ttft, r.first.Sub(r.sent))
 		e2e = append(e2e, r.last.Sub(r.sent))
+		var tp time.Duration
 		if r.tokens > 1 {
-			tpot = append(tpot, r.last.Sub(r.first)/time.Duration(r.tokens-1))
+			tp = r.last.Sub(r.first) / time.Duration(r.tokens-1)
+			tpot = append(tpot, tp)
+		}
+		w := v.w
+		if (w.SLOTTFT > 0 || w.SLOTPOT > 0) && (w.SLOTTFT == 0 || ttft[len(ttft)-1] <= w.SLOTTFT) &&
+			(w.SLOTPOT == 0 || tp <= w.SLOTPOT) {
+			good++
 		}
 	}
 	rep.Duration = end.Sub(start)
 	if sec := rep.Duration.Seconds(); sec > 0 {
 		rep.RequestThroughput = float64(rep.Completed) / sec
+		rep.RequestGoodput = float64(good) / sec
 		rep.OutputThroughput = float64(rep.OutputTokens) / sec
 		rep.TotalTokenThroughput = float64(rep.InputTokens+rep.OutputTokens) / sec
 	}
@@ -316,6 +363,10 @@ func (v *vdriver) report() Report {
 	}
 	rep.PeakKVUsage = v.kvPeak
 	rep.Preemptions = v.eng.preemptions
+	if le := v.eng.lora; le != nil {
+		rep.LoRASwapsCPU, rep.LoRASwapsDisk = le.swaps[swapFromCPU], le.swaps[swapFromDisk]
+		rep.LoRASwapTime = le.swapTime[swapFromCPU] + le.swapTime[swapFromDisk]
+	}
 	if v.eng.prefixQueries > 0 {
 		rep.PrefixCacheHitRate = float64(v.eng.prefixHits) / float64(v.eng.prefixQueries)
 	}
@@ -373,4 +424,19 @@ func (h *vheap) Pop() any {
 	x := old[len(old)-1]
 	*h = old[:len(old)-1]
 	return x
+}
+
+// zipfPicker maps a uniform draw in [0, 1) to a rank in [0, n), rank k
+// with weight 1/(k+1)^s (s = 0: uniform).
+func zipfPicker(n int, s float64) func(u float64) int {
+	cum := make([]float64, n)
+	total := 0.0
+	for k := range n {
+		total += math.Pow(float64(k+1), -s)
+		cum[k] = total
+	}
+	return func(u float64) int {
+		i, _ := slices.BinarySearch(cum, u*total)
+		return min(i, n-1)
+	}
 }

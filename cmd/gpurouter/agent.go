@@ -11,7 +11,6 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.uber.org/zap"
@@ -53,7 +52,7 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 
 	// One NVML session for the process; opening it now puts the "on" or
 	// "off" line at startup rather than at the first request.
-	session := gpu.NewNVML(nvml.New(), log)
+	session := gpu.NewLocalNVML(log)
 	defer session.Close()
 	if err := session.Open(); err != nil && !errors.Is(err, gpu.ErrGPUOff) {
 		log.Error("NVML", zap.Error(err))

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/gpurouter/gpurouter/proxy"
+	"github.com/gpurouter/gpurouter/proxy/auth"
 )
 
 // authConfig is client authentication by API key. It is on when any key is
@@ -19,11 +20,11 @@ import (
 // hashes only, so the configuration (and --print-config) holds no secret.
 type authConfig struct {
 	// KeysFile is a YAML list of keys in the same schema as Keys (see
-	// proxy.ParseKeys), read at start and on every reload; a relative path
+	// auth.ParseKeys), read at start and on every reload; a relative path
 	// is relative to the configuration file. "" = none; default "".
 	KeysFile string `yaml:"keys_file"`
 	// Keys are inline keys; --api-key adds "flag-N" entries here.
-	Keys []proxy.KeyConfig `yaml:"keys"`
+	Keys []auth.KeyConfig `yaml:"keys"`
 }
 
 // enabled reports whether the configuration asks for client auth.
@@ -31,10 +32,10 @@ func (a authConfig) enabled() bool { return a.KeysFile != "" || len(a.Keys) > 0 
 
 // flagKeys turns --api-key values into keys "flag-1", "flag-2", ... for
 // every model and without limits. Only their hashes are kept.
-func flagKeys(secrets []string) []proxy.KeyConfig {
-	keys := make([]proxy.KeyConfig, 0, len(secrets))
+func flagKeys(secrets []string) []auth.KeyConfig {
+	keys := make([]auth.KeyConfig, 0, len(secrets))
 	for i, s := range secrets {
-		keys = append(keys, proxy.KeyConfig{ID: "flag-" + strconv.Itoa(i+1), Hash: proxy.HashKey(s)})
+		keys = append(keys, auth.KeyConfig{ID: "flag-" + strconv.Itoa(i+1), Hash: auth.HashKey(s)})
 	}
 	return keys
 }
@@ -42,7 +43,7 @@ func flagKeys(secrets []string) []proxy.KeyConfig {
 // validateAuth checks the inline keys (format, uniqueness) and their tiers
 // against the admission classes; keys_file is checked by clientKeys.
 func (v *validator) auth(a authConfig, classes int) {
-	if err := proxy.ValidateKeys("auth.keys", a.Keys); err != nil {
+	if err := auth.ValidateKeys("auth.keys", a.Keys); err != nil {
 		v.errs = append(v.errs, err)
 	}
 	for i, k := range a.Keys {
@@ -65,7 +66,7 @@ func resolveKeysFile(cfg *fileConfig, configPath string) {
 // name a KeyStore checks). enabled is false when auth is off. Problems of
 // the file are reported with its path and line; keys in both places must
 // have distinct ids and hashes.
-func clientKeys(cfg fileConfig) (keys []proxy.KeyConfig, enabled bool, err error) {
+func clientKeys(cfg fileConfig) (keys []auth.KeyConfig, enabled bool, err error) {
 	a := cfg.Auth
 	if !a.enabled() {
 		return nil, false, nil
@@ -76,7 +77,7 @@ func clientKeys(cfg fileConfig) (keys []proxy.KeyConfig, enabled bool, err error
 		if err != nil {
 			return nil, true, fmt.Errorf("auth.keys_file: %w", err)
 		}
-		fileKeys, err := proxy.ParseKeys(data)
+		fileKeys, err := auth.ParseKeys(data)
 		if err != nil {
 			return nil, true, fmt.Errorf("auth.keys_file %s:\n%w", a.KeysFile, err)
 		}
@@ -121,19 +122,19 @@ func clientKeys(cfg fileConfig) (keys []proxy.KeyConfig, enabled bool, err error
 		keys[i].Models = models
 	}
 	// What is left to find: a problem the checks above could not see.
-	if err := proxy.ValidateKeys("auth", keys); err != nil {
+	if err := auth.ValidateKeys("auth", keys); err != nil {
 		return nil, true, err
 	}
 	return keys, true, nil
 }
 
 // newKeyStore is the KeyStore of cfg, or nil when auth is off.
-func newKeyStore(cfg fileConfig) (*proxy.KeyStore, error) {
+func newKeyStore(cfg fileConfig) (*auth.KeyStore, error) {
 	keys, enabled, err := clientKeys(cfg)
 	if err != nil || !enabled {
 		return nil, err
 	}
-	return proxy.NewKeyStore(keys, nil)
+	return auth.NewKeyStore(keys, nil)
 }
 
 // prepareKeys reads and checks cfg's keys for a reload; apply puts them in
@@ -150,7 +151,7 @@ func prepareKeys(srv *proxy.Server, cfg fileConfig) (apply func(), err error) {
 	if ks := srv.Keys(); ks != nil {
 		return func() { ks.Replace(keys) }, nil //nolint:errcheck // clientKeys validated keys
 	}
-	ks, err := proxy.NewKeyStore(keys, nil)
+	ks, err := auth.NewKeyStore(keys, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -189,6 +190,6 @@ func printKeyHash(key string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "serve: --hash-key: empty key")
 		return 2
 	}
-	fmt.Fprintln(stdout, proxy.HashKey(key))
+	fmt.Fprintln(stdout, auth.HashKey(key))
 	return 0
 }

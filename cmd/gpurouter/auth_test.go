@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpurouter/gpurouter/proxy"
+	"github.com/gpurouter/gpurouter/proxy/auth"
 	"go.uber.org/zap"
 )
 
@@ -25,8 +25,8 @@ const authPools = "pools: [{model: m, aliases: [m-alias], replicas: [{url: 'http
 
 func TestAuthConfigInlineKeys(t *testing.T) {
 	cfg, err := parseConfig([]byte("auth:\n  keys:\n" +
-		"    - {id: a, hash: '" + proxy.HashKey("key-a") + "', models: [m-alias, m], tier: 3, requests_per_minute: 60}\n" +
-		"    - {id: b, hash: '" + proxy.HashKey("key-b") + "'}\n" + authPools))
+		"    - {id: a, hash: '" + auth.HashKey("key-a") + "', models: [m-alias, m], tier: 3, requests_per_minute: 60}\n" +
+		"    - {id: b, hash: '" + auth.HashKey("key-b") + "'}\n" + authPools))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,9 +34,9 @@ func TestAuthConfigInlineKeys(t *testing.T) {
 	if err != nil || !enabled {
 		t.Fatalf("clientKeys: %v (enabled %v)", err, enabled)
 	}
-	want := []proxy.KeyConfig{
-		{ID: "a", Hash: proxy.HashKey("key-a"), Models: []string{"m"}, Tier: 3, RequestsPerMinute: 60}, // alias → model
-		{ID: "b", Hash: proxy.HashKey("key-b")},
+	want := []auth.KeyConfig{
+		{ID: "a", Hash: auth.HashKey("key-a"), Models: []string{"m"}, Tier: 3, RequestsPerMinute: 60}, // alias → model
+		{ID: "b", Hash: auth.HashKey("key-b")},
 	}
 	if !reflect.DeepEqual(keys, want) {
 		t.Fatalf("keys %+v\nwant %+v", keys, want)
@@ -58,10 +58,10 @@ func TestAuthConfigRejects(t *testing.T) {
 		want []string
 	}{
 		{"raw key as hash", "auth: {keys: [{id: a, hash: " + testAPIKey + "}]}\n", []string{"auth.keys[0].hash: must be \"sha256:\""}},
-		{"duplicate id", "auth: {keys: [{id: a, hash: '" + proxy.HashKey("1") + "'}, {id: a, hash: '" + proxy.HashKey("2") + "'}]}\n", []string{"auth.keys[1].id: already used by auth.keys[0]"}},
-		{"tier above classes", "auth: {keys: [{id: a, hash: '" + proxy.HashKey("1") + "', tier: 4}]}\n", []string{"auth.keys[0].tier: must be < admission.classes (4), got 4"}},
-		{"empty models", "auth: {keys: [{id: a, hash: '" + proxy.HashKey("1") + "', models: []}]}\n", []string{"auth.keys[0].models: must name at least one model"}},
-		{"unknown key field", "auth:\n  keys:\n    - {id: a, hash: '" + proxy.HashKey("1") + "', rpm: 5}\n", []string{"auth.keys[0].rpm: unknown key at line 3", "requests_per_minute"}},
+		{"duplicate id", "auth: {keys: [{id: a, hash: '" + auth.HashKey("1") + "'}, {id: a, hash: '" + auth.HashKey("2") + "'}]}\n", []string{"auth.keys[1].id: already used by auth.keys[0]"}},
+		{"tier above classes", "auth: {keys: [{id: a, hash: '" + auth.HashKey("1") + "', tier: 4}]}\n", []string{"auth.keys[0].tier: must be < admission.classes (4), got 4"}},
+		{"empty models", "auth: {keys: [{id: a, hash: '" + auth.HashKey("1") + "', models: []}]}\n", []string{"auth.keys[0].models: must name at least one model"}},
+		{"unknown key field", "auth:\n  keys:\n    - {id: a, hash: '" + auth.HashKey("1") + "', rpm: 5}\n", []string{"auth.keys[0].rpm: unknown key at line 3", "requests_per_minute"}},
 		{"unknown auth field", "auth: {key_file: x}\n", []string{"auth.key_file: unknown key at line 1", "keys_file"}},
 	}
 	for _, tt := range tests {
@@ -92,7 +92,7 @@ func writeAuthFiles(t *testing.T, inline, keysFile string) string {
 }
 
 func TestAuthConfigKeysFile(t *testing.T) {
-	path := writeAuthFiles(t, "", "- id: f\n  hash: "+proxy.HashKey("key-f")+"\n  models: [m-alias]\n")
+	path := writeAuthFiles(t, "", "- id: f\n  hash: "+auth.HashKey("key-f")+"\n  models: [m-alias]\n")
 	cfg, err := loadConfigFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -119,10 +119,10 @@ func TestAuthConfigKeysFile(t *testing.T) {
 		name, inline, file string
 		want               []string
 	}{
-		{"bad line", "", "- id: f\n  hash: " + proxy.HashKey("x") + "\n- id: g\n  hash: " + testAPIKey + "\n", []string{"keys.yaml", "line 4: keys[1].hash"}},
-		{"same id inline", "  keys: [{id: f, hash: '" + proxy.HashKey("y") + "'}]\n", "- id: f\n  hash: " + proxy.HashKey("x") + "\n", []string{`keys[0].id: "f" is also auth.keys[0]`}},
-		{"same key inline", "  keys: [{id: g, hash: '" + proxy.HashKey("x") + "'}]\n", "- id: f\n  hash: " + proxy.HashKey("x") + "\n", []string{"keys[0].hash: the same key as auth.keys[0]"}},
-		{"tier above classes", "", "- id: f\n  hash: " + proxy.HashKey("x") + "\n  tier: 9\n", []string{"keys[0].tier: must be < admission.classes (4), got 9"}},
+		{"bad line", "", "- id: f\n  hash: " + auth.HashKey("x") + "\n- id: g\n  hash: " + testAPIKey + "\n", []string{"keys.yaml", "line 4: keys[1].hash"}},
+		{"same id inline", "  keys: [{id: f, hash: '" + auth.HashKey("y") + "'}]\n", "- id: f\n  hash: " + auth.HashKey("x") + "\n", []string{`keys[0].id: "f" is also auth.keys[0]`}},
+		{"same key inline", "  keys: [{id: g, hash: '" + auth.HashKey("x") + "'}]\n", "- id: f\n  hash: " + auth.HashKey("x") + "\n", []string{"keys[0].hash: the same key as auth.keys[0]"}},
+		{"tier above classes", "", "- id: f\n  hash: " + auth.HashKey("x") + "\n  tier: 9\n", []string{"keys[0].tier: must be < admission.classes (4), got 9"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg, err := loadConfigFile(writeAuthFiles(t, tt.inline, tt.file))
@@ -155,10 +155,10 @@ func TestAuthServeFlags(t *testing.T) {
 		inStderr string
 	}{
 		{"api key printed as hash", []string{"serve", "--pool", "m=http://127.0.0.1:9001", "--api-key", testAPIKey, "--api-key", testAPIKey + "-2", "--print-config"}, 0,
-			[]string{"id: flag-1", "hash: " + proxy.HashKey(testAPIKey), "id: flag-2", "hash: " + proxy.HashKey(testAPIKey+"-2")}, ""},
+			[]string{"id: flag-1", "hash: " + auth.HashKey(testAPIKey), "id: flag-2", "hash: " + auth.HashKey(testAPIKey+"-2")}, ""},
 		{"api key check", []string{"serve", "--pool", "m=http://127.0.0.1:9001", "--api-key", testAPIKey, "--check"}, 0, []string{"configuration OK"}, ""},
 		{"short api key", []string{"serve", "--pool", "m=http://127.0.0.1:9001", "--api-key", "sk-short", "--check"}, 2, nil, "--api-key #1: must be at least 16 characters"},
-		{"hash key", []string{"serve", "--hash-key", testAPIKey}, 0, []string{proxy.HashKey(testAPIKey) + "\n"}, ""},
+		{"hash key", []string{"serve", "--hash-key", testAPIKey}, 0, []string{auth.HashKey(testAPIKey) + "\n"}, ""},
 		{"bad keys file", []string{"serve", "--config", bad, "--check"}, 1, nil, "line 2: keys[0].hash"},
 	}
 	for _, tt := range tests {
@@ -192,7 +192,7 @@ func TestAuthServeFlags(t *testing.T) {
 // TestAuthRouter checks the wiring: a router built from a configuration
 // with keys refuses requests without one, and reloads change its keys.
 func TestAuthRouter(t *testing.T) {
-	cfg, err := parseConfig([]byte("auth: {keys: [{id: a, hash: '" + proxy.HashKey(testAPIKey) + "', requests_per_minute: 1}]}\n" + authPools))
+	cfg, err := parseConfig([]byte("auth: {keys: [{id: a, hash: '" + auth.HashKey(testAPIKey) + "', requests_per_minute: 1}]}\n" + authPools))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -89,7 +89,9 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 			"       gpurouter bench proxy-cost [flags]   (the data plane's CPU and memory next to HAProxy and nginx)")
 	sweepRates := f.fs.String("sweep-rates", "", "run once per request rate in this comma-separated list (inf allowed) and print a Markdown SLO matrix judged on --goodput at the highest --metric-percentiles")
 	var engineURLs, engineLabels benchList
-	f.fs.Var(&engineURLs, "engine-url", "engine whose /metrics to scrape before and after for the engine column (repeatable)")
+	f.fs.Var(&engineURLs, "engine-url", "engine whose /metrics to scrape before and after for the engine column (repeatable); "+
+		"prefill=URL or decode=URL marks a prefill/decode split's replicas: the phases of each role and the KV reads are printed, "+
+		"and prefill engines (which see the router's max_tokens-1 requests, not the client's) stay out of the engine column")
 	f.fs.Var(&engineLabels, "engine-label", "KEY=VALUE label filter for engine histograms, e.g. model_name=M (repeatable)")
 	if !f.parse(args) {
 		return 2
@@ -106,6 +108,8 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 		r, rerrs := parseRates("sweep-rates", *sweepRates)
 		rates, errs = r, append(errs, rerrs...)
 	}
+	engines, roles, rerrs := splitEngineRoles(engineURLs)
+	errs = append(errs, rerrs...)
 	match := map[string]string{}
 	for _, l := range engineLabels {
 		k, v, ok := strings.Cut(l, "=")
@@ -129,7 +133,7 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	// Client vs router vs engine (bench_observe.go): the router through
 	// GET /debug/pools and /debug/requests, engines' /metrics before/after,
 	// and every second in between (KV use, prefix cache).
-	obs := newObserver(cfg, engineURLs, match)
+	obs := newObserver(cfg, engines.observed, match)
 	var sampler engineSampling
 
 	rateText := "inf"
@@ -166,7 +170,7 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	} else {
 		cfg.OnMeasureStart = func(ctx context.Context) {
 			_ = obs.Before(ctx)
-			sampler.start(ctx, obs.EngineMetricsURLs())
+			sampler.start(ctx, append(obs.EngineMetricsURLs(), engines.prefill...))
 		}
 	}
 	res, runErr := bench.Run(ctx, cfg)
@@ -199,6 +203,17 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 		printEngineUsage(stdout, usage)
 		extra["gpurouter_engine_usage"] = bench.EngineUsageJSON(usage)
 	}
+	if ph := bench.NewPDPhases(usage, roles); ph != nil {
+		if err := bench.WritePDPhases(stdout, ph); err != nil {
+			fmt.Fprintln(stderr, "bench:", err)
+			return 1
+		}
+		extra["gpurouter_pd_phases"] = ph.JSON()
+	}
+	swaps := bench.TotalLoRASwaps(usage, len(res.Records))
+	if swaps != nil {
+		printLoRASwaps(stdout, swaps, extra)
+	}
 	if *f.saveResult {
 		name := *f.resultFilename
 		if name == "" {
@@ -214,7 +229,7 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	}
 	if *f.report != "" {
 		in := bench.ReportInput{Notes: []string{runNote(meta, cfg)}, Result: res, Summary: sum,
-			Router: side.router, Engine: side.engine, RouterMatch: side.match, Breakdown: side.breakdown}
+			Router: side.router, Engine: side.engine, RouterMatch: side.match, Breakdown: side.breakdown, LoRASwaps: swaps}
 		if code := writeReport(*f.report, in, stderr); code != 0 {
 			return code
 		}

@@ -42,6 +42,7 @@ type benchFlags struct {
 	resultDir, resultFilename, label, profile *string
 	requestTimeout                            *time.Duration
 	requestIDPrefix, tokenizer, report        *string
+	lora                                      *loraFlags
 
 	// set holds the names of the flags given on the command line.
 	set map[string]bool
@@ -93,13 +94,14 @@ func newBenchFlags(name string, stderr io.Writer, usage string) *benchFlags {
 	f.disableTqdm = fs.Bool("disable-tqdm", false, "no progress bar")
 	f.tokenizer = fs.String("tokenizer", "", "accepted for vllm compatibility; gpurouter counts tokens with cl100k_base")
 	f.report = fs.String("report", "", "write a Markdown report with PNG plots into this directory")
+	f.lora = registerLoRAFlags(fs)
 	return f
 }
 
 // parse parses args (vllm's multi-value --goodput allowed) and records
 // which flags were given. It reports whether to go on.
 func (f *benchFlags) parse(args []string) bool {
-	if err := f.fs.Parse(expandGoodput(args)); err != nil {
+	if err := f.fs.Parse(expandLoRANames(expandGoodput(args))); err != nil {
 		return false
 	}
 	f.set = map[string]bool{}
@@ -118,6 +120,9 @@ type benchSetup struct {
 	headers map[string]string
 	// datasetExtra are result-file keys about the dataset (set by load).
 	datasetExtra map[string]any
+	// adapters spread the requests over LoRA adapters (--lora-*); the
+	// zero mix sends every request to --model.
+	adapters bench.AdapterMix
 }
 
 // resolve applies --profile and the dataset defaults, then validates every
@@ -208,6 +213,8 @@ func (f *benchFlags) resolve(stderr io.Writer) (*benchSetup, []string) {
 		RandomOutputRangeRatio: *f.randomOutputRangeRatio, ShareGPTOutputLen: *f.sharegptOutputLen, CustomOutputLen: *f.customOutputLen,
 		TimeScale: *f.timeScale, MaxModelLen: *f.maxModelLen, Estimator: est,
 	}
+	mix, lerrs := f.lora.mix(f.set)
+	errs = append(errs, lerrs...)
 	if err := dcfg.Validate(); err != nil {
 		for _, e := range strings.Split(err.Error(), "\n") {
 			errs = append(errs, strings.TrimPrefix(e, "bench: "))
@@ -220,11 +227,12 @@ func (f *benchFlags) resolve(stderr io.Writer) (*benchSetup, []string) {
 			IgnoreEOS: *f.ignoreEOS, NumWarmups: *f.numWarmups, RequestIDPrefix: *f.requestIDPrefix, Headers: hdrs,
 			Timeout: *f.requestTimeout, CountEmptyChunks: *f.countEmpty, Estimator: est,
 		},
-		mopts:   bench.MetricOptions{PercentileMetrics: pm, Percentiles: ps, Goodput: slo},
-		meta:    bench.JSONMeta{Label: *f.label, TokenizerID: "cl100k_base", Dataset: *f.datasetName},
-		dcfg:    dcfg,
-		ps:      ps,
-		headers: hdrs,
+		mopts:    bench.MetricOptions{PercentileMetrics: pm, Percentiles: ps, Goodput: slo},
+		meta:     bench.JSONMeta{Label: *f.label, TokenizerID: "cl100k_base", Dataset: *f.datasetName},
+		dcfg:     dcfg,
+		ps:       ps,
+		headers:  hdrs,
+		adapters: mix,
 	}
 	return s, errs
 }
@@ -284,6 +292,13 @@ func (f *benchFlags) load(ctx context.Context, s *benchSetup, modelURL string, s
 		// of every replica's prefix-cache hit rate together.
 		fmt.Fprintf(stderr, "bench: ideal prefix-cache hit rate of these %d requests (one shared unbounded cache): %.3f\n", len(ds.Requests), r)
 		s.datasetExtra["gpurouter_ideal_prefix_cache_hit_rate"] = r
+	}
+	if len(s.adapters.Names) > 0 {
+		// Mixed into whatever dataset it is, with a stream of its own.
+		s.adapters.Assign(s.cfg.Requests, s.dcfg.Seed)
+		for k, v := range describeMix(stderr, s.adapters) {
+			s.datasetExtra[k] = v
+		}
 	}
 	if s.cfg.Model == "" {
 		if s.cfg.Model, err = bench.FirstModel(ctx, modelURL, s.headers); err != nil {

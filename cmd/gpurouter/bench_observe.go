@@ -107,8 +107,12 @@ func (e *engineSampling) stop(ctx context.Context) []bench.EngineUsage {
 func printEngineUsage(w io.Writer, us []bench.EngineUsage) {
 	fmt.Fprintln(w, "Engines over the run (read every second): mean KV cache usage, prefix-cache hits / queried tokens, preemptions")
 	for _, u := range us {
-		fmt.Fprintf(w, "  %-40s KV %5.1f%% (%d reads)  prefix cache %.0f / %.0f (%.1f%%)  preempted %.0f\n", u.URL,
+		fmt.Fprintf(w, "  %-40s KV %5.1f%% (%d reads)  prefix cache %.0f / %.0f (%.1f%%)  preempted %.0f", u.URL,
 			100*u.MeanKVUsage, u.KVSamples, u.PrefixCacheHits, u.PrefixCacheQueries, 100*u.PrefixCacheHitRate(), u.Preemptions)
+		if u.LoRASwapsRead {
+			fmt.Fprintf(w, "  LoRA swaps %.0f cpu / %.0f disk", u.LoRASwapsCPU, u.LoRASwapsDisk)
+		}
+		fmt.Fprintln(w)
 	}
 }
 
@@ -121,4 +125,33 @@ func engineUsageRead(us []bench.EngineUsage) bool {
 		}
 	}
 	return false
+}
+
+// splitEngines are --engine-url's engines by what the run reads them for.
+type splitEngines struct {
+	observed []string // the engine column's: colocated and decode engines
+	prefill  []string // prefill engines' /metrics: phases and KV reads only
+}
+
+// splitEngineRoles reads --engine-url values (URL, prefill=URL,
+// decode=URL) and returns each engine's role by its /metrics URL, as the
+// sampler names engines.
+func splitEngineRoles(vals []string) (splitEngines, map[string]bench.EngineRole, []string) {
+	var s splitEngines
+	roles := map[string]bench.EngineRole{}
+	var errs []string
+	for _, v := range vals {
+		role, u, err := bench.ParseEngineURL(v)
+		if err != nil {
+			errs = append(errs, "--engine-url: "+err.Error())
+			continue
+		}
+		roles[bench.MetricsURL(u)] = role
+		if role == bench.RolePrefill {
+			s.prefill = append(s.prefill, bench.MetricsURL(u))
+		} else {
+			s.observed = append(s.observed, u)
+		}
+	}
+	return s, roles, errs
 }

@@ -20,7 +20,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -54,14 +53,14 @@ func startProcess(t *testing.T, logPath, name string, args ...string) *exec.Cmd 
 	}
 	cmd := exec.Command(name, args...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	ownGroup(cmd)
 	if err := cmd.Start(); err != nil {
 		logFile.Close()
 		t.Fatalf("start %s: %v", name, err)
 	}
 	t.Cleanup(func() {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) //nolint:errcheck // the group may be gone already
-		cmd.Wait()                                      //nolint:errcheck // killed
+		killGroup(cmd) //nolint:errcheck // the group may be gone already
+		cmd.Wait()     //nolint:errcheck // killed
 		logFile.Close()
 		if t.Failed() {
 			if b, err := os.ReadFile(logPath); err == nil && len(b) > 0 {
@@ -82,12 +81,12 @@ func runBounded(t *testing.T, limit time.Duration, stdin io.Reader, name string,
 	cmd := exec.CommandContext(ctx, name, args...)
 	var stdout, stderr strings.Builder
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, &stdout, &stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	ownGroup(cmd)
+	cmd.Cancel = func() error { return killGroup(cmd) }
 	cmd.WaitDelay = 5 * time.Second
 	err := cmd.Run()
 	if cmd.Process != nil {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) //nolint:errcheck // leftovers of the group, if any
+		killGroup(cmd) //nolint:errcheck // leftovers of the group, if any
 	}
 	if ctx.Err() != nil {
 		err = fmt.Errorf("%s ran past %v: %w", name, limit, ctx.Err())

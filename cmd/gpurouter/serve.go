@@ -13,7 +13,7 @@ import (
 	"syscall"
 
 	"github.com/gpurouter/gpurouter/balancer"
-	"github.com/gpurouter/gpurouter/proxy"
+	"github.com/gpurouter/gpurouter/proxy/observe"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
@@ -232,7 +232,7 @@ func newLoggerSync(lc logConfig, ws zapcore.WriteSyncer) (*zap.Logger, error) {
 	}
 	// The proxy writes its common access log lines in this JSON itself
 	// (accessLog): the configuration is the proxy's.
-	encCfg := proxy.LogEncoderConfig()
+	encCfg := observe.LogEncoderConfig()
 	var enc zapcore.Encoder
 	if lc.Format == "console" {
 		enc = zapcore.NewConsoleEncoder(encCfg)

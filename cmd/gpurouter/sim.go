@@ -62,8 +62,14 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		"the replay ROUTER socket, tcp://HOST:PORT; replica i listens on PORT+i (empty = no replay)")
 	kvTopic := fs.String("kv-events-topic", "", "topic: the first frame of every KV event message")
 	kvEncoding := fs.String("kv-events-encoding", "array", "KV event layout: array (vLLM up to 0.23) or map (0.24 and later)")
+	var loraModules simList
+	fs.Var(&loraModulesFlag{&loraModules}, "lora-modules",
+		`LoRA adapters served from the start, as vLLM's: name=path, or {"name":…,"path":…,"base_model_name":…}; several after one flag, or repeated (needs --enable-lora)`)
+	allowLoRAUpdates := fs.Bool("allow-runtime-lora-updating", envTrue(os.Getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING")),
+		"serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (default: VLLM_ALLOW_RUNTIME_LORA_UPDATING, as vLLM)")
 	engine := sim.RegisterEngineFlags(fs)
 	faultFlags := sim.RegisterFaultFlags(fs)
+	kvFlags := registerKVTransferFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: gpurouter sim --replicas N --base-port P [--profile NAME] [--speed F,F,...] [--served-model-name M] [vLLM engine flags] [fault flags]")
 		fmt.Fprintln(stderr, "       gpurouter sim calibrate            print calibration.md targets against the simulator")
@@ -71,11 +77,14 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "       gpurouter sim predict [flags]      one replica, virtual time: what a workload would measure")
 		fmt.Fprintln(stderr, "\nEach replica serves vLLM's API, /metrics, /health, /v1/gpus and GET|POST /sim/faults.")
 		fmt.Fprintln(stderr, "Fault flags (--close-after-response, --close-lag, --timeout-keep-alive, --max-waiting-queue-length, --rate-limited,")
-		fmt.Fprintln(stderr, "--retry-after, --crash-every, --crash-down, --kv-events-drop-rate, --kv-events-lose-rate, --kv-events-reorder-rate)")
+		fmt.Fprintln(stderr, "--retry-after, --crash-every, --crash-down, --kv-events-drop-rate, --kv-events-lose-rate, --kv-events-reorder-rate,")
+		fmt.Fprintln(stderr, "--lora-load-refuse, --lora-load-delay, --kv-transfer-stall, --kv-transfer-crash, --kv-transfer-fail-rate)")
 		fmt.Fprintln(stderr, "set fields of the initial faults and win over --faults.")
+		fmt.Fprintln(stderr, "--kv-transfer-role prefill|decode|both (or vLLM's --kv-transfer-config JSON) makes every replica a NixlConnector")
+		fmt.Fprintln(stderr, "replica of a prefill/decode split; run one `gpurouter sim` per role.")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := fs.Parse(expandLoRAModules(args)); err != nil {
 		return 2
 	}
 	if fs.NArg() > 0 {
@@ -83,7 +92,13 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	cfg := sim.FleetConfig{Replicas: *replicas, Host: *host, BasePort: *basePort, ServedModelNames: served,
-		LegacyMetrics: *legacy, Seed: *seed, SpinWait: *spin}
+		LegacyMetrics: *legacy, Seed: *seed, SpinWait: *spin, AllowRuntimeLoRAUpdating: *allowLoRAUpdates}
+	mods, err := sim.ParseLoRAModules(loraModules)
+	if err != nil {
+		fmt.Fprintln(stderr, "gpurouter sim:", err)
+		return 2
+	}
+	cfg.LoRAModules = mods
 	if len(profiles) == 0 {
 		profiles = simList{"qwen2.5-7b"}
 	}
@@ -98,7 +113,6 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		}
 		cfg.Profiles = append(cfg.Profiles, p)
 	}
-	var err error
 	if cfg.Speeds, err = sim.ParseFloatList(*speeds); err != nil {
 		fmt.Fprintln(stderr, "gpurouter sim: --speed:", err)
 		return 2
@@ -112,6 +126,10 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	faultFlags.Apply(&cfg.Faults)
+	if cfg.KVTransfer, err = kvFlags.connector(); err != nil {
+		fmt.Fprintln(stderr, "gpurouter sim:", err)
+		return 2
+	}
 	if *kvEndpoint != "" {
 		enc, err := kvevents.ParseEncoding(*kvEncoding)
 		if err != nil {
@@ -136,6 +154,12 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		p := r.Profile()
 		fmt.Fprintf(stdout, "replica %d ready: %s model=%s profile=%s speed=%s num_gpu_blocks=%d max_num_seqs=%d\n",
 			i, fleet.URLs()[i], r.ModelName(), p.Name, speedOf(cfg.Speeds, i), r.NumGPUBlocks(), p.Engine.MaxNumSeqs)
+		if p.Engine.EnableLoRA {
+			slots, cached, rank := p.LoRASlots()
+			fmt.Fprintf(stdout, "replica %d LoRA: max_loras=%d max_cpu_loras=%d max_lora_rank=%d adapters=%d runtime_updating=%v\n",
+				i, slots, cached, rank, len(r.Adapters()), cfg.AllowRuntimeLoRAUpdating)
+		}
+		printKVTransfer(stdout, i, r)
 		if pub, replay := r.KVEventsAddr(); pub != "" {
 			fmt.Fprintf(stdout, "replica %d KV events: %s replay=%s encoding=%s\n", i, pub, orNone(replay), cfg.KVEvents.Encoding)
 		}
@@ -156,6 +180,56 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	return 0
+}
+
+// loraModulesFlag is --lora-modules: repeatable, each value one JSON
+// object or name=path entries separated by spaces or commas.
+type loraModulesFlag struct{ l *simList }
+
+func (f *loraModulesFlag) String() string {
+	if f.l == nil {
+		return ""
+	}
+	return strings.Join(*f.l, " ")
+}
+
+func (f *loraModulesFlag) Set(v string) error {
+	if v = strings.TrimSpace(v); strings.HasPrefix(v, "{") {
+		*f.l = append(*f.l, v)
+		return nil
+	}
+	*f.l = append(*f.l, strings.FieldsFunc(v, func(r rune) bool { return r == ',' || r == ' ' })...)
+	return nil
+}
+
+// expandLoRAModules joins vLLM's multi-value form "--lora-modules a=/p
+// b=/q" into one argument, which the flag package would otherwise stop at.
+func expandLoRAModules(args []string) []string {
+	isModule := func(v string) bool {
+		return !strings.HasPrefix(v, "-") && (strings.Contains(v, "=") || strings.HasPrefix(v, "{"))
+	}
+	out := make([]string, 0, len(args))
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		out = append(out, a)
+		if (a != "--lora-modules" && a != "-lora-modules") || i+1 >= len(args) {
+			continue
+		}
+		i++
+		out = append(out, args[i])
+		for i+1 < len(args) && isModule(args[i+1]) {
+			i++
+			out = append(out, a, args[i])
+		}
+	}
+	return out
+}
+
+// envTrue reads a boolean environment variable as vLLM does ("1" or
+// "true", any case).
+func envTrue(v string) bool {
+	v = strings.ToLower(strings.TrimSpace(v))
+	return v == "1" || v == "true"
 }
 
 func orNone(s string) string {
@@ -215,10 +289,23 @@ func runSimPredict(args []string, stdout, stderr io.Writer) int {
 	ratio := fs.Float64("random-range-ratio", 0, "lengths uniform in [L(1-r), L(1+r)]")
 	ignoreEOS := fs.Bool("ignore-eos", true, "generate exactly max_tokens")
 	seed := fs.Uint64("seed", 0, "seed")
+	adapters := fs.Int("lora-adapters", 0, "requests name one of this many LoRA adapters (needs --enable-lora)")
+	zipf := fs.Float64("lora-zipf", 0, "adapter popularity: Zipf exponent over their rank (0 = uniform)")
+	replicas := fs.Int("replicas", 1, "colocated replicas, behind a router sending each request where the fewest are outstanding")
+	prefillN := fs.Int("prefill-replicas", 0, "a prefill/decode split instead: this many prefill replicas (with --decode-replicas)")
+	decodeN := fs.Int("decode-replicas", 0, "a prefill/decode split: this many decode replicas")
+	bandwidth := fs.Float64("kv-transfer-bandwidth", sim.DefaultKVTransferBandwidthGBps, "a split's KV transfer bandwidth, GB/s")
+	goodput := fs.String("goodput", "", `SLOs judging goodput, in ms, as vllm bench's --goodput: "ttft:2000 tpot:50"`)
 	engine := sim.RegisterEngineFlags(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := fs.Parse(expandGoodput(args)); err != nil {
 		return 2
 	}
+	slos, err := parsePredictSLOs(*goodput)
+	if err != nil {
+		fmt.Fprintln(stderr, "gpurouter sim predict: --goodput:", err)
+		return 2
+	}
+	shape := sim.FleetShape{Replicas: *replicas, Prefill: *prefillN, Decode: *decodeN, BandwidthGBps: *bandwidth}
 	p, err := sim.ResolveProfile(*profile)
 	if err == nil {
 		err = engine.Apply(&p)
@@ -227,8 +314,9 @@ func runSimPredict(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "gpurouter sim predict:", err)
 		return 2
 	}
-	rep, err := sim.Simulate(p, sim.Workload{NumPrompts: *n, RequestRate: *rate, MaxConcurrency: *conc, IgnoreEOS: *ignoreEOS,
-		Seed: *seed, Classes: []sim.RequestClass{{InputLen: *in, OutputLen: *out, RangeRatio: *ratio}}})
+	rep, err := sim.SimulateFleet(p, sim.Workload{NumPrompts: *n, RequestRate: *rate, MaxConcurrency: *conc, IgnoreEOS: *ignoreEOS,
+		Seed: *seed, Classes: []sim.RequestClass{{InputLen: *in, OutputLen: *out, RangeRatio: *ratio}},
+		Adapters: *adapters, AdapterZipf: *zipf, SLOTTFT: slos[0], SLOTPOT: slos[1]}, shape)
 	if err != nil {
 		fmt.Fprintln(stderr, "gpurouter sim predict:", err)
 		return 2
@@ -236,12 +324,16 @@ func runSimPredict(args []string, stdout, stderr io.Writer) int {
 	ms := func(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d)/1e6) }
 	w := stdout
 	fmt.Fprintf(w, "%s\n", center(" Simulated Benchmark Result ("+p.Name+") ", 50, '='))
+	fmt.Fprintf(w, "%-40s %v\n", "Fleet:", fleetText(shape))
 	row := func(k string, v any) { fmt.Fprintf(w, "%-40s %v\n", k, v) }
 	row("Successful requests:", rep.Completed)
 	row("Benchmark duration (s):", fmt.Sprintf("%.2f", rep.Duration.Seconds()))
 	row("Total input tokens:", rep.InputTokens)
 	row("Total generated tokens:", rep.OutputTokens)
 	row("Request throughput (req/s):", fmt.Sprintf("%.2f", rep.RequestThroughput))
+	if *goodput != "" {
+		row("Request goodput (req/s):", fmt.Sprintf("%.2f", rep.RequestGoodput))
+	}
 	row("Output token throughput (tok/s):", fmt.Sprintf("%.2f", rep.OutputThroughput))
 	row("Total token throughput (tok/s):", fmt.Sprintf("%.2f", rep.TotalTokenThroughput))
 	row("Peak concurrent requests:", rep.PeakConcurrency)
@@ -260,6 +352,14 @@ func runSimPredict(args []string, stdout, stderr io.Writer) int {
 	row("Mean / peak KV cache usage:", fmt.Sprintf("%.2f / %.2f", rep.MeanKVUsage, rep.PeakKVUsage))
 	row("Preemptions:", rep.Preemptions)
 	row("Prefix cache hit rate:", fmt.Sprintf("%.3f", rep.PrefixCacheHitRate))
+	if shape.Split() {
+		row("KV reads:", rep.KVTransfers)
+		row("Mean / P99 KV read (ms):", ms(rep.KVTransferTime.Mean)+" / "+ms(rep.KVTransferTime.P99))
+	}
+	if *adapters > 0 {
+		row("LoRA swaps from CPU / disk:", fmt.Sprintf("%d / %d", rep.LoRASwapsCPU, rep.LoRASwapsDisk))
+		row("LoRA swap time (s):", fmt.Sprintf("%.2f", rep.LoRASwapTime.Seconds()))
+	}
 	fmt.Fprintln(w, strings.Repeat("=", 50))
 	return 0
 }

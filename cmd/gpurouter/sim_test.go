@@ -22,6 +22,12 @@ func TestSimFaultFlagsValidated(t *testing.T) {
 		{"kv-events-replay-endpoint alone", []string{"--kv-events-replay-endpoint", "tcp://127.0.0.1:0"}, "needs --kv-events-endpoint"},
 		{"kv-events-endpoint not tcp", []string{"--kv-events-endpoint", "ipc:///tmp/x"}, "tcp://host:port"},
 		{"kv events without prefix caching", []string{"--kv-events-endpoint", "tcp://127.0.0.1:0", "--no-enable-prefix-caching"}, "prefix caching"},
+		{"lora modules without --enable-lora", []string{"--lora-modules", "a=/adapters/a"}, "LoRA is not enabled"},
+		{"lora module without a path", []string{"--enable-lora", "--lora-modules", "a"}, "want name=path"},
+		{"lora module twice", []string{"--enable-lora", "--lora-modules", "a=/x", "a=/y"}, "already been loaded"},
+		{"max-cpu-loras below max-loras", []string{"--enable-lora", "--max-loras", "4", "--max-cpu-loras", "2"}, "max_cpu_loras (2) must be >= max_loras (4)"},
+		{"max-lora-rank", []string{"--enable-lora", "--max-lora-rank", "12"}, "max_lora_rank (12)"},
+		{"lora-load-delay", []string{"--lora-load-delay", "-1s"}, ">= 0"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -34,5 +40,32 @@ func TestSimFaultFlagsValidated(t *testing.T) {
 				t.Errorf("a replica started: %s", stdout.String())
 			}
 		})
+	}
+}
+
+// vLLM's --lora-modules takes several values after one flag; each value is
+// name=path or a JSON object (commas and all).
+func TestSimLoRAModulesFlag(t *testing.T) {
+	args := expandLoRAModules([]string{"--replicas", "2", "--lora-modules", "a=/p/a", "b=/p/b", `{"name":"c","path":"/p/c"}`,
+		"--enable-lora", "--lora-modules", "d=/p/d,e=/p/e"})
+	want := []string{"--replicas", "2", "--lora-modules", "a=/p/a", "--lora-modules", "b=/p/b", "--lora-modules",
+		`{"name":"c","path":"/p/c"}`, "--enable-lora", "--lora-modules", "d=/p/d,e=/p/e"}
+	if strings.Join(args, " ") != strings.Join(want, " ") {
+		t.Fatalf("expanded %q\nwant     %q", args, want)
+	}
+	var l simList
+	f := &loraModulesFlag{&l}
+	for _, v := range []string{"a=/p/a", `{"name":"c","path":"/p/c,x"}`, "d=/p/d, e=/p/e"} {
+		if err := f.Set(v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := strings.Join(l, "|"); got != `a=/p/a|{"name":"c","path":"/p/c,x"}|d=/p/d|e=/p/e` {
+		t.Errorf("values %q", got)
+	}
+	for v, want := range map[string]bool{"1": true, "True": true, "true": true, "0": false, "": false, "yes": false} {
+		if envTrue(v) != want {
+			t.Errorf("envTrue(%q) = %v", v, !want)
+		}
 	}
 }

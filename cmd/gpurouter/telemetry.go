@@ -4,7 +4,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/gpurouter/gpurouter/balancer"
 	"github.com/gpurouter/gpurouter/gpu"
 	"github.com/valyala/fasthttp"
@@ -56,7 +55,7 @@ func (s *gpuSources) source(g gpuConfig) (gpu.Source, error) {
 		}
 		return gpu.NewDCGMSource(g.DCGMURL, sel, s.client)
 	default:
-		s.once.Do(func() { s.local = gpu.NewNVML(nvml.New(), s.log) })
+		s.once.Do(func() { s.local = gpu.NewLocalNVML(s.log) })
 		return gpu.NewNVMLSource(s.local, sel), nil
 	}
 }
