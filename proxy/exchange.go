@@ -11,6 +11,7 @@ import (
 	"github.com/gpurouter/gpurouter/internal/openai"
 	"github.com/gpurouter/gpurouter/proxy/auth"
 	"github.com/gpurouter/gpurouter/proxy/observe"
+	"github.com/gpurouter/gpurouter/tracing"
 	"go.uber.org/zap"
 )
 
@@ -45,11 +46,17 @@ func (o outcome) String() string { return outcomeNames[o] }
 // group of fields is written by one step of the request (flow.go)
 // and only read after it.
 type exchange struct {
-	s        *Server
-	id       string
-	seq      uint64 // the router's own number for the request (unique, unlike a client-chosen id); set by upstreamRequest
-	ep       openai.Endpoint
+	s   *Server
+	id  string
+	seq uint64 // the router's own number for the request (unique, unlike a client-chosen id); set by upstreamRequest
+	ep  openai.Endpoint
+	// Step 7's, beside ep: the exchange keeps to its size class
+	// (size_test.go).
+	outcome  outcome
+	gotUsage bool      // usage came from the engine (step 6)
 	received time.Time // full request read by the router
+	// tr is the request's spans (trace.go); nil while tracing is off.
+	tr *tracing.Request
 
 	// Steps 1–2 (flow.go, plan.go, clients.go): the request, its client and
 	// pool, and its cost — computed once, read by admission, the lease
@@ -94,13 +101,11 @@ type exchange struct {
 	// replica needs; nil when the request may not be continued.
 	mig *migration
 
-	// Step 7 (finish). outcome and done side by side: the exchange keeps
+	// Step 7 (finish). status and done side by side: the exchange keeps
 	// to its size class (size_test.go).
-	status   int
-	outcome  outcome
-	gotUsage bool // usage came from the engine (step 6), beside outcome for the size class
-	done     atomic.Bool
-	err      error
+	status int32
+	done   atomic.Bool
+	err    error
 }
 
 // pool is the pool the request was routed to; nil before step 2.
@@ -137,6 +142,7 @@ func (x *exchange) tokenChunk(now time.Time) {
 		if x.rm != nil {
 			x.rm.ttft.Observe(now.Sub(x.received).Seconds())
 		}
+		x.tr.FirstToken(now)
 		x.lease.Progress(x.prefillWork())
 		x.lease.PrefillDone()
 		// The replica's queued prefill just shrank (a saturation signal):
@@ -174,7 +180,7 @@ func (x *exchange) finish(err error, status int) {
 		return
 	}
 	end := x.s.now()
-	x.status = status
+	x.status = int32(status)
 	x.err = err
 	var breakerErr error
 	x.outcome, breakerErr = outcomeOf(err, status)
@@ -219,6 +225,7 @@ func (x *exchange) finish(err error, status int) {
 			x.lease.ObserveDecode(x.completionTokens, decode)
 		}
 	}
+	x.traceEnd(end)
 	s.records.Add(x.record(e2eEnd))
 	x.logLine(err, end, e2eEnd, model, replica)
 }
@@ -230,7 +237,7 @@ func (x *exchange) logLine(err error, end, e2eEnd time.Time, model, replica stri
 	if err == nil && (x.mig == nil || x.mig.migrations == 0) {
 		// The common kind, with no error to report and no migration.
 		line := observe.Line{ID: x.id, Endpoint: x.ep.String(), Model: model, Replica: replica, Arm: x.arm, KeyID: x.principal.ID,
-			Status: x.status, Outcome: x.outcome.String(), Stream: x.req.Stream, Attempts: x.attempts,
+			Status: int(x.status), Outcome: x.outcome.String(), Stream: x.req.Stream, Attempts: x.attempts,
 			TTFT: sinceOr(x.firstTok, x.received), E2E: e2eEnd.Sub(x.received), PromptTokens: x.promptTokens,
 			CompletionTokens: x.completionTokens, End: end}
 		if s.access.Write(&line) {
@@ -250,7 +257,7 @@ func (x *exchange) logLine(err error, end, e2eEnd time.Time, model, replica stri
 			zap.String("replica", replica),
 			zap.String("arm", x.arm),
 			keyID,
-			zap.Int("status", x.status),
+			zap.Int("status", int(x.status)),
 			zap.String("outcome", x.outcome.String()),
 			zap.Bool("stream", x.req.Stream),
 			zap.Int("attempts", x.attempts),

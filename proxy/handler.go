@@ -136,10 +136,15 @@ func (s *Server) send(f *flow, ureq *fasthttp.Request, w *clientWatch) (*fasthtt
 	resp := fasthttp.AcquireResponse()
 	resp.StreamBody = true
 	ureq.Header.SetHost(f.rep.Addr())
+	x.tr.Inject(&ureq.Header) // the attempt's span, the engine's parent
 	pr := up.pending.expect(x.seq, x.req.Stream)
+	pr.timed = x.tr.Recording()
 	w.retarget(pr)
 	err := up.client.Do(ureq, resp)
 	w.retarget(nil)
+	if pr.timed && pr.dconn != nil {
+		x.tr.AttemptConnected(pr.dconn.wroteAt)
+	}
 	if cause := up.pending.settle(x.seq, pr); cause != nil {
 		if err == nil {
 			resp.CloseBodyStream() //nolint:errcheck

@@ -11,7 +11,7 @@ import (
 func (x *exchange) record(end time.Time) observe.Record {
 	r := observe.Record{
 		RequestID:        x.id,
-		Status:           x.status,
+		Status:           int(x.status),
 		Outcome:          x.outcome.String(),
 		Stream:           x.req.Stream,
 		Attempts:         x.attempts,

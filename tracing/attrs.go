@@ -29,7 +29,7 @@ const (
 // v1.42.0 they live in their own registry, semantic-conventions-genai, which
 // has no Go package) and v1.43.0's HTTP, server and error attributes.
 const (
-	AttrOperation     = attribute.Key("gen_ai.operation.name")                // chat | text_completion
+	AttrOperation     = attribute.Key("gen_ai.operation.name")                // chat | text_completion | embeddings
 	AttrProvider      = attribute.Key("gen_ai.provider.name")                 // the engine serving the pool: vllm, sglang, ...
 	AttrRequestModel  = attribute.Key("gen_ai.request.model")                 // the model the client asked for
 	AttrMaxTokens     = attribute.Key("gen_ai.request.max_tokens")            // the client's max_tokens, when given

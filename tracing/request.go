@@ -18,6 +18,7 @@ type Operation string
 const (
 	OperationChat           Operation = "chat"            // /v1/chat/completions
 	OperationTextCompletion Operation = "text_completion" // /v1/completions
+	OperationEmbeddings     Operation = "embeddings"      // /v1/embeddings
 )
 
 // OperationFor is the operation an OpenAI-compatible path serves; "" for
@@ -28,6 +29,8 @@ func OperationFor(path string) Operation {
 		return OperationChat
 	case "/v1/completions":
 		return OperationTextCompletion
+	case "/v1/embeddings":
+		return OperationEmbeddings
 	}
 	return ""
 }
@@ -38,7 +41,8 @@ type RequestInfo struct {
 	ID     string // X-Request-Id
 	Method string // POST
 	Path   string // /v1/chat/completions
-	// Operation is chat or text_completion; "" means OperationFor(Path).
+	// Operation is chat, text_completion or embeddings; "" means
+	// OperationFor(Path).
 	Operation Operation
 	Model     string // as the client named it
 	Pool      string // the pool's model name, when an alias or a path prefix chose it

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"maps"
 
 	"github.com/gpurouter/gpurouter/tracing"
+	"go.uber.org/zap"
 )
 
 // applyTracingDefaults fills tc's defaults (the tracing package's), so
@@ -36,6 +38,24 @@ func tracingFrom(tc tracingConfig) tracing.Config {
 		ResourceAttributes: tc.ResourceAttributes,
 		Timeout:            tc.Timeout,
 	}
+}
+
+// newTracer is the Tracer of tc (off without an endpoint): failed exports
+// are logged, with the spans they dropped.
+func newTracer(tc tracingConfig, log *zap.Logger) (*tracing.Tracer, error) {
+	t, err := tracing.New(context.Background(), tracingFrom(tc), tracing.Options{
+		OnExportError: func(err error, spans int) {
+			log.Warn("tracing: export failed, spans dropped", zap.Int("spans", spans), zap.Error(err))
+		},
+	})
+	if err != nil {
+		return nil, err // "tracing: ..."
+	}
+	if t.Enabled() {
+		log.Info("tracing on", zap.String("endpoint", tc.Endpoint), zap.String("protocol", tc.Protocol),
+			zap.Float64p("sampling_ratio", tc.SamplingRatio))
+	}
+	return t, nil
 }
 
 // tracing adds each problem of tc, at its option's path.
