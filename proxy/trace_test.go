@@ -9,9 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpurouter/gpurouter/admission"
+	"github.com/gpurouter/gpurouter/balancer"
 	"github.com/gpurouter/gpurouter/bench/sim"
 	"github.com/gpurouter/gpurouter/tracing"
 	"github.com/gpurouter/gpurouter/tracing/otelcoltest"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 )
 
 // traceCase is one request of the tracing tests: what the client sends,
@@ -255,4 +258,90 @@ func engineTraceparents(f *sim.Fleet) map[string]string {
 		}
 	}
 	return out
+}
+
+// TestTraceOfAnAdmissionWait: a request that waits for admission has the
+// wait's span, on each request path — where it joined the queue, why it
+// could not go at once and that it was admitted — under its request span.
+func TestTraceOfAnAdmissionWait(t *testing.T) {
+	for _, goroutines := range []bool{false, true} {
+		t.Run(map[bool]string{false: "request loop", true: "goroutines"}[goroutines], func(t *testing.T) {
+			exp := tracetest.NewInMemoryExporter()
+			tracer, err := tracing.New(context.Background(), tracing.Config{}, tracing.Options{Exporter: exp})
+			if err != nil {
+				t.Fatal(err)
+			}
+			up := newFakeVLLM(t)
+			var ctl *admission.Controller
+			tr := startRouterWith(t, []string{up.url}, func(o *Options) {
+				o.Tracer = tracer
+				if ctl, err = admission.New("m", admission.Config{}, admission.Deps{Pool: o.Routes[0].Pool}); err != nil {
+					t.Fatal(err)
+				}
+				o.Routes[0].Admission = ctl
+			}, withConfig(func(c *Config) { c.GoroutineRequests = goroutines }))
+			// The replica's token budget is taken: the request waits.
+			r0 := tr.reps[0]
+			r0.SetEngineLoad(balancer.EngineLoad{Running: 1, KVUsage: 0.3, KVCapacityTokens: 30000, At: time.Now().Add(time.Hour)})
+			held, err := r0.AcquireCostKV(0, 30000, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan int, 1)
+			go func() {
+				resp, err := http.Post(tr.url+"/v1/completions", "application/json",
+					strings.NewReader(`{"model":"m","prompt":"hello there","max_tokens":4}`))
+				if err != nil {
+					done <- 0
+					return
+				}
+				io.Copy(io.Discard, resp.Body) //nolint:errcheck
+				resp.Body.Close()
+				done <- resp.StatusCode
+			}()
+			waitFor(t, "the request queued", func() bool { return ctl.Queued() == 1 })
+			held.Done(nil)
+			ctl.Poke()
+			select {
+			case status := <-done:
+				if status != http.StatusOK {
+					t.Fatalf("status %d", status)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the request was not admitted")
+			}
+			waitFor(t, "the request finished", func() bool { return tr.srv.Active() == 0 })
+			// (Not Shutdown: the in-memory exporter forgets at its own.)
+			if err := tracer.ForceFlush(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			defer tracer.Shutdown(context.Background()) //nolint:errcheck
+			var root, wait *tracetest.SpanStub
+			spans := exp.GetSpans()
+			for i, s := range spans {
+				switch s.Name {
+				case "POST /v1/completions":
+					root = &spans[i]
+				case tracing.SpanAdmission:
+					wait = &spans[i]
+				}
+			}
+			if root == nil || wait == nil {
+				t.Fatalf("spans %v: no request or no admission span", spans)
+			}
+			if wait.Parent.SpanID() != root.SpanContext.SpanID() {
+				t.Errorf("the wait is under %s, not the request span", wait.Parent.SpanID())
+			}
+			got := map[string]any{}
+			for _, kv := range wait.Attributes {
+				got[string(kv.Key)] = kv.Value.AsInterface()
+			}
+			for k, v := range map[string]any{"gpurouter.admission.queue_position": int64(0), "gpurouter.admission.queue_length": int64(1),
+				"gpurouter.admission.reason": "saturated", "gpurouter.admission.outcome": "admitted"} {
+				if got[k] != v {
+					t.Errorf("admission span: %s = %#v, want %#v", k, got[k], v)
+				}
+			}
+		})
+	}
 }
