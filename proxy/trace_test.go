@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/gpurouter/gpurouter/tracing"
 	"github.com/gpurouter/gpurouter/tracing/otelcoltest"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // traceCase is one request of the tracing tests: what the client sends,
@@ -343,5 +345,81 @@ func TestTraceOfAnAdmissionWait(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestTraceOfAMigration: a stream moved off a replica being drained has
+// the hop's span (from, to, why) and two attempts — the first ended by
+// the drain, the second marked with the hop — and the replica it moved to
+// got the second attempt as its traceparent.
+func TestTraceOfAMigration(t *testing.T) {
+	const n, tokens, grace = 2, 200, 50 * time.Millisecond
+	f := simPair(t, 2, 2)
+	exp := tracetest.NewInMemoryExporter()
+	tracer, err := tracing.New(context.Background(), tracing.Config{}, tracing.Options{Exporter: exp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tracer.Shutdown(context.Background()) //nolint:errcheck
+	tr := startRouterWith(t, f.URLs(), func(o *Options) { o.Tracer = tracer; withMigration(Migration{Max: 1, DrainGrace: grace})(o) })
+	r0, r1 := tr.reps[0], tr.reps[1]
+	r1.SetDraining(true) // every stream starts on r0
+	var seen atomic.Int64
+	done := make(chan []streamSeen)
+	go func() { done <- runStreams(tr.url, n, tokens, &seen) }()
+	waitFor(t, "streams under way", func() bool { return seen.Load() >= n*20 })
+	r1.SetDraining(false)
+	r0.SetDraining(true)
+	for i, s := range <-done {
+		if !s.done || s.errEvent != "" {
+			t.Fatalf("stream %d: [DONE] %v, error event %q", i, s.done, s.errEvent)
+		}
+	}
+	waitFor(t, "the streams finished", func() bool { return tr.srv.Active() == 0 })
+	if err := tracer.ForceFlush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	byTrace := map[string][]tracetest.SpanStub{}
+	for _, s := range exp.GetSpans() {
+		id := s.SpanContext.TraceID().String()
+		byTrace[id] = append(byTrace[id], s)
+	}
+	if len(byTrace) != n {
+		t.Fatalf("%d traces for %d streams", len(byTrace), n)
+	}
+	engine := map[string]bool{} // the traceparents r1 received
+	for _, tc := range f.Replicas()[1].TraceContexts() {
+		engine[tc.Traceparent] = true
+	}
+	for id, spans := range byTrace {
+		var hops, tries []map[string]any
+		var moved string
+		for _, s := range spans {
+			a := map[string]any{}
+			for _, kv := range s.Attributes {
+				a[string(kv.Key)] = kv.Value.AsInterface()
+			}
+			switch {
+			case s.Name == tracing.SpanMigration:
+				hops = append(hops, a)
+			case s.SpanKind == trace.SpanKindClient:
+				tries = append(tries, a)
+				if a["gpurouter.migration.hop"] == int64(1) {
+					moved = "00-" + id + "-" + s.SpanContext.SpanID().String() + "-01"
+				}
+			}
+		}
+		if len(hops) != 1 || len(tries) != 2 {
+			t.Fatalf("trace %s: %d hops, %d attempts", id, len(hops), len(tries))
+		}
+		for k, v := range map[string]any{"gpurouter.migration.hop": int64(1), "gpurouter.migration.from": "r0",
+			"gpurouter.migration.to": "r1", "gpurouter.migration.reason": "drained"} {
+			if hops[0][k] != v {
+				t.Errorf("trace %s: hop's %s = %#v, want %#v", id, k, hops[0][k], v)
+			}
+		}
+		if moved == "" || !engine[moved] {
+			t.Errorf("trace %s: r1 got no traceparent naming the attempt that continued the stream (%q)", id, moved)
+		}
 	}
 }
