@@ -41,6 +41,8 @@ import (
 //
 // Anything that ends a request early — the client leaves, a deadline
 // passes (timeouts.go), the router stops — is abandon, from any step.
+// Each step reports its span to the request's trace (trace.go: a nil
+// check while tracing is off).
 type flow struct {
 	s   *Server
 	ctx *fasthttp.RequestCtx // the client's request, and the answer built for it
