@@ -286,6 +286,11 @@ func (c *Controller) placed() {
 // read, for callers that would do work only to let one out.
 func (c *Controller) Waiting() bool { return c.nQueued.Load() > 0 }
 
+// Queued is how many requests wait in the queue now (a lock-free read):
+// those a request joining it finds ahead of it, before priority and
+// expected work reorder them.
+func (c *Controller) Queued() int { return int(c.nQueued.Load()) }
+
 // Poke re-checks the queue against capacity: call it when capacity may
 // have grown (a telemetry update, a replica added). Cheap when nothing
 // waits.

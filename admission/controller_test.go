@@ -285,8 +285,8 @@ func TestConcurrentAdmitRelease(t *testing.T) {
 	t.Logf("admitted %d, shed %d, canceled %d, peak in pool %d", admitted.Load(), shed.Load(), canceled.Load(), peak.Load())
 }
 
-// Waiting tells a request queued behind a full pool, and none once it is
-// let out.
+// Waiting and Queued tell a request queued behind a full pool, and none
+// once it is let out.
 func TestWaitingFollowsTheQueue(t *testing.T) {
 	c, err := New("m", Config{MaxInFlight: 1}, Deps{})
 	if err != nil {
@@ -297,7 +297,7 @@ func TestWaitingFollowsTheQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Waiting() {
+	if c.Waiting() || c.Queued() != 0 {
 		t.Fatal("waiting with an empty queue")
 	}
 	got := make(chan error, 1)
@@ -313,11 +313,14 @@ func TestWaitingFollowsTheQueue(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+	if n := c.Queued(); n != 1 {
+		t.Errorf("Queued %d with one request waiting", n)
+	}
 	held.Release()
 	if err := <-got; err != nil {
 		t.Fatal(err)
 	}
-	if c.Waiting() {
+	if c.Waiting() || c.Queued() != 0 {
 		t.Error("still waiting after the queued request was let out")
 	}
 }

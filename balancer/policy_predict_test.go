@@ -44,6 +44,11 @@ func TestPredictorLearnsAndAdapts(t *testing.T) {
 	if got := r.PredictTTFT(2500); math.Abs(got.Seconds()-0.52) > 0.01 {
 		t.Errorf("PredictTTFT(2500) = %v, want ≈ 520ms", got)
 	}
+	// Predict (what a trace's pick records) says the same of an idle
+	// replica, and the TPOT it learnt.
+	if ttft, tpot := r.Predict(2500, c.now()); math.Abs(ttft.Seconds()-0.52) > 0.01 || math.Abs(tpot.Seconds()-0.030) > 0.005 {
+		t.Errorf("Predict(2500) = %v, %v; want ≈ 520ms, 30ms", ttft, tpot)
+	}
 	// The replica halves its speed: within 60 requests the fit follows.
 	for _, p := range []int64{500, 2000, 4000, 1000, 8000, 3000} {
 		teach(t, r, c, 10, p, 400*time.Microsecond, 20*time.Millisecond, 30*time.Millisecond)

@@ -467,3 +467,13 @@ func (l Lease) ObserveGap(gap time.Duration, now time.Time) {
 		l.r.noteHeadroom(l.st, now)
 	}
 }
+
+// Predict is the replica's predicted TTFT and TPOT for a request of
+// prompt tokens sent at now, from what it has learned and its engine's
+// fresh snapshot (the pool's prior is a picker's business): what a
+// trace of the pick records beside what came of it.
+func (r *Replica) Predict(prompt int, now time.Time) (ttft, tpot time.Duration) {
+	p := prior{ttftB: DefaultPrefillSecondsPerToken}
+	t, d := r.predict(prompt, r.freshEngine(now), now, &p)
+	return time.Duration(t * float64(time.Second)), time.Duration(d * float64(time.Second))
+}

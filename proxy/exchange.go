@@ -11,6 +11,7 @@ import (
 	"github.com/gpurouter/gpurouter/internal/openai"
 	"github.com/gpurouter/gpurouter/proxy/auth"
 	"github.com/gpurouter/gpurouter/proxy/observe"
+	"github.com/gpurouter/gpurouter/tracing"
 	"go.uber.org/zap"
 )
 
@@ -45,11 +46,17 @@ func (o outcome) String() string { return outcomeNames[o] }
 // group of fields is written by one step of the request (flow.go)
 // and only read after it.
 type exchange struct {
-	s        *Server
-	id       string
-	seq      uint64 // the router's own number for the request (unique, unlike a client-chosen id); set by upstreamRequest
-	ep       openai.Endpoint
+	s   *Server
+	id  string
+	seq uint64 // the router's own number for the request (unique, unlike a client-chosen id); set by upstreamRequest
+	ep  openai.Endpoint
+	// Step 7's, beside ep: the exchange keeps to its size class
+	// (size_test.go).
+	outcome  outcome
+	gotUsage bool      // usage came from the engine (step 6)
 	received time.Time // full request read by the router
+	// tr is the request's spans (trace.go); nil while tracing is off.
+	tr *tracing.Request
 
 	// Steps 1–2 (flow.go, plan.go, clients.go): the request, its client and
 	// pool, and its cost — computed once, read by admission, the lease
@@ -99,12 +106,10 @@ type exchange struct {
 	// request was not split.
 	pd *pdRecord
 
-	// Step 7 (finish). outcome and done side by side: the exchange keeps
+	// Step 7 (finish). status and done side by side: the exchange keeps
 	// to its size class (size_test.go).
 	status   int32
 	attempts int32 // steps 4–5's attempts, here to keep the size class
-	outcome  outcome
-	gotUsage bool // usage came from the engine (step 6), beside outcome for the size class
 	done     atomic.Bool
 	err      error
 }
@@ -147,6 +152,7 @@ func (x *exchange) tokenChunk(now time.Time) {
 		if x.rm != nil {
 			x.rm.ttft.Observe(now.Sub(x.received).Seconds())
 		}
+		x.tr.FirstToken(now)
 		x.lease.Progress(x.prefillWork())
 		x.lease.PrefillDone()
 		// The replica's queued prefill just shrank (a saturation signal):
@@ -230,6 +236,7 @@ func (x *exchange) finish(err error, status int) {
 		}
 	}
 	x.pd.observe(s.m.pd, model, x)
+	x.traceEnd(end)
 	s.records.Add(x.record(e2eEnd))
 	x.logLine(err, end, e2eEnd, model, replica)
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/gpurouter/gpurouter/balancer"
 	"github.com/gpurouter/gpurouter/internal/openai"
+	"github.com/gpurouter/gpurouter/tracing"
 	"github.com/valyala/fasthttp"
 )
 
@@ -43,6 +44,8 @@ import (
 //
 // Anything that ends a request early — the client leaves, a deadline
 // passes (timeouts.go), the router stops — is abandon, from any step.
+// Each step reports its span to the request's trace (trace.go: a nil
+// check while tracing is off).
 type flow struct {
 	s   *Server
 	ctx *fasthttp.RequestCtx // the client's request, and the answer built for it
@@ -122,6 +125,7 @@ func (f *flow) begin(ep openai.Endpoint, prefix *poolRoute) act {
 	if f.body, f.strip, err = s.plan(ctx, &f.hdr, x, f.rt, prefix, ctx.PostBody()); err != nil {
 		return f.end(err)
 	}
+	f.traceStart()
 	// 3. Admission: a pool with room admits at once; while it is
 	// saturated the request waits at the router, shortest expected work
 	// first, instead of in an engine's queue.
@@ -130,6 +134,7 @@ func (f *flow) begin(ep openai.Endpoint, prefix *poolRoute) act {
 	case err != nil:
 		return f.end(err)
 	case wait:
+		f.traceQueued()
 		return actAdmit
 	}
 	return f.place()
@@ -138,6 +143,7 @@ func (f *flow) begin(ep openai.Endpoint, prefix *poolRoute) act {
 // admitted is step 3's end after a wait: err is why the request was shed,
 // or why the wait ended (the client left, the router stops).
 func (f *flow) admitted(err error) act {
+	f.traceAdmitted(err)
 	if err != nil {
 		return f.end(err)
 	}
@@ -170,8 +176,15 @@ func (f *flow) place() act {
 func (f *flow) next() act {
 	x := f.x
 	for {
+		var t0 time.Time
+		if x.tr.Recording() {
+			t0 = f.s.now()
+		}
 		rep := x.route.Pool.PickExcept(&f.pick, f.tried)
 		x.arm = f.pick.Arm
+		if x.tr.Recording() {
+			f.tracePick(t0, rep)
+		}
 		if rep == nil && f.decodeFallback() {
 			continue // a split's decode step found no replica: colocated (disagg.go)
 		}
@@ -186,6 +199,7 @@ func (f *flow) next() act {
 		if up != nil {
 			f.rep, f.up, f.lease, f.sending = rep, up, lease, true
 			x.sent = f.s.now()
+			f.traceAttempt(rep)
 			return actSend
 		}
 		if err != nil {
@@ -227,7 +241,9 @@ func (f *flow) resume() act {
 // head: nothing reached the client, so another replica may take it.
 func (f *flow) failed(err error) act {
 	f.sending = false
-	return f.retry(f.s.attemptFailed(f.x, f.rep, f.lease, err))
+	err = f.s.attemptFailed(f.x, f.rep, f.lease, err)
+	f.traceAttemptEnd(0, err)
+	return f.retry(err)
 }
 
 // retry tries another replica after err, why the last one did not
@@ -247,12 +263,15 @@ func (f *flow) retry(err error) act {
 // driver lets resp go — else it is the answer, relayed as a stream when it
 // is a 200 event stream, else whole.
 func (f *flow) answered(resp *fasthttp.Response) act {
+	f.traceFirstByte(resp.StatusCode())
 	if err := f.s.judge(int(f.x.attempts-f.from), f.x, f.rep, f.lease, resp); err != nil {
 		f.sending = false
+		f.traceAttemptEnd(resp.StatusCode(), err)
 		return f.retry(err)
 	}
 	f.took()
 	if resp.StatusCode() == fasthttp.StatusOK && isEventStream(resp) {
+		f.x.tr.RelayStart(f.x.firstByte)
 		return actStream
 	}
 	if f.cont {
@@ -261,8 +280,10 @@ func (f *flow) answered(resp *fasthttp.Response) act {
 		f.x.lease.Done(balancer.ErrNotReplicaFault)
 		f.x.lease = balancer.Lease{}
 		f.err = fmt.Errorf("replica %s answered the continuation with %d", f.rep.Name(), resp.StatusCode())
+		f.x.tr.AttemptEnd(f.s.now(), tracing.AttemptResult{Status: resp.StatusCode()})
 		return actAnswer
 	}
+	f.x.tr.RelayStart(f.x.firstByte)
 	return actWhole
 }
 
@@ -303,6 +324,7 @@ func (f *flow) abandon(cause error) act {
 	if f.sending {
 		f.sending = false
 		abandon(f.lease, cause)
+		f.traceAbandoned(cause)
 	}
 	return f.end(cause)
 }
@@ -316,6 +338,7 @@ func (f *flow) end(err error) act {
 		return actAnswer
 	}
 	f.settle()
+	f.traceStart()
 	f.s.reject(f.ctx, f.x, err)
 	return actAnswer
 }

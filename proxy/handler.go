@@ -178,10 +178,15 @@ func (s *Server) do(f *flow, ureq *fasthttp.Request, resp *fasthttp.Response, w 
 	x, up := f.x, f.up
 	resp.StreamBody = true
 	ureq.Header.SetHost(f.rep.Addr())
+	x.tr.Inject(&ureq.Header) // the attempt's span, the engine's parent
 	pr = up.pending.expect(x.seq, stream)
+	pr.timed = x.tr.Recording()
 	w.retarget(pr)
 	err = up.client.Do(ureq, resp)
 	w.retarget(nil)
+	if pr.timed && pr.dconn != nil {
+		x.tr.AttemptConnected(pr.dconn.wroteAt)
+	}
 	if cause = up.pending.settle(x.seq, pr); cause != nil && err == nil {
 		resp.CloseBodyStream() //nolint:errcheck
 	}

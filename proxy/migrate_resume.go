@@ -63,6 +63,7 @@ func (r *relay) resume(cause error) bool {
 	if m.lostAt.IsZero() {
 		m.lostAt = s.now()
 	}
+	x.traceMigration(m.migrations+1, from, cause)
 	leaving := errors.Is(cause, errLeaving)
 	old := upstreamState{x.up, x.rm, x.lease, x.last, r.body, r.resp}
 	if !leaving {
@@ -84,9 +85,11 @@ func (r *relay) resume(cause error) bool {
 			// Not a failure to move: the client left, or the router is
 			// stopping, or the total deadline passed (upstreamFailed).
 			s.m.mig.result(model, from, "abandoned")
+			x.traceMoved("", "abandoned")
 			return false
 		}
 		s.m.mig.result(model, from, "failed")
+		x.traceMoved("", "failed")
 		s.log.Warn("stream not continued", zap.String("request_id", x.id), zap.String("replica", from),
 			zap.NamedError("cause", cause), zap.Error(err))
 		return false
@@ -103,6 +106,7 @@ func (r *relay) resume(cause error) bool {
 	m.left--
 	m.migrations++
 	s.m.mig.result(model, from, "continued")
+	x.traceMoved(x.last.Name(), "")
 	return true
 }
 

@@ -45,8 +45,11 @@ func (l *requestLoop) sendRequest(c *loopConn) {
 	if len(r.wire) == 0 {
 		l.upstreamWire(r)
 	}
-	r.wire = append(append(append(r.wire[:r.head], "Host: "...), r.f.rep.Addr()...), "\r\n\r\n"...)
-	r.wire = append(r.wire, r.f.body...)
+	r.wire = append(append(append(r.wire[:r.head], "Host: "...), r.f.rep.Addr()...), "\r\n"...)
+	// The attempt's span, the engine's parent (nothing while tracing is
+	// off: the client's traceparent went with its headers).
+	r.wire = r.f.x.tr.AppendHeaderLines(r.wire)
+	r.wire = append(append(r.wire, "\r\n"...), r.f.body...)
 	r.sentAt = l.now
 	r.phase = phaseAwaiting
 	if u := l.takeIdle(r.f.up); u != nil {
@@ -62,6 +65,7 @@ func (l *requestLoop) sendOn(c *loopConn, u *loopConn) {
 	r.u, u.peer = u, c
 	u.end.Reset()
 	u.head, u.toClose, u.toLen, u.last = false, false, -1, l.now
+	r.f.x.tr.AttemptConnected(l.now)
 	if !l.send(u, r.wire) {
 		return // upstreamGone has judged it
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/gpurouter/gpurouter/balancer"
 	"github.com/gpurouter/gpurouter/proxy/auth"
 	"github.com/gpurouter/gpurouter/proxy/observe"
+	"github.com/gpurouter/gpurouter/tracing"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
@@ -49,6 +50,11 @@ type Options struct {
 	// ?token=TOKEN. cmd/gpurouter sets it to the admin token. "" leaves the
 	// page open, as /metrics is.
 	StatusToken string
+	// Tracer records each API request's spans and carries its trace
+	// context to the engines (trace.go). nil, or one that is off, traces
+	// nothing, costs nothing and passes a client's traceparent to the
+	// engine untouched. The caller shuts it down after Shutdown.
+	Tracer *tracing.Tracer
 
 	// Registerer receives the router's metrics; Gatherer serves /metrics.
 	// Both nil means a fresh private registry.
@@ -89,6 +95,7 @@ type Server struct {
 	keys   atomic.Pointer[auth.KeyStore] // nil: no client authentication
 	// statusToken guards the status page; "" means open.
 	statusToken string
+	tracer      *tracing.Tracer // nil or off: no tracing
 	// plainEst costs the requests of pools without admission: it never
 	// learns, so its estimates keep their defaults.
 	plainEst *admission.Estimator
@@ -158,6 +165,7 @@ func New(o Options) (*Server, error) {
 	s.accessFields.New = func() any { return new(accessFields) }
 	s.access.W = o.AccessLog
 	s.statusToken = o.StatusToken
+	s.tracer = o.Tracer
 	s.base, s.stopBase = context.WithCancelCause(context.Background())
 	if s.log == nil {
 		s.log = zap.NewNop()

@@ -168,6 +168,7 @@ type deadlineConn struct {
 	cur      *pendingReq // the request being written or awaited; nil if not the router's
 	pending  *pendingSet // where the request being written is expected
 	armed    time.Time   // the read deadline set on Conn (armRead); zero if none
+	wroteAt  time.Time   // when cur was written, when it asked (pendingReq.timed)
 
 	// A stream's response head is handed to fasthttp alone (limitHead),
 	// the body bytes that came with it kept in stash: fasthttp then holds
@@ -215,6 +216,9 @@ func (c *deadlineConn) Write(p []byte) (int, error) {
 		c.limitHead, c.headCut, c.stash = c.cur != nil && c.cur.stream, false, nil
 		if c.cur != nil {
 			c.cur.dconn = c
+			if c.cur.timed {
+				c.wroteAt = time.Now() // a connection is the request's
+			}
 		}
 		// A pooled connection the engine has closed since its last
 		// response is not looked at before writing (a syscall on every
@@ -443,6 +447,9 @@ type pendingReq struct {
 	// the request's goroutine.
 	stream bool
 	dconn  *deadlineConn
+	// timed asks dconn for wroteAt, when the request was written on it
+	// (the attempt's span marks it).
+	timed bool
 }
 
 // attach records the connection the request is written on; false when

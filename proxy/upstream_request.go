@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strconv"
 
+	"github.com/gpurouter/gpurouter/tracing"
 	"github.com/valyala/fasthttp"
 )
 
@@ -73,15 +74,16 @@ func (s *Server) upstreamRequest(ctx *fasthttp.RequestCtx, x *exchange, body []b
 // header names), Content-Length and Host (the request's own),
 // Accept-Encoding (the router reads the body), the client's key when the
 // router authenticated it, and those the router sets itself
-// (routerHeaders). One set for the goroutine path's fasthttp.Request and
+// (routerHeaders), and — while tracing is on — the client's trace
+// context, which the router replaces with its own (trace.go). One set for the goroutine path's fasthttp.Request and
 // the request loop's bytes (upstreamWire).
 func forwardedHeaders(h *fasthttp.RequestHeader, x *exchange, add func(k, v []byte)) {
 	// Headers named in Connection are hop-by-hop too (RFC 9110 §7.6.1).
 	connHdr := h.Peek("Connection")
-	stripAuth := x.principal.Authenticated()
+	stripAuth, traced := x.principal.Authenticated(), x.tr != nil
 	h.VisitAll(func(k, v []byte) {
 		if isHopByHop(k) || isRouterSet(k) || (len(connHdr) > 0 && listsToken(connHdr, k)) ||
-			(stripAuth && bytes.EqualFold(k, []byte("Authorization"))) {
+			(stripAuth && bytes.EqualFold(k, []byte("Authorization"))) || (traced && tracing.IsTraceHeader(k)) {
 			return
 		}
 		add(k, v)

@@ -2,12 +2,15 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"strings"
 	"testing"
 
 	"github.com/gpurouter/gpurouter/proxy/observe"
+	"github.com/gpurouter/gpurouter/tracing"
 	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
@@ -34,14 +37,38 @@ func (c memClient) Do(_ *fasthttp.Request, resp *fasthttp.Response) error {
 // a 300-byte chat request, a 500-byte answer.
 func BenchmarkRouterWork(b *testing.B) {
 	core := zapcore.NewCore(zapcore.NewJSONEncoder(observe.LogEncoderConfig()), zapcore.AddSync(io.Discard), zap.InfoLevel)
-	b.Run("log=off", func(b *testing.B) { benchRouterWork(b, nil, nil) })
-	b.Run("log=zap", func(b *testing.B) { benchRouterWork(b, zap.New(core), nil) })
+	b.Run("log=off", func(b *testing.B) { benchRouterWork(b, nil, nil, nil) })
+	b.Run("log=zap", func(b *testing.B) { benchRouterWork(b, zap.New(core), nil, nil) })
 	// As `gpurouter serve` logs: the common line written by the proxy.
-	b.Run("log=serve", func(b *testing.B) { benchRouterWork(b, zap.New(core), io.Discard) })
+	b.Run("log=serve", func(b *testing.B) { benchRouterWork(b, zap.New(core), io.Discard, nil) })
+	// Tracing (trace.go), logs off: a Tracer that is off, which must cost
+	// what none does (log=off: the same allocs/op, 0 more); every request
+	// sampled out (only its trace context for the engine); every request
+	// recorded, its spans exported to nowhere.
+	zero := 0.0
+	for _, tc := range []struct {
+		name string
+		cfg  *tracing.Config // nil: a Tracer that is off
+	}{{"tracing=off", nil}, {"tracing=sampled_out", &tracing.Config{SamplingRatio: &zero}}, {"tracing=on", &tracing.Config{}}} {
+		b.Run(tc.name, func(b *testing.B) {
+			var o tracing.Options
+			cfg := tracing.Config{}
+			if tc.cfg != nil {
+				cfg, o.Exporter = *tc.cfg, tracetest.NewNoopExporter()
+			}
+			tracer, err := tracing.New(context.Background(), cfg, o)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer tracer.Shutdown(context.Background()) //nolint:errcheck
+			benchRouterWork(b, nil, nil, tracer)
+		})
+	}
 }
 
-func benchRouterWork(b *testing.B, log *zap.Logger, access io.Writer) {
-	tr := startRouterWith(b, []string{"http://127.0.0.1:9"}, func(o *Options) { o.Logger, o.AccessLog = log, access }, withPolicy("least_request"))
+func benchRouterWork(b *testing.B, log *zap.Logger, access io.Writer, tracer *tracing.Tracer) {
+	tr := startRouterWith(b, []string{"http://127.0.0.1:9"}, func(o *Options) { o.Logger, o.AccessLog, o.Tracer = log, access, tracer },
+		withPolicy("least_request"))
 	for _, u := range tr.srv.routes.Load().upstreams {
 		u.client = memClient{body: harnessReply}
 	}

@@ -46,6 +46,7 @@ func (inc *incarnation) handle(ctx *fasthttp.RequestCtx) {
 	if id := ctx.Request.Header.Peek("X-Request-Id"); len(id) > 0 {
 		ctx.Response.Header.SetBytesV("x-request-id", id)
 	}
+	r.traces.record(ctx, path)
 	if r.faults.Load().HangAll {
 		inc.hang(ctx)
 		return

@@ -129,6 +129,8 @@ type Replica struct {
 
 	waiting waitSet // requests that have written nothing yet
 
+	traces traceLog // the trace context of each inference request (TraceContexts)
+
 	// adapters are the LoRA adapters served (never nil after NewReplica);
 	// loads and unloads replace the set under loraMu, which also guards
 	// nextLoRAID.

@@ -18,6 +18,7 @@ type fileConfig struct {
 	Breaker   breakerConfig   `yaml:"breaker"`
 	Shutdown  shutdownConfig  `yaml:"shutdown"`
 	Telemetry telemetryConfig `yaml:"telemetry"`
+	Tracing   tracingConfig   `yaml:"tracing"`
 	Admission admissionConfig `yaml:"admission"`
 	Admin     adminConfig     `yaml:"admin"`
 	Auth      authConfig      `yaml:"auth"`
@@ -34,6 +35,28 @@ type telemetryConfig struct {
 	GPUInterval time.Duration `yaml:"gpu_interval"` // GPU read period per replica; default 1s
 	StaleAfter  time.Duration `yaml:"stale_after"`  // engine numbers older than this no longer count; default 1s
 	FailOpen    bool          `yaml:"fail_open"`    // stale: false = treat as saturated (avoid), true = use router counts; default false
+}
+
+// tracingConfig is OpenTelemetry tracing of requests (package tracing):
+// where the spans go over OTLP and which requests are recorded. No
+// endpoint, no tracing: the router then costs nothing for it and passes a
+// client's traceparent to the engine untouched.
+type tracingConfig struct {
+	Endpoint string `yaml:"endpoint"` // OTLP receiver, http://HOST:PORT (plain text) or https://HOST:PORT (TLS); "" = off; default ""
+	Protocol string `yaml:"protocol"` // grpc | http (protobuf; a URL without a path gets /v1/traces); default grpc
+	// Headers go with every export (an API key, a tenant); --print-config
+	// shows their values as REDACTED. Default: none (then
+	// OTEL_EXPORTER_OTLP_TRACES_HEADERS applies).
+	Headers map[string]string `yaml:"headers"`
+	// SamplingRatio is the share of the traces the router starts (requests
+	// without a traceparent) that are recorded, 0–1; a caller's sampled
+	// flag decides for its own requests. Default 1.
+	SamplingRatio *float64 `yaml:"sampling_ratio"`
+	// ResourceAttributes describe this router on every span
+	// (deployment.environment.name, ...); service.name is gpurouter unless
+	// set here or by OTEL_SERVICE_NAME. Default: none.
+	ResourceAttributes map[string]string `yaml:"resource_attributes"`
+	Timeout            time.Duration     `yaml:"timeout"` // one export, and the flush at shutdown; default 10s
 }
 
 // adminConfig is the operators' API: its own listener, behind a token.

@@ -227,6 +227,7 @@ func applyDefaults(cfg *fileConfig) {
 	setDuration(&cfg.Telemetry.Timeout, gpu.DefaultTimeout)
 	setDuration(&cfg.Telemetry.GPUInterval, gpu.DefaultGPUInterval)
 	setDuration(&cfg.Telemetry.StaleAfter, 5*cfg.Telemetry.Interval)
+	applyTracingDefaults(&cfg.Tracing)
 	setInt(&cfg.Admission.MaxQueueRequests, admission.DefaultMaxQueueRequests)
 	if cfg.Admission.MaxQueueTokens == 0 {
 		cfg.Admission.MaxQueueTokens = admission.DefaultMaxQueueTokens

@@ -79,6 +79,7 @@ func validate(cfg fileConfig) error {
 	if cfg.Telemetry.StaleAfter > 0 && cfg.Telemetry.StaleAfter < cfg.Telemetry.Interval {
 		v.add("telemetry.stale_after", "must be >= telemetry.interval (%v), got %v: every snapshot would be stale", cfg.Telemetry.Interval, cfg.Telemetry.StaleAfter)
 	}
+	v.tracing(cfg.Tracing)
 	if cfg.Admin.Listen != "" {
 		if err := checkListen(cfg.Admin.Listen); err != nil {
 			v.add("admin.listen", "%v", err)

@@ -15,6 +15,7 @@ import (
 	"github.com/gpurouter/gpurouter/fleet"
 	"github.com/gpurouter/gpurouter/kvevents"
 	"github.com/gpurouter/gpurouter/proxy"
+	"github.com/gpurouter/gpurouter/tracing"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.uber.org/zap"
@@ -28,6 +29,9 @@ type router struct {
 	log   *zap.Logger
 	reg   *prometheus.Registry
 	gpus  *gpuSources
+	// tracer exports the requests' spans (tracing:); off without an
+	// endpoint. run shuts it down after the drain.
+	tracer *tracing.Tracer
 	// sources are the discovery loops of the pools with discovery, built
 	// from the configuration at start; run runs them.
 	sources []runner
@@ -95,6 +99,9 @@ func newRouterWith(cfg fileConfig, log *zap.Logger, deps routerDeps) (*router, e
 	if err != nil {
 		return nil, err
 	}
+	if r.tracer, err = newTracer(cfg.Tracing, log); err != nil {
+		return nil, err
+	}
 	r.srv, err = proxy.New(proxy.Options{
 		Config: proxy.Config{
 			ConnectTimeout:     cfg.Timeouts.Connect,
@@ -125,11 +132,13 @@ func newRouterWith(cfg fileConfig, log *zap.Logger, deps routerDeps) (*router, e
 		Gatherer:    r.reg,
 		Logger:      log,
 		AccessLog:   deps.access,
+		Tracer:      r.tracer,
 	})
-	if err != nil {
-		return nil, err
+	if err == nil {
+		err = r.fleet.Attach(r.srv)
 	}
-	if err := r.fleet.Attach(r.srv); err != nil {
+	if err != nil {
+		r.tracer.Shutdown(context.Background()) //nolint:errcheck // the error said is err
 		return nil, err
 	}
 	r.file.Store(&cfg)
@@ -189,6 +198,7 @@ func restartOnly(a, b fileConfig) []string {
 		{"listen", a.Listen, b.Listen}, {"log", a.Log, b.Log}, {"timeouts", a.Timeouts, b.Timeouts},
 		{"limits", a.Limits, b.Limits}, {"retry", a.Retry, b.Retry}, {"upstream", a.Upstream, b.Upstream},
 		{"health", a.Health, b.Health}, {"breaker", a.Breaker, b.Breaker}, {"shutdown", a.Shutdown, b.Shutdown},
+		{"tracing", a.Tracing, b.Tracing},
 	} {
 		if !reflect.DeepEqual(f.a, f.b) {
 			out = append(out, f.name)
@@ -237,6 +247,11 @@ func (r *router) run(ctx context.Context, ln net.Listener, drain time.Duration, 
 	}
 	stopBG()
 	wg.Wait()
+	// The spans of the requests drained are exported before the process
+	// ends (within tracing.timeout).
+	if terr := r.tracer.Shutdown(context.Background()); terr != nil {
+		r.log.Warn("tracing: spans not exported at shutdown", zap.Error(terr))
+	}
 	if errors.Is(err, net.ErrClosed) {
 		err = nil
 	}

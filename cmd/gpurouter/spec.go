@@ -200,5 +200,6 @@ func redacted(cfg fileConfig) fileConfig {
 	if cfg.Admin.Token != "" {
 		cfg.Admin.Token = "REDACTED"
 	}
+	cfg.Tracing = cfg.Tracing.redacted()
 	return cfg
 }

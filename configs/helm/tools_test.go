@@ -89,6 +89,14 @@ func valueSets() []valueSet {
 			"config.pools[0].model=m", "config.pools[0].discovery.kubernetes.service=vllm",
 			"config.pools[0].discovery.kubernetes.port=8000", "config.shutdown.drain_timeout=1m30s",
 		}, hasSM: true, expect: "gpurouter:endpointslices"},
+		// Tracing on, with the chart's additions (TestChartTracing).
+		{name: "tracing", sets: []string{
+			// (A ratio such as 0.25 must come from a values file: --set
+			// makes it a string, which the router refuses.)
+			"config.tracing.endpoint=http://otel-collector.observability:4318", "config.tracing.protocol=http",
+			"config.tracing.timeout=5s",
+			"tracing.headersSecret.name=otel-auth",
+		}, expect: "gpurouter:pods"},
 	}
 }
 

@@ -101,3 +101,49 @@ per namespace only the resources some pool's source there watches.
 {{- end }}
 {{- toYaml $out }}
 {{- end }}
+
+{{/*
+gpurouter.tracingEnv: the router container's environment for tracing
+(values.tracing), only while config.tracing.endpoint is set: the pod's
+Kubernetes identity as resource attributes, and the export headers from a
+Secret. The OpenTelemetry SDK reads both variables beneath the file's
+options. Kubernetes expands $(VAR) from the variables listed before.
+*/}}
+{{- define "gpurouter.tracingEnv" -}}
+{{- $cfg := (.Values.config | default dict).tracing | default dict }}
+{{- $t := .Values.tracing | default dict }}
+{{- if $cfg.endpoint }}
+{{- if $t.kubernetesAttributes }}
+- name: GPUROUTER_POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: GPUROUTER_POD_UID
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.uid
+- name: GPUROUTER_POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+- name: GPUROUTER_NODE_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: spec.nodeName
+- name: OTEL_RESOURCE_ATTRIBUTES
+  value: k8s.pod.name=$(GPUROUTER_POD_NAME),k8s.pod.uid=$(GPUROUTER_POD_UID),k8s.namespace.name=$(GPUROUTER_POD_NAMESPACE),k8s.node.name=$(GPUROUTER_NODE_NAME)
+{{- end }}
+{{- with ($t.headersSecret | default dict) }}
+{{- if .name }}
+{{- if $cfg.headers }}
+{{- fail "tracing.headersSecret and config.tracing.headers: set one (the file's headers would replace the Secret's)" }}
+{{- end }}
+- name: OTEL_EXPORTER_OTLP_TRACES_HEADERS
+  valueFrom:
+    secretKeyRef:
+      name: {{ .name | quote }}
+      key: {{ .key | default "headers" | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
