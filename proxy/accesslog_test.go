@@ -47,7 +47,7 @@ func FuzzAccessLine(f *testing.F) {
 	zones := []*time.Location{time.UTC, time.FixedZone("", 5*3600+1800), time.FixedZone("", -7*3600), time.Local}
 	f.Fuzz(func(t *testing.T, id, model, replica, arm, keyID string, status int, oc, ep uint8, stream bool, attempts int,
 		ttftNs, e2eNs int64, prompt, completion int, atNs int64, zone uint8) {
-		x := &exchange{id: id, arm: arm, status: int32(status), attempts: int32(attempts), promptTokens: prompt, completionTokens: completion,
+		x := &exchange{id: id, arm: arm, status: int32(status), attempts: int32(attempts), promptTokens: int32(prompt), completionTokens: int32(completion),
 			outcome: outcome(int(oc) % len(outcomeNames)), ep: openai.Endpoint(ep % 4)}
 		x.principal.ID = keyID
 		x.req.Stream = stream

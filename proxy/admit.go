@@ -141,7 +141,7 @@ func parseTimeout(v string) (time.Duration, error) {
 // does nothing.
 func (x *exchange) releaseTicket() {
 	if x.gotUsage {
-		x.ticket.ReleaseUsage(admission.Usage{PromptTokens: x.promptTokens, CompletionTokens: x.completionTokens})
+		x.ticket.ReleaseUsage(admission.Usage{PromptTokens: int(x.promptTokens), CompletionTokens: int(x.completionTokens)})
 		return
 	}
 	x.ticket.Release()

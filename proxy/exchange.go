@@ -54,6 +54,7 @@ type exchange struct {
 	// (size_test.go).
 	outcome  outcome
 	gotUsage bool      // usage came from the engine (step 6)
+	status   int32     // the answer's status (step 7), in the padding after the bytes above
 	received time.Time // full request read by the router
 	// tr is the request's spans (trace.go); nil while tracing is off.
 	tr *tracing.Request
@@ -67,9 +68,7 @@ type exchange struct {
 	arm       string         // A/B arm (the policy name outside experiments); the picker may set it in step 4
 	affinity  string         // session key: X-Session-Id, else the body's user
 	principal auth.Principal // the client's API key; zero when auth is off or no valid key came
-	prompt    promptText     // the prompt as prefix indexes key it (prefix.go)
-	prefix    []uint64       // its keys in the pool's index; nil without one
-	cached    int            // prompt tokens the current attempt's replica holds cached (Request.CachedTokens)
+	prompt    *promptText    // the prompt as prefix indexes key it, its keys and hits (prefix.go); nil when no pool has an index
 	keys      *auth.KeyStore // the store that authenticated principal; nil when auth is off
 
 	// Step 3 (admit.go): the admission ticket; zero without admission.
@@ -96,8 +95,8 @@ type exchange struct {
 	// class, malloc header included (one word more costs 64 B a request).
 	itlCount         int32
 	tokenChunks      int32
-	promptTokens     int // from the engine's usage (0 if none came)
-	completionTokens int
+	promptTokens     int32 // from the engine's usage (0 if none came)
+	completionTokens int32
 
 	// Steps 5–6 (migrate.go): what continuing the stream on another
 	// replica needs; nil when the request may not be continued.
@@ -108,7 +107,6 @@ type exchange struct {
 
 	// Step 7 (finish). status and done side by side: the exchange keeps
 	// to its size class (size_test.go).
-	status   int32
 	attempts int32 // steps 4–5's attempts, here to keep the size class
 	done     atomic.Bool
 	err      error
@@ -130,7 +128,7 @@ func (x *exchange) pool() *balancer.Pool {
 func (x *exchange) leaseCost() (work, kv int64, long bool) {
 	work = x.prefillWork() + int64(max(x.cost.OutputTokens, 0))
 	if x.ticket.Admitted() {
-		kv = max(x.cost.Tokens()-int64(x.cached), 0)
+		kv = max(x.cost.Tokens()-int64(x.prompt.cachedTokens()), 0)
 		long = x.ticket.LongPrefillCap() > 0 && !x.pd.remoteKV()
 	}
 	return work, kv, long
@@ -142,7 +140,7 @@ func (x *exchange) prefillWork() int64 { return x.s.score.Cost(x.leasePrompt(), 
 
 // uncached is the prompt tokens the replica placed on must prefill: the
 // prompt less what its prefix cache holds.
-func (x *exchange) uncached() int { return max(x.cost.PromptTokens-x.cached, 0) }
+func (x *exchange) uncached() int { return max(x.cost.PromptTokens-x.prompt.cachedTokens(), 0) }
 
 // tokenChunk records the arrival of a chunk carrying output.
 func (x *exchange) tokenChunk(now time.Time) {
@@ -232,7 +230,7 @@ func (x *exchange) finish(err error, status int) {
 		if x.completionTokens > 1 && !x.firstTok.IsZero() && x.outcome == outcomeOK {
 			decode := x.lastTok.Sub(x.firstTok)
 			x.rm.tpot.Observe(decode.Seconds() / float64(x.completionTokens-1))
-			x.lease.ObserveDecode(x.completionTokens, decode)
+			x.lease.ObserveDecode(int(x.completionTokens), decode)
 		}
 	}
 	x.pd.observe(s.m.pd, model, x)
@@ -249,8 +247,8 @@ func (x *exchange) logLine(err error, end, e2eEnd time.Time, model, replica stri
 		// The common kind, with no error to report and no migration.
 		line := observe.Line{ID: x.id, Endpoint: x.ep.String(), Model: model, Replica: replica, Arm: x.arm, KeyID: x.principal.ID,
 			Status: int(x.status), Outcome: x.outcome.String(), Stream: x.req.Stream, Attempts: int(x.attempts),
-			TTFT: sinceOr(x.firstTok, x.received), E2E: e2eEnd.Sub(x.received), PromptTokens: x.promptTokens,
-			CompletionTokens: x.completionTokens, End: end}
+			TTFT: sinceOr(x.firstTok, x.received), E2E: e2eEnd.Sub(x.received), PromptTokens: int(x.promptTokens),
+			CompletionTokens: int(x.completionTokens), End: end}
 		if s.access.Write(&line) {
 			return
 		}
@@ -274,8 +272,8 @@ func (x *exchange) logLine(err error, end, e2eEnd time.Time, model, replica stri
 			zap.Int("attempts", int(x.attempts)),
 			zap.Duration("ttft", sinceOr(x.firstTok, x.received)),
 			zap.Duration("e2e", e2eEnd.Sub(x.received)),
-			zap.Int("prompt_tokens", x.promptTokens),
-			zap.Int("completion_tokens", x.completionTokens),
+			zap.Int("prompt_tokens", int(x.promptTokens)),
+			zap.Int("completion_tokens", int(x.completionTokens)),
 			zap.NamedError("error", errOrNil(err, x.outcome)),
 			causeOf(err),
 			x.mig.logField(),

@@ -21,7 +21,7 @@ func (x *exchange) pickRequest() balancer.Request {
 	r := balancer.Request{
 		AffinityKey: x.affinity,
 		PrefixHash:  x.req.PrefixHash,
-		Prefix:      x.prefix,
+		Prefix:      x.prompt.prefixKeysOf(),
 		ArmKey:      x.id,
 		Arm:         x.arm,
 		// When it is placed, not when it arrived: a request that waited
@@ -88,10 +88,12 @@ func (s *Server) beginAttempt(rt *routeTable, x *exchange, rep *balancer.Replica
 	}
 	// The prompt tokens rep holds in its prefix cache are neither prefill
 	// work nor new KV: the lease counts the rest.
-	x.cached = pick.CachedTokens(rep)
+	if x.prompt != nil {
+		x.prompt.cached = pick.CachedTokens(rep)
+	}
 	work, kv, long := x.leaseCost()
 	lease, err := rep.AcquireRequest(balancer.LeaseCost{Work: work, KV: kv, Long: long,
-		PromptTokens: int64(x.leasePrompt()), CachedTokens: int64(x.cached), Prefix: pick.Prefix,
+		PromptTokens: int64(x.leasePrompt()), CachedTokens: int64(x.prompt.cachedTokens()), Prefix: pick.Prefix,
 		OutputTokens: int64(max(x.cost.OutputTokens, 0)), TPOTObjective: x.cost.TPOT, Adapter: x.route.Pool.AdapterOf(x.req.Model)})
 	if err != nil {
 		// An open breaker: nothing was sent.

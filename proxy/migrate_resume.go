@@ -202,7 +202,7 @@ func (r *relay) endLocally() {
 		if prompt == 0 {
 			prompt = x.cost.PromptTokens
 		}
-		x.promptTokens, x.completionTokens, x.gotUsage = prompt, m.tokens, true
+		x.promptTokens, x.completionTokens, x.gotUsage = int32(prompt), int32(m.tokens), true
 		if !r.strip && len(m.buf.id) > 0 {
 			r.out = append(r.out, `data: {"id":`...)
 			r.out = append(r.out, m.buf.id...)
@@ -214,7 +214,7 @@ func (r *relay) endLocally() {
 			r.out = append(r.out, `,"created":`...)
 			r.out = append(r.out, m.buf.created...)
 			r.out = append(r.out, `,"choices":[],"usage":`...)
-			r.out = appendUsageJSON(r.out, x.promptTokens, x.completionTokens)
+			r.out = appendUsageJSON(r.out, int(x.promptTokens), int(x.completionTokens))
 			r.out = append(r.out, "}\n\n"...)
 		}
 	}

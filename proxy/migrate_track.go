@@ -218,7 +218,7 @@ func (m *migration) fixUsage(dst, ev []byte, x *exchange) []byte {
 		prompt = max(p-m.before, 0)
 	}
 	completion := m.before + c
-	x.promptTokens, x.completionTokens, x.gotUsage = prompt, completion, true
+	x.promptTokens, x.completionTokens, x.gotUsage = int32(prompt), int32(completion), true
 	var es openai.Edits
 	var num [96]byte
 	if sp, ok := openai.Field(ev, openai.KeyUsage); ok {

@@ -72,7 +72,9 @@ func (s *Server) plan(ctx *fasthttp.RequestCtx, hdr *clientHeaders, x *exchange,
 		}
 	}
 	x.cost = x.route.costOf(&x.req, ep)
-	x.prefix = x.prompt.prefixKeys(x.route.Pool.PrefixCache())
+	if x.prompt != nil {
+		x.prompt.keys = x.prompt.prefixKeys(x.route.Pool.PrefixCache())
+	}
 	if err := s.permit(x); err != nil {
 		return nil, false, err
 	}

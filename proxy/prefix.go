@@ -19,6 +19,25 @@ type promptText struct {
 	chat     bool                  // Turn was called: msgs, else prompt
 	msgs     []prefixcache.Message // chat messages, when keepText
 	prompt   string                // a completion's prompt, when keepText
+	keys     []uint64              // the prompt's keys in its pool's index (plan); nil without one
+	cached   int                   // prompt tokens the current attempt's replica holds cached (Request.CachedTokens)
+}
+
+// prefixKeysOf is p's keys; nil when p is.
+func (p *promptText) prefixKeysOf() []uint64 {
+	if p == nil {
+		return nil
+	}
+	return p.keys
+}
+
+// cachedTokens is what the current attempt's replica holds of the
+// prompt; 0 without a prefix index.
+func (p *promptText) cachedTokens() int {
+	if p == nil {
+		return 0
+	}
+	return p.cached
 }
 
 // Separators of a chat message in its text keys: the role between them,
@@ -59,7 +78,7 @@ func (p *promptText) Text(t []byte) {
 // promptSink readies x's prompt text for the pools of rt that have a
 // prefix index; nil when none has (the body's parse then hashes nothing).
 func (x *exchange) promptSink(rt *routeTable) openai.PromptSink {
-	p := &x.prompt
+	var p promptText
 	for _, pool := range rt.pools {
 		switch pc := pool.PrefixCache(); {
 		case pc == nil:
@@ -75,7 +94,10 @@ func (x *exchange) promptSink(rt *routeTable) openai.PromptSink {
 	if p.hashText {
 		p.text.Reset(nil, prefixcache.RootSeed, prefixcache.DefaultBlockBytes)
 	}
-	return p
+	// Behind a pointer, allocated only here: the exchange keeps to its
+	// size class (size_test.go).
+	x.prompt = &p
+	return x.prompt
 }
 
 // prefixKeys is the request's prompt as pool's prefix index keys it: text
@@ -86,7 +108,7 @@ func (x *exchange) promptSink(rt *routeTable) openai.PromptSink {
 // without an index or a prompt of text.
 func (p *promptText) prefixKeys(pc *balancer.PrefixCache) []uint64 {
 	switch {
-	case pc == nil:
+	case pc == nil || p == nil:
 		return nil
 	case pc.Approximate:
 		if !p.hashText {

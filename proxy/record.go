@@ -22,8 +22,8 @@ func (x *exchange) record(end time.Time) observe.Record {
 		DoneNs:           unixNs(end),
 		E2ES:             end.Sub(x.received).Seconds(),
 		ITLCount:         int(x.itlCount),
-		PromptTokens:     x.promptTokens,
-		CompletionTokens: x.completionTokens,
+		PromptTokens:     int(x.promptTokens),
+		CompletionTokens: int(x.completionTokens),
 		EstPromptTokens:  x.cost.PromptTokens,
 	}
 	if p := x.pool(); p != nil {

@@ -430,7 +430,7 @@ func (r *relay) process(now time.Time) {
 
 func (r *relay) takeUsage(payload []byte) {
 	if p, c, ok := openai.ReadUsage(payload); ok {
-		r.x.promptTokens, r.x.completionTokens, r.x.gotUsage = p, c, true
+		r.x.promptTokens, r.x.completionTokens, r.x.gotUsage = int32(p), int32(c), true
 	}
 }
 
@@ -475,7 +475,7 @@ func (r *relay) CloseWithError(err error) error {
 			r.resp = nil
 		}
 		if !r.x.lastTok.IsZero() && r.x.completionTokens == 0 && !r.x.gotUsage {
-			r.x.completionTokens = int(r.x.tokenChunks) // no usage: one chunk ≈ one token
+			r.x.completionTokens = int32(r.x.tokenChunks) // no usage: one chunk ≈ one token
 		}
 		r.x.finish(final, fasthttp.StatusOK)
 		if m := r.x.mig; m != nil {

@@ -190,7 +190,7 @@ func (x *exchange) traceEnd(end time.Time) {
 		return
 	}
 	res := tracing.Result{Status: int(x.status), Outcome: x.outcome.String(),
-		Usage: tracing.Usage{InputTokens: x.promptTokens, OutputTokens: x.completionTokens}}
+		Usage: tracing.Usage{InputTokens: int(x.promptTokens), OutputTokens: int(x.completionTokens)}}
 	if x.tr.Recording() {
 		x.tr.RelayEnd(end, x.relayStats())
 		switch x.outcome {
@@ -203,7 +203,7 @@ func (x *exchange) traceEnd(end time.Time) {
 
 // relayStats is what the relay measured of the answer.
 func (x *exchange) relayStats() tracing.Relay {
-	s := tracing.Relay{TTFT: sinceOr(x.firstTok, x.received), Chunks: int(x.tokenChunks), OutputTokens: x.completionTokens,
+	s := tracing.Relay{TTFT: sinceOr(x.firstTok, x.received), Chunks: int(x.tokenChunks), OutputTokens: int(x.completionTokens),
 		ITLCount: int(x.itlCount), ITLMax: x.itlMax, ClientGone: x.outcome == outcomeCanceled}
 	if x.itlCount > 0 {
 		s.ITLMean = x.itlSum / time.Duration(x.itlCount)

@@ -99,7 +99,7 @@ func (b *wholeBody) CloseWithError(err error) error {
 	b.closed = true
 	x := b.x
 	if p, c, ok := b.tokens(x.s); ok {
-		x.promptTokens, x.completionTokens, x.gotUsage = p, c, true
+		x.promptTokens, x.completionTokens, x.gotUsage = int32(p), int32(c), true
 	}
 	bytebufferpool.Put(b.buf)
 	b.buf = nil
