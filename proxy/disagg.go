@@ -383,8 +383,8 @@ var prefillKV = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill":fa
 // one token, not streamed, the options a prefill replica does not support
 // removed (vLLM's proxy: "These args are not supported for P").
 func prefillBody(body []byte) ([]byte, error) {
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(body, &m); err != nil {
+	m, err := bodyMembers(body)
+	if err != nil {
 		return nil, err
 	}
 	one := json.RawMessage("1")
@@ -403,10 +403,22 @@ func prefillBody(body []byte) ([]byte, error) {
 // decodeBody is body, the client's request, with the prefill answer's
 // kv_transfer_params (kv) verbatim, in place of any the client sent.
 func decodeBody(body []byte, kv json.RawMessage) ([]byte, error) {
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(body, &m); err != nil {
+	m, err := bodyMembers(body)
+	if err != nil {
 		return nil, err
 	}
 	m["kv_transfer_params"] = kv
 	return json.Marshal(m)
+}
+
+// bodyMembers is body's top-level members; an error unless it is an object.
+func bodyMembers(body []byte) (map[string]json.RawMessage, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(body, &m); err != nil {
+		return nil, err
+	}
+	if m == nil {
+		return nil, errors.New("the body is null, not an object")
+	}
+	return m, nil
 }

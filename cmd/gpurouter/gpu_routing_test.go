@@ -46,6 +46,15 @@ func startSimFleet(t *testing.T, n int, faults []sim.Faults) *sim.Fleet {
 // startConfiguredRouter runs the router exactly as `serve` builds it.
 func startConfiguredRouter(t *testing.T, cfg fileConfig) string {
 	t.Helper()
+	url, _ := runConfiguredRouter(t, cfg)
+	return url
+}
+
+// runConfiguredRouter is startConfiguredRouter with stop, which ends the
+// router as SIGTERM does (its drain, within a second) and returns once it
+// has; the test's end stops it too.
+func runConfiguredRouter(t *testing.T, cfg fileConfig) (url string, stop func()) {
+	t.Helper()
 	applyDefaults(&cfg)
 	if err := validate(cfg); err != nil {
 		t.Fatal(err)
@@ -61,8 +70,9 @@ func startConfiguredRouter(t *testing.T, cfg fileConfig) string {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { r.run(ctx, ln, time.Second); close(done) }() //nolint:errcheck
-	t.Cleanup(func() { cancel(); <-done })
-	return "http://" + ln.Addr().String()
+	stop = func() { cancel(); <-done }
+	t.Cleanup(stop)
+	return "http://" + ln.Addr().String(), stop
 }
 
 // A throttled GPU takes proportionally less traffic, and a replica whose GPU

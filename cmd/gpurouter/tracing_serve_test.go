@@ -1,16 +1,13 @@
 package main
 
 import (
-	"context"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/gpurouter/gpurouter/tracing/otelcoltest"
-	"go.uber.org/zap"
 )
 
 // TestServeExportsTraces: `serve` with a tracing section exports each
@@ -24,24 +21,10 @@ func TestServeExportsTraces(t *testing.T) {
 	cfg := fileConfig{Log: logConfig{Level: "error"},
 		Pools:   []poolConfig{{Model: "m", Replicas: []replicaConfig{{Name: "r0", URL: fleet.URLs()[0]}}}},
 		Tracing: tracingConfig{Endpoint: col.HTTPEndpoint, Protocol: "http", SamplingRatio: &ratio}}
-	applyDefaults(&cfg)
-	if err := validate(cfg); err != nil {
-		t.Fatal(err)
-	}
-	r, err := newRouter(cfg, zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.run(ctx, ln, 5*time.Second) }()
+	url, stop := runConfiguredRouter(t, cfg)
 
 	const traceID, parent = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
-	req, err := http.NewRequest(http.MethodPost, "http://"+ln.Addr().String()+"/v1/completions",
+	req, err := http.NewRequest(http.MethodPost, url+"/v1/completions",
 		strings.NewReader(`{"model":"m","prompt":"hello","max_tokens":4}`))
 	if err != nil {
 		t.Fatal(err)
@@ -57,15 +40,7 @@ func TestServeExportsTraces(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
-	cancel() // as SIGTERM: drain, then the spans are flushed
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("serve did not stop")
-	}
+	stop() // as SIGTERM: the drain, then the spans are flushed
 	spans := col.WaitForSpans(t, 30*time.Second, func(s []otelcoltest.Span) bool {
 		for _, sp := range s {
 			if sp.TraceID == traceID && sp.Name == "POST /v1/completions" {
