@@ -111,7 +111,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"reason"}),
 		loopHandOffs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "gpurouter_request_loop_handoffs_total",
-			Help: "Client connections a request loop (upstream.request_loops) gave to the goroutine path with a request it does not serve: the router's own endpoints, HTTP/1.0, a chunked body, Expect, a body over the limit, a request that may go to a pool behind TLS. The connection stays there.",
+			Help: "Client connections a request loop (upstream.request_loops) gave to the goroutine path with a request it does not serve: the router's own endpoints, HTTP/1.0, a chunked body, Expect, a body over the limit, a request that may go to a pool behind TLS, that splits its long prompts or that tokenizes them for its prefix index. The connection stays there.",
 		}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpurouter_requests_refused_total",

@@ -37,7 +37,9 @@ import (
 // far, goes to fasthttp's server (handOff): the router's own endpoints,
 // HTTP/1.0, chunked request bodies, Expect, bodies or heads over the
 // limits, and, where a pool is behind TLS (which the loop does not speak),
-// the requests its path does not route to another pool. What would block
+// splits its long prompts or tokenizes them for its prefix index
+// (table.go: goroutineOnly), the requests its path does not route to
+// another pool. What would block
 // goes to a goroutine that posts its result back (post): an admission
 // wait, a new engine connection, a retry's pause.
 

@@ -15,6 +15,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/gpurouter/gpurouter/prefixcache"
 )
 
 // The suite runs on the request loops, the default on Linux: API requests,
@@ -412,6 +415,39 @@ func TestRequestLoopHTTP10WithLengthAnsweredAtItsEnd(t *testing.T) {
 		}
 		if d := time.Since(start); d > 2*time.Second {
 			t.Errorf("goroutines=%v: answered after %v, when the engine's connection stayed open", goroutines, d)
+		}
+	}
+}
+
+// A pool whose prefix index is keyed by the engines' tokens has each
+// prompt tokenized, tens of milliseconds for a long one: the loop hands
+// its connections to fasthttp's goroutines rather than stall its other
+// connections meanwhile. A text-keyed (approximate) index stays the
+// loop's, and so does the pool again once its index changes back.
+func TestRequestLoopHandsTokenizingPoolsOff(t *testing.T) {
+	up := newFakeVLLM(t)
+	tr := startRouter(t, []string{up.url}, oneLoop)
+	handOffs := func() float64 { return testutil.ToFloat64(tr.srv.m.loopHandOffs) }
+	tok, err := prefixcache.NewBPE("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens := &balancer.PrefixCache{Index: prefixcache.NewIndex(), BlockSize: 16, Tokenizer: tok, Chat: prefixcache.CL100KChat()}
+	text := &balancer.PrefixCache{Index: prefixcache.NewIndex(), BlockSize: prefixcache.DefaultBlockBytes, Approximate: true}
+	for i, tc := range []struct {
+		pc   *balancer.PrefixCache
+		want float64 // hand-offs after this step's request
+	}{{text, 0}, {tokens, 1}, {nil, 1}, {tokens, 2}, {text, 2}} {
+		tr.pool.SetPrefixCache(tc.pc)
+		// A new connection each time: a handed-off one stays fasthttp's.
+		resp := post(t, tr.url+"/v1/chat/completions", chatPlain, "Connection", "close")
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("step %d: status %d: %.200s", i, resp.StatusCode, b)
+		}
+		if n := handOffs(); n != tc.want {
+			t.Fatalf("step %d: %v connections handed off; want %v", i, n, tc.want)
 		}
 	}
 }

@@ -48,9 +48,31 @@ type poolRoute struct {
 
 // goroutineOnly reports whether a request routed to pr, nil when its
 // body's model routes it, is for fasthttp's goroutines: a request loop
-// neither speaks TLS nor drives a split's prefill step (disagg.go).
+// neither speaks TLS nor drives a split's prefill step (disagg.go), nor
+// tokenizes a prompt for a prefix index keyed by the engines' tokens
+// (prefix.go: tens of milliseconds for a long prompt, which would stall
+// every other connection of the loop).
 func (rt *routeTable) goroutineOnly(pr *poolRoute) bool {
-	return rt.tls && (pr == nil || pr.tls) || rt.split && (pr == nil || pr.Split != nil)
+	if rt.tls && (pr == nil || pr.tls) || rt.split && (pr == nil || pr.Split != nil) {
+		return true
+	}
+	if pr != nil {
+		return tokenKeyed(pr.Pool)
+	}
+	for _, p := range rt.pools {
+		if tokenKeyed(p) {
+			return true
+		}
+	}
+	return false
+}
+
+// tokenKeyed reports whether p's prefix index, which may change without
+// the routes (fleet: applyPrefix), keys prompts by tokens: the router
+// tokenizes each prompt routed to p.
+func tokenKeyed(p *balancer.Pool) bool {
+	pc := p.PrefixCache()
+	return pc != nil && !pc.Approximate && pc.Tokenizer != nil
 }
 
 // SetRoutes replaces what the router serves, atomically and whole: pools,
