@@ -2,6 +2,7 @@ package balancer
 
 import (
 	"math"
+	"sync/atomic"
 
 	"github.com/gpurouter/gpurouter/prefixcache"
 )
@@ -16,8 +17,14 @@ import (
 // without one routes as if nothing were cached.
 type PrefixCache struct {
 	Index *prefixcache.Index
-	// BlockSize is the engines' block size in tokens (vllm:cache_config_info).
+	// BlockSize is the engines' block size in tokens: the configured one,
+	// or the one assumed until an engine reports its own (LearnBlockSize).
+	// Read it with Block.
 	BlockSize int
+	// learned is the block size an engine reported
+	// (vllm:cache_config_info), which overrides BlockSize; 0 while none
+	// did.
+	learned atomic.Int32
 	// Approximate says the index is fed by the router's own placements:
 	// each request's blocks are recorded on the replica it goes to
 	// (AcquireRequest) and age out as its KV capacity says they must.
@@ -30,6 +37,26 @@ type PrefixCache struct {
 	// keys are prefixcache.TextKeys over the prompt's text.
 	Tokenizer prefixcache.Tokenizer
 	Chat      prefixcache.ChatTemplate
+}
+
+// Block is the block size a prompt's keys are cut in: the one an engine
+// reported (LearnBlockSize), else BlockSize.
+func (pc *PrefixCache) Block() int {
+	if n := pc.learned.Load(); n > 0 {
+		return int(n)
+	}
+	return pc.BlockSize
+}
+
+// LearnBlockSize takes n, an engine's reported block size, as the pool's
+// (Block) when no engine reported one before; it reports whether n is the
+// pool's block size now. An engine reporting another size than the first
+// one's caches blocks the pool's keys never match: false says so.
+func (pc *PrefixCache) LearnBlockSize(n int) bool {
+	if n <= 0 || n > math.MaxInt32 {
+		return false
+	}
+	return pc.learned.CompareAndSwap(0, int32(n)) || pc.learned.Load() == int32(n)
 }
 
 // SetPrefixCache gives the pool its prefix cache (nil: none). Replicas
@@ -88,7 +115,7 @@ func (p *Pool) lookupPrefix(r *Request) {
 	var held [prefixcache.MaxReplicas]int
 	r.prefix.indexed = true
 	if !pc.Approximate {
-		r.prefix.block = int32(pc.BlockSize)
+		r.prefix.block = int32(pc.Block())
 	}
 	r.prefix.found = pc.Index.Lookup(r.Prefix, held[:]) > 0
 	for i, n := range held {
@@ -192,6 +219,9 @@ func (r *Replica) recordPlacement(keys []uint64, uncached, cached int64) {
 type PrefixStats struct {
 	// Blocks is how many keys the index holds for the replica.
 	Blocks int `json:"blocks"`
+	// BlockSize is the tokens of one key when the keys are the engines'
+	// blocks (an index fed by events; PrefixCache.Block); 0 for text keys.
+	BlockSize int `json:"block_size,omitempty"`
 	// PromptTokens sums the prompts placed on the replica with keys;
 	// CachedTokens how many of those tokens the index said it held.
 	PromptTokens int64 `json:"prompt_tokens"`
@@ -214,6 +244,9 @@ func (r *Replica) PrefixStats() *PrefixStats {
 		return nil
 	}
 	st := &PrefixStats{Blocks: pc.Index.Len(s), PromptTokens: r.prefixPrompt.Load(), CachedTokens: r.prefixCached.Load()}
+	if !pc.Approximate {
+		st.BlockSize = pc.Block()
+	}
 	if st.PromptTokens > 0 {
 		st.HitRate = float64(st.CachedTokens) / float64(st.PromptTokens)
 	}

@@ -28,8 +28,9 @@ const (
 
 // Defaults of PrefixCache's zero fields.
 const (
-	// DefaultPrefixBlockSize is vLLM's block size on CUDA, used until
-	// the file says otherwise.
+	// DefaultPrefixBlockSize is vLLM's block size on CUDA: the one
+	// assumed until an engine reports its own (vllm:cache_config_info),
+	// when the file names none.
 	DefaultPrefixBlockSize = 16
 	// DefaultPrefixTokenizer is the embedded vocabulary the simulator
 	// renders with.
@@ -45,8 +46,10 @@ const (
 type PrefixCache struct {
 	Mode PrefixMode
 	// BlockSize is the engines' KV block size in tokens (vLLM's
-	// --block-size; events of another size are ignored); 0 means
-	// DefaultPrefixBlockSize. Events mode only.
+	// --block-size; events of another size are ignored). 0 means the
+	// engines': the block_size the first of them reports in
+	// vllm:cache_config_info, DefaultPrefixBlockSize until one does.
+	// Events mode only.
 	BlockSize int
 	// Tokenizer is the embedded vocabulary a request's prompt is
 	// tokenized with (prefixcache.NewBPE: cl100k_base, o200k_base); ""
@@ -67,12 +70,12 @@ type KVEvents struct {
 	Topic          string // subscription prefix; "" = every topic
 }
 
-// blockTokens is how many prompt tokens one index key stands for: the
-// engines' block size with events, a text block's bytes at four bytes a
-// token when approximate.
-func (c PrefixCache) blockTokens() int {
-	if c.Mode == PrefixEvents {
-		return c.BlockSize
+// blockTokens is how many prompt tokens one index key of pc stands for:
+// the engines' block size with events, a text block's bytes at four
+// bytes a token when approximate.
+func blockTokens(pc *balancer.PrefixCache) int {
+	if !pc.Approximate {
+		return pc.Block()
 	}
 	return prefixcache.DefaultBlockBytes / 4
 }
@@ -107,6 +110,9 @@ func (f *Fleet) buildPrefix(pc Pool, reps []*balancer.Replica, prev *poolPrefix)
 	} else {
 		prev = nil
 		pp.pc = &balancer.PrefixCache{Index: prefixcache.NewIndex(), BlockSize: cfg.BlockSize, Approximate: cfg.Mode == PrefixApproximate}
+		if pp.pc.BlockSize == 0 {
+			pp.pc.BlockSize = DefaultPrefixBlockSize
+		}
 		if cfg.Mode == PrefixEvents {
 			tok, err := prefixcache.NewBPE(cfg.Tokenizer)
 			if err != nil {
@@ -125,7 +131,7 @@ func (f *Fleet) buildPrefix(pc Pool, reps []*balancer.Replica, prev *poolPrefix)
 				continue
 			}
 		}
-		s, err := idx.Add(r.Name(), defaultPrefixCapacityTokens/cfg.blockTokens())
+		s, err := idx.Add(r.Name(), defaultPrefixCapacityTokens/blockTokens(pp.pc))
 		if err != nil {
 			pp.undo()
 			return nil, fmt.Errorf("prefix_cache: replica %s: %w", r.Name(), err)
@@ -156,6 +162,8 @@ func (f *Fleet) buildPrefix(pc Pool, reps []*balancer.Replica, prev *poolPrefix)
 		}
 		sub, err := kvevents.NewSubscriber(kvevents.SubscriberConfig{
 			Pool: pc.Model, Replica: r.Name(), Endpoint: ep, ReplayEndpoint: replay, Topic: cfg.KVEvents.Topic,
+			// Block size 0 (the engines'): every size is indexed, and
+			// the requests' keys are cut in the one the engines report.
 			Sink:    prefixcache.NewTracker(idx, pp.slots[r], cfg.BlockSize, 0),
 			Metrics: f.opts.KVEventsMetrics, Log: f.opts.Log,
 		})
@@ -216,28 +224,42 @@ func (f *Fleet) applyPrefix(pool *balancer.Pool, reps []*balancer.Replica, pp, p
 }
 
 // prefixTelemetry bounds a replica's index entries by what its engine
-// reports it can hold (vllm:cache_config_info), as the scrapes arrive.
+// reports it can hold, and gives a pool whose block size is the engines'
+// the one its engine reports (vllm:cache_config_info), as the scrapes
+// arrive.
 type prefixTelemetry struct {
 	gpu.Sink
-	idx         *prefixcache.Index
-	slot        int
-	blockTokens int
-	last        int // the capacity last set, in keys; the poller's goroutine only
+	pc      *balancer.PrefixCache
+	slot    int
+	learn   bool // the pool's block size is the engines' (PrefixCache.BlockSize 0)
+	replica string
+	log     *zap.Logger
+	// The poller's goroutine only:
+	last   int  // the capacity last set, in keys
+	warned bool // the engine's block size differs from the pool's, said once
 }
 
 func (s *prefixTelemetry) StoreEngine(e *gpu.EngineStats) {
 	s.Sink.StoreEngine(e)
-	if e == nil || e.KVCapacityTokens <= 0 {
+	if e == nil {
 		return
 	}
-	if n := max(e.KVCapacityTokens/s.blockTokens, 1); n != s.last {
+	if s.learn && e.KVBlockSize > 0 && !s.pc.LearnBlockSize(e.KVBlockSize) && !s.warned {
+		s.warned = true
+		s.log.Warn("fleet: prefix index: replica's block size differs from its pool's: its cache is never matched",
+			zap.String("replica", s.replica), zap.Int("block_size", e.KVBlockSize), zap.Int("pool_block_size", s.pc.Block()))
+	}
+	if e.KVCapacityTokens <= 0 {
+		return
+	}
+	if n := max(e.KVCapacityTokens/blockTokens(s.pc), 1); n != s.last {
 		s.last = n
-		s.idx.SetCapacity(s.slot, n)
+		s.pc.Index.SetCapacity(s.slot, n)
 	}
 }
 
 // prefixSink wraps a replica's telemetry sink when its pool has an index.
-func (st *state) prefixSink(pool int, r *balancer.Replica, sink gpu.Sink) gpu.Sink {
+func (st *state) prefixSink(pool int, r *balancer.Replica, sink gpu.Sink, log *zap.Logger) gpu.Sink {
 	if pool >= len(st.prefix) || st.prefix[pool] == nil {
 		return sink
 	}
@@ -246,7 +268,8 @@ func (st *state) prefixSink(pool int, r *balancer.Replica, sink gpu.Sink) gpu.Si
 	if !ok {
 		return sink
 	}
-	return &prefixTelemetry{Sink: sink, idx: pp.pc.Index, slot: s, blockTokens: pp.cfg.blockTokens()}
+	return &prefixTelemetry{Sink: sink, pc: pp.pc, slot: s, replica: r.Name(), log: log,
+		learn: pp.cfg.Mode == PrefixEvents && pp.cfg.BlockSize == 0}
 }
 
 // logPrefix says once per pool how its index is fed.

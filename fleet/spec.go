@@ -124,9 +124,6 @@ func (s Spec) withDefaults() Spec {
 	for i := range s.Pools {
 		p := &s.Pools[i]
 		if p.Prefix.Mode == PrefixEvents {
-			if p.Prefix.BlockSize == 0 {
-				p.Prefix.BlockSize = DefaultPrefixBlockSize
-			}
 			if p.Prefix.Tokenizer == "" {
 				p.Prefix.Tokenizer = DefaultPrefixTokenizer
 			}

@@ -30,7 +30,7 @@ func (f *Fleet) newPoller(spec Spec, st *state, replicas [][]*balancer.Replica) 
 			if ctl := routes[i].Admission; ctl != nil {
 				t.Sink = pokeSink{Replica: r, ctl: ctl}
 			}
-			t.Sink = st.prefixSink(i, r, t.Sink)
+			t.Sink = st.prefixSink(i, r, t.Sink, f.opts.Log)
 			targets = append(targets, t)
 		}
 	}

@@ -219,8 +219,8 @@ func (v *validator) prefix(pool string, c PrefixCache, replicas int) {
 	if c.Mode != PrefixEvents {
 		return
 	}
-	if c.BlockSize < 1 || c.BlockSize > 1<<16 {
-		v.add(at+".block_size", "must be between 1 and 65536 tokens, got %d", c.BlockSize)
+	if c.BlockSize < 0 || c.BlockSize > 1<<16 {
+		v.add(at+".block_size", "must be between 1 and 65536 tokens, or 0 for the engines', got %d", c.BlockSize)
 	}
 	if !slices.Contains([]string{"cl100k_base", "o200k_base"}, c.Tokenizer) {
 		v.add(at+".tokenizer", "must be cl100k_base or o200k_base (embedded), got %q", c.Tokenizer)

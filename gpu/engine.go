@@ -59,6 +59,11 @@ type EngineStats struct {
 	// over engines: vLLM's num_gpu_blocks × block_size from
 	// vllm:cache_config_info, SGLang's max_total_num_tokens.
 	KVCapacityTokens int
+	// KVBlockSize is the engine's KV block size in tokens, vLLM's
+	// block_size label of vllm:cache_config_info, when every engine of
+	// the replica reports the same; 0 when none does, or they differ.
+	// What a prefix index keys prompts in to match the engine's blocks.
+	KVBlockSize int
 
 	// PrefixCacheQueries and PrefixCacheHits are vLLM's cumulative counters,
 	// in tokens.

@@ -149,6 +149,7 @@ func parseVLLM(mfs map[string]*dto.MetricFamily) *EngineStats {
 	if s.Reported&(FieldRunning|FieldWaiting|FieldKVUsage) == 0 {
 		return nil
 	}
+	s.KVBlockSize = kvBlockSize(mfs[vllmCacheConfig])
 	if c := kvCapacity(mfs[vllmCacheConfig]); c > 0 {
 		s.KVCapacityTokens = c
 		s.Reported |= FieldKVCapacity
@@ -270,4 +271,24 @@ func kvCapacity(mf *dto.MetricFamily) int {
 		}
 	}
 	return total
+}
+
+// kvBlockSize is the block_size label of vllm:cache_config_info's series
+// when they all carry the same number; 0 when none does or they differ.
+func kvBlockSize(mf *dto.MetricFamily) int {
+	if mf == nil {
+		return 0
+	}
+	size := 0
+	for _, m := range mf.Metric {
+		n, err := strconv.Atoi(label(m, "block_size"))
+		switch {
+		case err != nil || n <= 0 || n > maxCount:
+		case size == 0:
+			size = n
+		case n != size:
+			return 0
+		}
+	}
+	return size
 }

@@ -36,17 +36,17 @@ func TestParseEngineMetricsGolden(t *testing.T) {
 		wantErr    error
 	}{
 		{name: "v1 names, one engine", file: "vllm_v1.txt", want: EngineStats{Running: 8, Waiting: 2, KVUsage: 0.4127,
-			KVCapacityTokens: 27000 * 16, PrefixCacheQueries: 250000, PrefixCacheHits: 225000, PrefixCacheHitRate: 0.9,
+			KVCapacityTokens: 27000 * 16, KVBlockSize: 16, PrefixCacheQueries: 250000, PrefixCacheHits: 225000, PrefixCacheHitRate: 0.9,
 			PreemptionsTotal: 3, RequestsFinished: 1000, Engines: 1, Reported: all, Engine: EngineVLLM}},
 		{name: "v0.10 exposes both KV names: the new one wins", file: "vllm_v010.txt", want: EngineStats{Running: 5,
-			KVUsage: 0.25, KVCapacityTokens: 12000 * 16, PrefixCacheQueries: 1000, PrefixCacheHits: 400,
+			KVUsage: 0.25, KVCapacityTokens: 12000 * 16, KVBlockSize: 16, PrefixCacheQueries: 1000, PrefixCacheHits: 400,
 			PrefixCacheHitRate: 0.4, RequestsFinished: 1000, Engines: 1, Reported: all, Engine: EngineVLLM}},
 		{name: "old gpu_cache_usage_perc and gpu_prefix_cache names, no engine label", file: "vllm_old.txt",
-			want: EngineStats{Running: 3, Waiting: 7, KVUsage: 0.91, KVCapacityTokens: 8192 * 32,
+			want: EngineStats{Running: 3, Waiting: 7, KVUsage: 0.91, KVCapacityTokens: 8192 * 32, KVBlockSize: 32,
 				PrefixCacheQueries: 80000, PrefixCacheHits: 20000, PrefixCacheHitRate: 0.25, PreemptionsTotal: 12,
 				RequestsFinished: 1000, Engines: 1, Reported: all, Engine: EngineVLLM}},
 		{name: "three data-parallel engines: sums and a mean", file: "vllm_dp.txt", want: EngineStats{Running: 22,
-			Waiting: 5, KVUsage: 0.5, KVCapacityTokens: 3 * 5000 * 16, PrefixCacheQueries: 400, PrefixCacheHits: 200,
+			Waiting: 5, KVUsage: 0.5, KVCapacityTokens: 3 * 5000 * 16, KVBlockSize: 16, PrefixCacheQueries: 400, PrefixCacheHits: 200,
 			PrefixCacheHitRate: 0.5, PreemptionsTotal: 3, RequestsFinished: 3000, Engines: 3, Reported: all, Engine: EngineVLLM}},
 		{name: "missing families are reported as missing", file: "vllm_partial.txt",
 			want: EngineStats{Running: 4, Waiting: 1, Engines: 1, Reported: FieldRunning | FieldWaiting, Engine: EngineVLLM}},
@@ -74,7 +74,7 @@ func TestParseEngineMetricsGolden(t *testing.T) {
 		// running_lora_adapters, waiting_lora_adapters; value
 		// set_to_current_time()).
 		{name: "lora: the newest series, not the last", file: "vllm_lora.txt", want: EngineStats{Running: 8, Waiting: 2, KVUsage: 0.4127,
-			KVCapacityTokens: 27000 * 16, PrefixCacheQueries: 250000, PrefixCacheHits: 225000, PrefixCacheHitRate: 0.9,
+			KVCapacityTokens: 27000 * 16, KVBlockSize: 16, PrefixCacheQueries: 250000, PrefixCacheHits: 225000, PrefixCacheHitRate: 0.9,
 			PreemptionsTotal: 3, RequestsFinished: 1000, Engines: 1, Reported: all | FieldLoRA, Engine: EngineVLLM,
 			LoRA: LoRAStats{Running: []string{"alpaca"}, Waiting: []string{"alpaca"}, MaxLoRAs: 2,
 				Updated: time.Unix(1789828498, 802105000).UTC()}}},
@@ -87,7 +87,7 @@ func TestParseEngineMetricsGolden(t *testing.T) {
 		// A real V0 /metrics (vLLM ~0.7, from vllm-project/aibrix's docs;
 		// its histogram, cut short there, left out): V0 exposes the LoRA
 		// family with max_lora="0" when LoRA is off, which is no report.
-		{name: "lora off in vLLM V0: max_lora 0", file: "vllm_v0_lora_off.txt", want: EngineStats{KVCapacityTokens: 81767 * 16,
+		{name: "lora off in vLLM V0: max_lora 0", file: "vllm_v0_lora_off.txt", want: EngineStats{KVCapacityTokens: 81767 * 16, KVBlockSize: 16,
 			RequestsFinished: 4, Engines: 1, Reported: load | FieldPreemptions | FieldFinished, Engine: EngineVLLM}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -113,7 +113,7 @@ func TestParseEngineMetricsGolden(t *testing.T) {
 // must still be zero), floats to 1e-9.
 func sameStats(got, w *EngineStats) bool {
 	return got.Engine == w.Engine && got.Running == w.Running && got.Waiting == w.Waiting &&
-		near(got.KVUsage, w.KVUsage) && got.KVCapacityTokens == w.KVCapacityTokens &&
+		near(got.KVUsage, w.KVUsage) && got.KVCapacityTokens == w.KVCapacityTokens && got.KVBlockSize == w.KVBlockSize &&
 		near(got.PrefixCacheQueries, w.PrefixCacheQueries) && near(got.PrefixCacheHits, w.PrefixCacheHits) &&
 		near(got.PrefixCacheHitRate, w.PrefixCacheHitRate) && got.PreemptionsTotal == w.PreemptionsTotal &&
 		got.RequestsFinished == w.RequestsFinished && sameLoRA(got.LoRA, w.LoRA) &&
@@ -267,7 +267,15 @@ func TestParseEngineMetricsEdgeCases(t *testing.T) {
 		{"cache_config_info before profiling", `vllm:kv_cache_usage_perc 0.1` + "\n" +
 			`vllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1` + "\n",
 			func(t *testing.T, s *EngineStats, err error) {
-				if err != nil || s.Reported.Has(FieldKVCapacity) || s.KVCapacityTokens != 0 {
+				if err != nil || s.Reported.Has(FieldKVCapacity) || s.KVCapacityTokens != 0 || s.KVBlockSize != 16 {
+					t.Errorf("%v %+v", err, s)
+				}
+			}},
+		{"engines of two block sizes: none is the replica's", `vllm:kv_cache_usage_perc 0.1` + "\n" +
+			`vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="100"} 1` + "\n" +
+			`vllm:cache_config_info{block_size="32",engine="1",num_gpu_blocks="100"} 1` + "\n",
+			func(t *testing.T, s *EngineStats, err error) {
+				if err != nil || s.KVBlockSize != 0 || s.KVCapacityTokens != 4800 {
 					t.Errorf("%v %+v", err, s)
 				}
 			}},

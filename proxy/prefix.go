@@ -124,5 +124,5 @@ func (p *promptText) prefixKeys(pc *balancer.PrefixCache) []uint64 {
 	} else if p.prompt != "" {
 		toks = pc.Tokenizer.AppendTokens(nil, p.prompt)
 	}
-	return prefixcache.AppendKeys(nil, prefixcache.RootSeed, toks, pc.BlockSize)
+	return prefixcache.AppendKeys(nil, prefixcache.RootSeed, toks, pc.Block())
 }

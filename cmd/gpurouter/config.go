@@ -213,7 +213,7 @@ type prefixCacheConfig struct {
 	// prompt's text) | events (the engines' KV-cache events, kv_events) |
 	// off; default approximate.
 	Mode      string `yaml:"mode"`
-	BlockSize int    `yaml:"block_size"` // events: the engines' KV block size in tokens (vLLM --block-size); default 16
+	BlockSize int    `yaml:"block_size"` // events: the engines' KV block size in tokens (vLLM --block-size); default 0: the one they report in vllm:cache_config_info, 16 until then
 	Tokenizer string `yaml:"tokenizer"`  // events: embedded vocabulary the prompt is tokenized with, cl100k_base|o200k_base; default cl100k_base
 }
 

@@ -267,7 +267,6 @@ func applyDefaults(cfg *fileConfig) {
 		setInt(&p.Migration.MaxSeqLen, proxy.DefaultMigrationMaxSeqLen)
 		setDuration(&p.Migration.DrainGrace, proxy.DefaultDrainGrace)
 		setString(&p.PrefixCache.Mode, string(fleet.PrefixApproximate))
-		setInt(&p.PrefixCache.BlockSize, fleet.DefaultPrefixBlockSize)
 		setString(&p.PrefixCache.Tokenizer, fleet.DefaultPrefixTokenizer)
 		if p.LoRA.Aware == nil {
 			aware := true

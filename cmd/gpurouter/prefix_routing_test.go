@@ -19,13 +19,17 @@ import (
 // replica i serves HTTP on base+i, events on base+10+i and replay on
 // base+20+i, so one endpoint template ({port+10}) names every replica's.
 // The base is an ephemeral port's neighbourhood; a taken one is retried.
-func startKVFleet(t *testing.T, n int) *sim.Fleet {
+func startKVFleet(t *testing.T, n int, engineArgs ...string) *sim.Fleet {
 	t.Helper()
 	prof, err := sim.Builtin("qwen2.5-7b")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for k, v := range map[string]string{"num-gpu-blocks-override": "2048", "max-model-len": "8192"} {
+	args := map[string]string{"num-gpu-blocks-override": "2048", "max-model-len": "8192"}
+	for i := 0; i+1 < len(engineArgs); i += 2 {
+		args[engineArgs[i]] = engineArgs[i+1]
+	}
+	for k, v := range args {
 		if err := prof.Set(k, v); err != nil {
 			t.Fatal(err)
 		}
@@ -85,6 +89,7 @@ type prefixView struct {
 			Name   string `json:"name"`
 			Prefix *struct {
 				Blocks       int   `json:"blocks"`
+				BlockSize    int   `json:"block_size"`
 				PromptTokens int64 `json:"prompt_tokens"`
 				CachedTokens int64 `json:"predicted_cached_tokens"`
 			} `json:"prefix_cache"`
@@ -265,8 +270,25 @@ func TestPrefixApproximateByDefault(t *testing.T) {
 // predicts a repeated completion prompt has cached is exactly what the
 // engine then reports it served from cache (vllm:prefix_cache_hits_total).
 func TestPrefixEventsKeysMatchTheEngine(t *testing.T) {
-	f := startKVFleet(t, 2)
+	t.Run("block size 16", func(t *testing.T) { keysMatchTheEngine(t, 16) })
+	// The file names no block size: the router cuts prompts in the one
+	// the engines report (vllm:cache_config_info), not in vLLM's default.
+	t.Run("block size 32, learned", func(t *testing.T) { keysMatchTheEngine(t, 32) })
+}
+
+func keysMatchTheEngine(t *testing.T, blockSize int) {
+	f := startKVFleet(t, 2, "block-size", fmt.Sprint(blockSize))
 	router := startConfiguredRouter(t, eventsConfig(f))
+	waitUntil(t, 10*time.Second, "the engines' block size", func() bool {
+		var v prefixView
+		getJSON(t, router+"/debug/pools", &v)
+		for _, r := range v.Pools[0].Replicas {
+			if r.Prefix == nil || r.Prefix.BlockSize != blockSize {
+				return false
+			}
+		}
+		return true
+	})
 	prompt := longText("doc", 700)
 	send := func() string {
 		body := fmt.Sprintf(`{"model":"m","max_tokens":2,"ignore_eos":true,"prompt":%q}`, prompt)
