@@ -1,10 +1,16 @@
 package fleet
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/gpurouter/gpurouter/gpu"
+	"github.com/gpurouter/gpurouter/prefixcache"
 )
 
 // slotsOf is each replica's slot in its pool's index, by name.
@@ -111,3 +117,50 @@ func TestPrefixValidate(t *testing.T) {
 		})
 	}
 }
+
+// A pool whose block size is the engines' takes the first one an engine
+// reports; an engine reporting another is said once, and changes
+// nothing. A configured block size is never changed.
+func TestPrefixBlockSizeFromTheEngines(t *testing.T) {
+	core, logs := observer.New(zap.WarnLevel)
+	pc := &balancer.PrefixCache{Index: prefixcache.NewIndex(), BlockSize: DefaultPrefixBlockSize}
+	a, err := pc.Index.Add("a", 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := pc.Index.Add("b", 1000)
+	sink := func(slot int, learn bool) *prefixTelemetry {
+		return &prefixTelemetry{Sink: nopSink{}, pc: pc, slot: slot, learn: learn, replica: fmt.Sprint(slot), log: zap.New(core)}
+	}
+	ta, tb := sink(a, true), sink(b, true)
+	keys := make([]uint64, 300)
+	for i := range keys {
+		keys[i] = uint64(i + 1)
+	}
+	pc.Index.Store(a, keys)
+	// 6,400 tokens of KV: 400 blocks of 16, then 200 of 32.
+	ta.StoreEngine(&gpu.EngineStats{KVCapacityTokens: 6400})
+	if pc.Block() != 16 || pc.Index.Len(a) != 300 {
+		t.Fatalf("before any report: block %d, %d keys; want 16, 300", pc.Block(), pc.Index.Len(a))
+	}
+	ta.StoreEngine(&gpu.EngineStats{KVCapacityTokens: 6400, KVBlockSize: 32})
+	if pc.Block() != 32 || pc.Index.Len(a) != 200 {
+		t.Fatalf("after a report of 32: block %d, %d keys; want 32, 200", pc.Block(), pc.Index.Len(a))
+	}
+	for range 3 {
+		tb.StoreEngine(&gpu.EngineStats{KVBlockSize: 16})
+	}
+	if pc.Block() != 32 || logs.Len() != 1 {
+		t.Fatalf("another engine's 16: block %d, %d warnings; want 32, 1", pc.Block(), logs.Len())
+	}
+	fixed := &balancer.PrefixCache{Index: prefixcache.NewIndex(), BlockSize: 64}
+	(&prefixTelemetry{Sink: nopSink{}, pc: fixed, log: zap.New(core)}).StoreEngine(&gpu.EngineStats{KVBlockSize: 16})
+	if fixed.Block() != 64 {
+		t.Fatalf("a configured block size became %d", fixed.Block())
+	}
+}
+
+type nopSink struct{}
+
+func (nopSink) StoreEngine(*gpu.EngineStats) {}
+func (nopSink) StoreGPU(*gpu.GPUSnapshot)    {}
