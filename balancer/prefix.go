@@ -145,6 +145,19 @@ func (r *Request) CachedTokens(c *Replica) int {
 	return max(min(n, r.PromptTokens-1), 0)
 }
 
+// MostCached is the most of r's prompt tokens any of among holds in its
+// prefix cache, as p's index says (0 without one): what a split (proxy:
+// disagg.go) saves by serving r where its prompt is already cached. r is
+// a request for p; the lookup is done once, as for its picks.
+func (p *Pool) MostCached(r *Request, among []*Replica) int {
+	p.lookupPrefix(r)
+	most := 0
+	for _, c := range among {
+		most = max(most, r.CachedTokens(c))
+	}
+	return most
+}
+
 // meanLoad is the requests in flight per replica over candidates, this
 // one included: what cachedWithin bounds a replica's load by.
 func meanLoad(candidates []*Replica) float64 {

@@ -113,9 +113,14 @@ func (sp *Split) Admissible(admission.Cost) bool {
 	return false
 }
 
-// pays reports whether splitting x pays: a generation long enough and a
-// prompt at least MinPromptTokens, with a prefill and a decode replica up.
-func (sp *Split) pays(x *exchange, now time.Time) bool {
+// pays reports whether splitting x, to be picked as pick, pays: a
+// generation long enough and a prompt at least MinPromptTokens, with a
+// prefill and a decode replica up — and no decode replica holding so
+// much of the prompt in its prefix cache that what it would have to
+// compute is under MinPromptTokens: served there colocated, the request
+// prefills little, and a split would move every block of the prompt
+// across for nothing.
+func (sp *Split) pays(x *exchange, pick *balancer.Request, now time.Time) bool {
 	min := sp.MinPromptTokens
 	if min <= 0 {
 		min = DefaultSplitMinPromptTokens
@@ -123,7 +128,10 @@ func (sp *Split) pays(x *exchange, now time.Time) bool {
 	if x.ep == openai.Embeddings || x.cost.PromptTokens < min || x.req.MaxTokens == 1 {
 		return false
 	}
-	return anyAvailable(sp.Prefill, now) && anyAvailable(sp.Decode, now)
+	if !anyAvailable(sp.Prefill, now) || !anyAvailable(sp.Decode, now) {
+		return false
+	}
+	return x.cost.PromptTokens-x.route.Pool.MostCached(pick, sp.Decode) >= min
 }
 
 func anyAvailable(rs []*balancer.Replica, now time.Time) bool {
@@ -173,7 +181,7 @@ type pdFlow struct {
 func (f *flow) splitPlace() (a act, ok bool) {
 	x := f.x
 	sp := x.route.Split
-	if sp == nil || f.plainOnly || f.cont || !sp.pays(x, f.s.now()) {
+	if sp == nil || f.plainOnly || f.cont || !sp.pays(x, &f.pick, f.s.now()) {
 		return 0, false
 	}
 	body, err := prefillBody(f.body)

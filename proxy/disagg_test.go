@@ -19,6 +19,7 @@ import (
 
 	"github.com/gpurouter/gpurouter/admission"
 	"github.com/gpurouter/gpurouter/balancer"
+	"github.com/gpurouter/gpurouter/prefixcache"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -377,5 +378,36 @@ func TestSplitPrefillQueuesAtTheRouter(t *testing.T) {
 	}
 	if pre, _ := d.remoteAsked(); pre != n {
 		t.Errorf("decode replica: %d remote prefills, want %d", pre, n)
+	}
+}
+
+// A long prompt a decode replica already holds in its prefix cache is
+// served colocated: what is left to prefill there is under the split's
+// threshold, and a split would ship every block of the prompt again.
+// Another long prompt is still split.
+func TestSplitNotWhenADecodeReplicaHoldsThePrompt(t *testing.T) {
+	kv, _ := json.Marshal(pdGolden(t, "prefill_response_kv_transfer_params.json"))
+	p, d := newPDEngine(t, kv), newPDEngine(t, kv)
+	tr := startRouterWith(t, []string{p.srv.URL, d.srv.URL}, withSplit(1, 1, 1000))
+	tr.pool.SetPrefixCache(&balancer.PrefixCache{Index: prefixcache.NewIndex(), BlockSize: prefixcache.DefaultBlockBytes, Approximate: true})
+	for i, r := range tr.reps {
+		if _, err := tr.pool.PrefixCache().Index.Add(r.Name(), 1<<16); err != nil {
+			t.Fatal(err)
+		}
+		r.SetPrefixSlot(i)
+	}
+	short := pdClientBody(t)
+	long := bytes.Replace(short, []byte("Hamlet"), bytes.Repeat([]byte("Hamlet "), 1000), 1)
+	other := bytes.Replace(short, []byte("Hamlet"), bytes.Repeat([]byte("Ophelia "), 1000), 1)
+	for i, tc := range []struct {
+		body        []byte
+		wantRemotes int // remote prefills the decode replica was asked for, in all
+	}{{long, 1}, {long, 1}, {long, 1}, {other, 2}} {
+		if status, out := postPD(t, tr.url, tc.body); status != 200 {
+			t.Fatalf("request %d: %d %s", i, status, out)
+		}
+		if pre, _ := d.remoteAsked(); pre != tc.wantRemotes {
+			t.Fatalf("after request %d: %d remote prefills; want %d", i, pre, tc.wantRemotes)
+		}
 	}
 }
