@@ -118,7 +118,9 @@ func (f *Fleet) buildPrefix(pc Pool, reps []*balancer.Replica, prev *poolPrefix)
 			if err != nil {
 				return nil, err
 			}
-			pp.pc.Tokenizer, pp.pc.Chat = tok, prefixcache.CL100KChat()
+			// Chat resends its history each turn: only the new
+			// messages are tokenized.
+			pp.pc.Tokenizer, pp.pc.Chat = prefixcache.NewMemo(tok, 0, 0), prefixcache.CL100KChat()
 		} else {
 			pp.pc.BlockSize = prefixcache.DefaultBlockBytes
 		}
