@@ -48,9 +48,11 @@ type poolRoute struct {
 
 // goroutineOnly reports whether a request routed to pr, nil when its
 // body's model routes it, is for fasthttp's goroutines: a request loop
-// neither speaks TLS nor drives a split's prefill step (disagg.go).
+// neither speaks TLS nor drives a split's prefill step (disagg.go), nor
+// waits for a LoRA adapter's load (lora_load.go).
 func (rt *routeTable) goroutineOnly(pr *poolRoute) bool {
-	return rt.tls && (pr == nil || pr.tls) || rt.split && (pr == nil || pr.Split != nil)
+	return rt.tls && (pr == nil || pr.tls) || rt.split && (pr == nil || pr.Split != nil) ||
+		rt.loads && (pr == nil || pr.Pool.LoRA().LoadOnDemand)
 }
 
 // SetRoutes replaces what the router serves, atomically and whole: pools,
@@ -95,6 +97,7 @@ type routeTable struct {
 	models    []byte   // the /v1/models document when it was built
 	tls       bool     // a pool has a replica reached over TLS (poolRoute.tls)
 	split     bool     // a pool splits requests (Route.Split), which a request loop leaves to fasthttp
+	loads     bool     // a pool loads LoRA adapters on demand, which a request loop leaves to fasthttp
 }
 
 // upstream looks up a replica's upstream; a nil table has none.
@@ -129,6 +132,7 @@ func buildRoutes(routes []Route, plain *admission.Estimator, cfg Config, to *tim
 		rt.pools = append(rt.pools, p)
 		rt.routes = append(rt.routes, pr)
 		rt.split = rt.split || r.Split != nil
+		rt.loads = rt.loads || r.Pool.LoRA().LoadOnDemand
 		for _, name := range append([]string{p.Model()}, p.Aliases()...) {
 			if _, dup := rt.byModel[name]; dup {
 				return nil, fmt.Errorf("proxy: model name %q used by two pools", name)
