@@ -57,7 +57,7 @@ func (e *adapterLoadError) Error() string {
 	return fmt.Sprintf("%v: adapter %q on replica %s: %s (not tried there again for %v)",
 		ErrAdapterLoad, e.adapter, e.replica, e.why, e.retryAfter.Round(time.Second))
 }
-func (e *adapterLoadError) Unwrap() error              { return ErrAdapterLoad }
+func (e *adapterLoadError) Unwrap() error             { return ErrAdapterLoad }
 func (e *adapterLoadError) RetryAfter() time.Duration { return e.retryAfter }
 
 // loraAPIClient sends one runtime-API request to an engine: what a load
