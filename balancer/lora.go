@@ -4,6 +4,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // LoRA adapters. vLLM serves fine-tuned adapters of its base model under
@@ -37,6 +38,39 @@ type LoRAConfig struct {
 	// no preference for the replicas that hold it. For engines whose
 	// adapter swaps cost nothing, or to measure what awareness is worth.
 	Blind bool
+	// LoadOnDemand has the router load an adapter on the replica a
+	// request for it is placed on when that replica is not known to serve
+	// it, through the engine's runtime API (vLLM's POST
+	// /v1/load_lora_adapter, with VLLM_ALLOW_RUNTIME_LORA_UPDATING), before
+	// the request goes there. Only adapters with a path in Paths are
+	// loaded; false never loads (a replica without the adapter answers
+	// 404). The proxy does the loading; placement here ranks such a
+	// replica after those that serve the adapter (tierLoad).
+	LoadOnDemand bool
+	// Paths is where each adapter's weights live, as the engine reads
+	// them (vLLM's lora_path): adapter name → path. nil: none known.
+	Paths map[string]string
+	// LoadTimeout bounds one load call; 0 means DefaultLoRALoadTimeout.
+	LoadTimeout time.Duration
+	// LoadBackoff is how long a replica whose load of an adapter failed
+	// is not asked to load it again; 0 means DefaultLoRALoadBackoff.
+	LoadBackoff time.Duration
+}
+
+// The load-on-demand defaults (LoRAConfig.LoadTimeout, LoadBackoff). A
+// load reads the adapter from disk or a store and holds the engine up
+// meanwhile: seconds, not minutes. The backoff is what keeps a broken
+// runtime API (updating disabled, a wrong path) from being asked again
+// by every request for the adapter.
+const (
+	DefaultLoRALoadTimeout = 30 * time.Second
+	DefaultLoRALoadBackoff = 30 * time.Second
+)
+
+// Loadable reports whether the router loads adapter name on demand: the
+// pool loads on demand and knows the adapter's path.
+func (c *LoRAConfig) Loadable(name string) bool {
+	return c.LoadOnDemand && c.Paths[name] != ""
 }
 
 // Adapter tiers: how well a replica suits a request for an adapter, lower
@@ -47,7 +81,11 @@ const (
 	tierResident        // in one of its slots, by the router's placements: no swap
 	tierNeutral         // a slot is free: a swap, no wait (or nothing known)
 	tierEvict           // every slot's adapter has requests: it waits for one to drain
-	tierAbsent          // its /v1/models does not list the adapter: the engine answers 404
+	// With load on demand (LoRAConfig.Loadable) only:
+	tierLoad        // not known to serve the adapter: the router loads it there first
+	tierCrowded     // serves it but is over the load bound: a load elsewhere spreads it
+	tierLoadCrowded // a load, on a replica over the load bound
+	tierAbsent      // its /v1/models does not list the adapter: the engine answers 404
 )
 
 // loraTracked is how many adapters the router follows per replica:
@@ -66,6 +104,12 @@ type loraTable struct {
 	// registered is the adapters the replica's /v1/models lists, sorted
 	// keys; nil: not known (every adapter is assumed there).
 	registered atomic.Pointer[[]uint64]
+	// loaded is the adapters the router loaded there since /v1/models
+	// was last read (sorted keys; nil none): the next read, which lists
+	// them if the engine still has them, replaces it.
+	loaded atomic.Pointer[[]uint64]
+	// loadMu orders writers of loaded.
+	loadMu sync.Mutex
 }
 
 type loraEntry struct {
@@ -182,8 +226,15 @@ func (t *loraTable) inFlightOf(key uint64) bool {
 }
 
 // SetAdapters records the adapters the replica's engine serves (its
-// /v1/models entries with a parent); nil means not known.
+// /v1/models entries with a parent); nil means not known. The list
+// replaces what the router loaded there (AdapterLoaded): it is the
+// engine's word, and an adapter it lost (a restart) is loaded again. A
+// list read just before a load ended misses that load: the next request
+// loads it again, which the engine answers as already loaded.
 func (r *Replica) SetAdapters(names []string) {
+	r.lora.loadMu.Lock()
+	defer r.lora.loadMu.Unlock()
+	r.lora.loaded.Store(nil)
 	if names == nil {
 		r.lora.registered.Store(nil)
 		return
@@ -196,22 +247,56 @@ func (r *Replica) SetAdapters(names []string) {
 	r.lora.registered.Store(&keys)
 }
 
-// servesAdapter reports whether the replica is known not to serve key
-// (false) or may (true).
-func (r *Replica) servesAdapter(key uint64) bool {
+// AdapterLoaded records that the router loaded adapter name on the
+// replica (or found it already loaded): it serves it from now on, until
+// its /v1/models says otherwise (SetAdapters).
+func (r *Replica) AdapterLoaded(name string) {
+	k := adapterKey(name)
+	r.lora.loadMu.Lock()
+	defer r.lora.loadMu.Unlock()
+	var next []uint64
+	if cur := r.lora.loaded.Load(); cur != nil {
+		if _, ok := slices.BinarySearch(*cur, k); ok {
+			return
+		}
+		next = slices.Clone(*cur)
+	}
+	next = append(next, k)
+	slices.Sort(next)
+	r.lora.loaded.Store(&next)
+}
+
+// HasAdapter reports whether the replica is known to serve adapter name:
+// its /v1/models listed it, or the router loaded it there since.
+func (r *Replica) HasAdapter(name string) bool { return r.knowsAdapter(adapterKey(name)) }
+
+// knowsAdapter is HasAdapter by key.
+func (r *Replica) knowsAdapter(key uint64) bool {
+	if l := r.lora.loaded.Load(); l != nil {
+		if _, ok := slices.BinarySearch(*l, key); ok {
+			return true
+		}
+	}
 	reg := r.lora.registered.Load()
 	if reg == nil {
-		return true
+		return false
 	}
 	_, ok := slices.BinarySearch(*reg, key)
 	return ok
 }
 
+// servesAdapter reports whether the replica is known not to serve key
+// (false) or may (true).
+func (r *Replica) servesAdapter(key uint64) bool {
+	return r.lora.registered.Load() == nil || r.knowsAdapter(key)
+}
+
 // loraMatch is a request's adapter as its pool resolved it, once.
 type loraMatch struct {
-	looked bool
-	key    uint64 // adapterKey; 0 for the base model
-	aware  bool   // the pool places it knowing where adapters are
+	looked   bool
+	key      uint64 // adapterKey; 0 for the base model
+	aware    bool   // the pool places it knowing where adapters are
+	loadable bool   // the router loads it where it is placed (LoRAConfig.Loadable)
 }
 
 // tier rates c for r's adapter (tierRunning … tierAbsent): tierNeutral
@@ -222,18 +307,35 @@ type loraMatch struct {
 // a slot may free there (lower sooner): the adapters there beyond its
 // slots, which wait for one first, then the fewest requests one of its
 // adapters has — the one to drain first.
+//
+// An adapter the router loads on demand ranks a replica not known to
+// serve it after every one that does (tierLoad: a load holds the engine
+// up, and each replica that serves an adapter is one more to share its
+// slots), but a replica that serves it over the bound after a load
+// within it (tierCrowded), so that a hot adapter spreads to another
+// replica instead of piling onto the one that has it.
 func (r *Request) tier(c *Replica, e *EngineLoad, bound float64) (tier int, wait float64) {
 	if !r.lora.aware || r.lora.key == 0 {
 		return tierNeutral, 0
 	}
-	if !c.servesAdapter(r.lora.key) {
+	over := float64(c.inFlight.Load()+1)/c.capacity() > bound
+	if r.lora.loadable {
+		switch known := c.knowsAdapter(r.lora.key); {
+		case !known && over:
+			return tierLoadCrowded, 0
+		case !known:
+			return tierLoad, 0
+		case over:
+			return tierCrowded, 0
+		}
+	} else if !c.servesAdapter(r.lora.key) {
 		return tierAbsent, 0
 	}
 	if e == nil || e.LoRAMax <= 0 {
 		return tierNeutral, 0
 	}
 	t, wait := c.slotTier(r.lora.key, e)
-	if t < tierNeutral && float64(c.inFlight.Load()+1)/c.capacity() > bound {
+	if t < tierNeutral && over {
 		return tierNeutral, 0
 	}
 	return t, wait
@@ -283,7 +385,7 @@ func (p *Pool) lookupAdapter(r *Request) {
 	}
 	r.lora.looked = true
 	if m := p.AdapterOf(r.Model); m != "" {
-		r.lora = loraMatch{looked: true, key: adapterKey(m), aware: !p.cfg.LoRA.Blind}
+		r.lora = loraMatch{looked: true, key: adapterKey(m), aware: !p.cfg.LoRA.Blind, loadable: p.cfg.LoRA.Loadable(m)}
 	}
 }
 

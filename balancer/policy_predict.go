@@ -156,8 +156,11 @@ func (p *Predictive) pick(r *Request, candidates []*Replica) (*Replica, int) {
 		return nil, 0
 	}
 	advancePast(&p.next, start, bestAt)
-	if b.cached > 0 || b.tier < tierNeutral {
-		return best, b.miss // chosen for its cache or adapter: no spreading it away
+	if b.cached > 0 || b.tier != tierNeutral {
+		// Chosen for its cache or adapter, or by its adapter's tier
+		// among worse ones (a load, a slot to free): spreading, which
+		// reads no tier, could take it to a replica without the adapter.
+		return best, b.miss
 	}
 	return p.spread(r, candidates, &pr, st, sp, best, b.miss, b.cost), b.miss
 }

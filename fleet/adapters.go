@@ -36,8 +36,10 @@ var errModels = errors.New("fleet: unreadable /v1/models")
 
 // modelsWatch reads the replicas' /v1/models for the LoRA adapters each
 // serves: the replica learns which (balancer.Replica.SetAdapters) and its
-// pool routes them (balancer.Pool.LearnAdapters). A replica that does not
-// answer keeps what it said last. Build with newModelsWatch; Run reads.
+// pool routes them (balancer.Pool.LearnAdapters). A read replaces what the
+// router loaded there on demand (proxy/lora_load.go): the engine's list is
+// the truth, so an adapter it lost is loaded again. A replica that does
+// not answer keeps what it said last. Build with newModelsWatch; Run reads.
 type modelsWatch struct {
 	client  *fasthttp.Client
 	targets []modelsTarget

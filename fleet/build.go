@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"fmt"
+	"maps"
 	"reflect"
 	"slices"
 
@@ -213,5 +214,6 @@ func (st *state) loops() []runner {
 
 // sameLoRA reports whether two pools' LoRA configs are the same.
 func sameLoRA(a, b balancer.LoRAConfig) bool {
-	return a.Blind == b.Blind && slices.Equal(a.Adapters, b.Adapters)
+	return a.Blind == b.Blind && slices.Equal(a.Adapters, b.Adapters) && a.LoadOnDemand == b.LoadOnDemand &&
+		maps.Equal(a.Paths, b.Paths) && a.LoadTimeout == b.LoadTimeout && a.LoadBackoff == b.LoadBackoff
 }

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"maps"
 	"net/url"
 	"slices"
 
@@ -113,6 +114,7 @@ func (s Spec) clone() Spec {
 		p.Arms = slices.Clone(p.Arms)
 		p.Replicas = slices.Clone(p.Replicas)
 		p.LoRA.Adapters = slices.Clone(p.LoRA.Adapters)
+		p.LoRA.Paths = maps.Clone(p.LoRA.Paths)
 		out.Pools[i] = p
 	}
 	return out

@@ -3,6 +3,7 @@ package fleet
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"net/url"
 	"slices"
@@ -100,6 +101,18 @@ func (v *validator) pools(pools []Pool) {
 				continue
 			}
 			claim(fmt.Sprintf("%s.lora.adapters[%d]", at, j), a, i)
+			if p.LoRA.LoadOnDemand && p.LoRA.Paths[a] == "" {
+				v.add(fmt.Sprintf("%s.lora.adapters[%d]", at, j),
+					"lora.load_on_demand needs where adapter %q's weights live, as vLLM's lora_path: write it name=path", a)
+			}
+		}
+		for _, a := range slices.Sorted(maps.Keys(p.LoRA.Paths)) {
+			if !slices.Contains(p.LoRA.Adapters, a) {
+				v.add(at+".lora.adapters", "a path is given for %q, which is not among the pool's adapters", a)
+			}
+		}
+		if p.LoRA.LoadTimeout < 0 || p.LoRA.LoadBackoff < 0 {
+			v.add(at+".lora", "load_timeout and load_backoff must not be negative")
 		}
 		if p.PathPrefix != "" {
 			key := strings.TrimSuffix(p.PathPrefix, "/")

@@ -77,6 +77,9 @@ var errorTable = [...]errorKind{
 	{ErrOverloaded, fasthttp.StatusTooManyRequests, "rate_limit_error", "engine_overloaded", outcomeShed, blameNeutral},
 	{ErrUnavailable, fasthttp.StatusServiceUnavailable, "server_error", "engine_unavailable", outcomeShed, blameNeutral},
 	{ErrNoReplica, fasthttp.StatusServiceUnavailable, "server_error", "no_healthy_replica", outcomeNoReplica, blameNone},
+	// A LoRA adapter no replica serves or could load (lora_load.go):
+	// Retry-After is when the router asks an engine to load it again.
+	{ErrAdapterLoad, fasthttp.StatusServiceUnavailable, "server_error", "lora_adapter_unavailable", outcomeNoReplica, blameNone},
 	{ErrShuttingDown, fasthttp.StatusServiceUnavailable, "server_error", "shutting_down", outcomeShutdown, blameNeutral},
 	{ErrTimeout, fasthttp.StatusGatewayTimeout, "server_error", "upstream_timeout", outcomeTimeout, blameReplica},
 	{errBrokenStream, fasthttp.StatusBadGateway, "server_error", "bad_upstream", outcomeBrokenStream, blameReplica},

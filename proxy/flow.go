@@ -198,6 +198,11 @@ func (f *flow) next() act {
 		up, lease, err := f.s.beginAttempt(f.rt, x, rep, &f.pick)
 		if up != nil {
 			f.rep, f.up, f.lease, f.sending = rep, up, lease, true
+			if f.needsLoad() {
+				// Leased first: requests arriving during the load see
+				// the replica's load, and spread within the bound.
+				return actLoad
+			}
 			x.sent = f.s.now()
 			f.traceAttempt(rep)
 			return actSend

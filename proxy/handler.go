@@ -125,6 +125,8 @@ func (s *Server) attempts(f *flow, a act, w **clientWatch, client net.Conn) (*fa
 		case actPause:
 			s.sleep(f.delay)
 			a = f.resume()
+		case actLoad:
+			a = f.loaded(s.loadAdapter(f))
 		case actPrefillAdmit:
 			a = f.prefillAdmitted(s.prefillAdmitWatched(f, client))
 		case actPrefill:

@@ -46,6 +46,10 @@ type metrics struct {
 	// rawAnswers counts the whole answers a request loop relayed from the
 	// engine's bytes (reqloop_answer_linux.go), parsedAnswers the rest.
 	rawAnswers, parsedAnswers prometheus.Counter
+	// loraLoads counts the LoRA adapter loads the router asked of
+	// engines, and those it did not ask for in a failed load's backoff
+	// (lora_load.go), by model and result.
+	loraLoads *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -129,7 +133,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Help: "Whole answers a request loop wrote, by how: bytes (relayed from the engine's, a plain 200 to an HTTP/1.1 client) or parsed (through fasthttp's response).",
 	}, []string{"how"})
 	m.rawAnswers, m.parsedAnswers = answers.WithLabelValues("bytes"), answers.WithLabelValues("parsed")
-	for _, c := range []prometheus.Collector{m.requests, m.retries, m.stale, m.ttft, m.itl, m.tpot, m.e2e, m.queue, m.connect, m.promptToks, m.genToks, m.loopIn, m.loopOut, m.loopHandOffs, m.refused, batched, answers} {
+	m.loraLoads = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "gpurouter_lora_loads_total",
+		Help: "LoRA adapters loaded on demand on a replica (lora.load_on_demand), by pool model and result: loaded, already_loaded (the engine had it), failed, backoff (not asked: a failed load there is in its backoff).",
+	}, []string{"model", "result"})
+	for _, c := range []prometheus.Collector{m.requests, m.retries, m.stale, m.ttft, m.itl, m.tpot, m.e2e, m.queue, m.connect, m.promptToks, m.genToks, m.loopIn, m.loopOut, m.loopHandOffs, m.refused, batched, answers, m.loraLoads} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

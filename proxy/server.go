@@ -113,6 +113,8 @@ type Server struct {
 
 	// flows pools the goroutine path's request flows (proxyAPI).
 	flows sync.Pool
+	// loads is the router's LoRA adapter loads (lora_load.go).
+	loads *adapterLoads
 	// accessFields pools the access log line's fields (*accessFields,
 	// exchange.finish); access writes the common lines without them.
 	accessFields sync.Pool
@@ -198,6 +200,7 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("proxy: metrics: %w", err)
 	}
 	s.m, s.gather = m, gather
+	s.loads = newAdapterLoads(newLoRAClient(s.cfg), s.now, m.loraLoads)
 	if s.authM, err = newAuthMetrics(reg); err != nil {
 		return nil, fmt.Errorf("proxy: metrics: %w", err)
 	}

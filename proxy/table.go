@@ -51,9 +51,11 @@ type poolRoute struct {
 // neither speaks TLS nor drives a split's prefill step (disagg.go), nor
 // tokenizes a prompt for a prefix index keyed by the engines' tokens
 // (prefix.go: tens of milliseconds for a long prompt, which would stall
-// every other connection of the loop).
+// every other connection of the loop), nor waits for a LoRA adapter's
+// load (lora_load.go).
 func (rt *routeTable) goroutineOnly(pr *poolRoute) bool {
-	if rt.tls && (pr == nil || pr.tls) || rt.split && (pr == nil || pr.Split != nil) {
+	if rt.tls && (pr == nil || pr.tls) || rt.split && (pr == nil || pr.Split != nil) ||
+		rt.loads && (pr == nil || pr.Pool.LoRA().LoadOnDemand) {
 		return true
 	}
 	if pr != nil {
@@ -117,6 +119,7 @@ type routeTable struct {
 	models    []byte   // the /v1/models document when it was built
 	tls       bool     // a pool has a replica reached over TLS (poolRoute.tls)
 	split     bool     // a pool splits requests (Route.Split), which a request loop leaves to fasthttp
+	loads     bool     // a pool loads LoRA adapters on demand, which a request loop leaves to fasthttp
 }
 
 // upstream looks up a replica's upstream; a nil table has none.
@@ -151,6 +154,7 @@ func buildRoutes(routes []Route, plain *admission.Estimator, cfg Config, to *tim
 		rt.pools = append(rt.pools, p)
 		rt.routes = append(rt.routes, pr)
 		rt.split = rt.split || r.Split != nil
+		rt.loads = rt.loads || r.Pool.LoRA().LoadOnDemand
 		for _, name := range append([]string{p.Model()}, p.Aliases()...) {
 			if _, dup := rt.byModel[name]; dup {
 				return nil, fmt.Errorf("proxy: model name %q used by two pools", name)

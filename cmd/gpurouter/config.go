@@ -233,7 +233,10 @@ type kvEventsConfig struct {
 // runs or sits in a GPU slot.
 type loraConfig struct {
 	// Adapters are adapter names routed to the pool before any replica
-	// lists them (its /v1/models, or its metrics); default none.
+	// lists them (its /v1/models, or its metrics), each name or
+	// name=path as vLLM's --lora-modules: path is where the adapter's
+	// weights live as the engines read them (lora_path), which
+	// load_on_demand needs; default none.
 	Adapters []string `yaml:"adapters"`
 	// Aware places a request for an adapter where the adapter runs or
 	// sits in a slot, then where a slot is free, before a replica that
@@ -244,6 +247,18 @@ type loraConfig struct {
 	// the adapters it serves (with telemetry on, engine vllm or auto);
 	// negative = never. Default 10s.
 	ModelsInterval time.Duration `yaml:"models_interval"`
+	// LoadOnDemand: a request for an adapter placed on a replica that
+	// does not serve it has the router load it there first, through
+	// vLLM's runtime API (POST /v1/load_lora_adapter; the engine needs
+	// VLLM_ALLOW_RUNTIME_LORA_UPDATING=True). Every adapter needs its
+	// path (adapters: name=path). Default false.
+	LoadOnDemand bool `yaml:"load_on_demand"`
+	// LoadTimeout bounds one load; default 30s.
+	LoadTimeout time.Duration `yaml:"load_timeout"`
+	// LoadBackoff: a replica whose load of an adapter failed is not asked
+	// to load it again for this long; requests meanwhile go to another
+	// replica or get 503 at once. Default 30s.
+	LoadBackoff time.Duration `yaml:"load_backoff"`
 }
 
 // migrationConfig continues a pool's streams on another replica when

@@ -273,6 +273,8 @@ func applyDefaults(cfg *fileConfig) {
 			p.LoRA.Aware = &aware
 		}
 		setDuration(&p.LoRA.ModelsInterval, fleet.DefaultModelsInterval)
+		setDuration(&p.LoRA.LoadTimeout, balancer.DefaultLoRALoadTimeout)
+		setDuration(&p.LoRA.LoadBackoff, balancer.DefaultLoRALoadBackoff)
 		if len(p.LoRA.Adapters) == 0 {
 			p.LoRA.Adapters = nil
 		}

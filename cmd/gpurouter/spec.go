@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/gpurouter/gpurouter/balancer"
@@ -71,8 +72,10 @@ func specPools(pcs []poolConfig) []fleet.Pool {
 		p.Engine, _ = gpu.ParseEngine(pc.Engine)
 		p.Migration = specMigration(pc.Migration, p.Engine)
 		p.Prefix = specPrefix(pc.PrefixCache, pc.KVEvents)
-		p.LoRA = fleet.LoRA{LoRAConfig: balancer.LoRAConfig{Adapters: slices.Clone(pc.LoRA.Adapters),
-			Blind: pc.LoRA.Aware != nil && !*pc.LoRA.Aware}, ModelsInterval: pc.LoRA.ModelsInterval}
+		names, paths := adapterPaths(pc.LoRA.Adapters)
+		p.LoRA = fleet.LoRA{LoRAConfig: balancer.LoRAConfig{Adapters: names, Paths: paths,
+			Blind: pc.LoRA.Aware != nil && !*pc.LoRA.Aware, LoadOnDemand: pc.LoRA.LoadOnDemand,
+			LoadTimeout: pc.LoRA.LoadTimeout, LoadBackoff: pc.LoRA.LoadBackoff}, ModelsInterval: pc.LoRA.ModelsInterval}
 		for _, a := range pc.Arms {
 			p.Arms = append(p.Arms, balancer.Arm{Name: a.Name, Policy: a.Policy, Share: a.Share})
 		}
@@ -171,7 +174,31 @@ func filePrefix(c fleet.PrefixCache) (prefixCacheConfig, kvEventsConfig) {
 // fileLoRA is the file's spelling of a pool's LoRA options, for display.
 func fileLoRA(l fleet.LoRA) loraConfig {
 	aware := !l.Blind
-	return loraConfig{Adapters: slices.Clone(l.Adapters), Aware: &aware, ModelsInterval: l.ModelsInterval}
+	var adapters []string
+	for _, a := range l.Adapters {
+		if p := l.Paths[a]; p != "" {
+			a += "=" + p
+		}
+		adapters = append(adapters, a)
+	}
+	return loraConfig{Adapters: adapters, Aware: &aware, ModelsInterval: l.ModelsInterval,
+		LoadOnDemand: l.LoadOnDemand, LoadTimeout: l.LoadTimeout, LoadBackoff: l.LoadBackoff}
+}
+
+// adapterPaths reads lora.adapters entries, each name or name=path (as
+// vLLM's --lora-modules): the names, and the paths given (nil: none).
+func adapterPaths(entries []string) (names []string, paths map[string]string) {
+	for _, e := range entries {
+		name, path, ok := strings.Cut(e, "=")
+		names = append(names, name)
+		if ok {
+			if paths == nil {
+				paths = map[string]string{}
+			}
+			paths[name] = path
+		}
+	}
+	return names, paths
 }
 
 // engineName is the file's spelling of a pool's engine.
