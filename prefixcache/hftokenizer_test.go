@@ -60,6 +60,38 @@ func TestHFMatchesTiktokenCL100K(t *testing.T) {
 	}
 }
 
+// interpretedCL100KHF is the cl100k equivalent with its split pattern
+// spelled so that regexp2 interprets it, as it does the patterns
+// tiktoken-go generated no code for (Qwen2's).
+func interpretedCL100KHF(tb testing.TB) *HF {
+	tb.Helper()
+	pre := map[string]any{"pre_tokenizer": map[string]any{"type": "Sequence", "pretokenizers": []any{
+		map[string]any{"type": "Split", "pattern": map[string]any{"Regex": "(?:" + cl100kSplit + ")"}, "behavior": "Isolated", "invert": false},
+		map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false},
+	}}}
+	data, err := cl100kJSON(chatMLTokens, pre)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	h, err := ParseHF(data)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return h
+}
+
+// TestHFInterpretedSplitMatches: regexp2's interpreter splits as the
+// code generated for the same pattern does.
+func TestHFInterpretedSplitMatches(t *testing.T) {
+	h := interpretedCL100KHF(t)
+	bpe, _ := NewBPE("cl100k_base")
+	for _, text := range hfCorpus() {
+		if got, want := h.AppendTokens(nil, text), bpe.AppendTokens(nil, text); !slices.Equal(got, want) {
+			t.Errorf("%.40q: ids differ\n got %v\nwant %v", text, got, want)
+		}
+	}
+}
+
 // TestHFChatMatchesCL100KChat: the simulator's rendering over the loaded
 // tokenizer is the one over the embedded vocabulary.
 func TestHFChatMatchesCL100KChat(t *testing.T) {
@@ -221,6 +253,12 @@ func TestLoadHFFileErrorsNameThePath(t *testing.T) {
 // same text.
 func BenchmarkHFTokenize32k(b *testing.B) {
 	benchTokenize32k(b, loadCL100KHF(b))
+}
+
+// BenchmarkHFTokenize32kInterpreted is the same with the split regex
+// interpreted (as Qwen2's is).
+func BenchmarkHFTokenize32kInterpreted(b *testing.B) {
+	benchTokenize32k(b, interpretedCL100KHF(b))
 }
 
 func BenchmarkBPETokenize32k(b *testing.B) {
