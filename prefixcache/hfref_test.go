@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"unicode/utf8"
 
@@ -258,4 +259,33 @@ func TestParseHFRefuses(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestHFConcurrentUse: one HF serves many goroutines (its scratch is
+// pooled, its tables read-only); run with -race.
+func TestHFConcurrentUse(t *testing.T) {
+	est, _ := tokens.New()
+	ref := trainRefBPE(est.Synthesize(1500, 21), 200)
+	h, err := ParseHF(ref.json(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	texts := []string{est.Synthesize(800, 22), strings.Repeat("-=", 100) + " tail", "short text"}
+	want := make([][]uint32, len(texts))
+	for i, s := range texts {
+		want[i] = ref.encode(s)
+	}
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 20 {
+				k := (g + i) % len(texts)
+				if got := h.AppendTokens(nil, texts[k]); !slices.Equal(got, want[k]) {
+					t.Errorf("goroutine %d: text %d differs", g, k)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
 }
