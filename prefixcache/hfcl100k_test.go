@@ -33,9 +33,13 @@ func cl100kRanks() ([]string, error) {
 	return ranks, nil
 }
 
+// alphabet is byteLevelAlphabet, computed once for toByteLevel's many
+// calls.
+var alphabet = byteLevelAlphabet()
+
 // toByteLevel writes bytes in GPT-2's byte-level alphabet.
 func toByteLevel(s string) string {
-	a := byteLevelAlphabet()
+	a := &alphabet
 	var b strings.Builder
 	for i := 0; i < len(s); i++ {
 		b.WriteRune(a[s[i]])

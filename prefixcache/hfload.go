@@ -246,14 +246,14 @@ func parsePreTokenizer(raw json.RawMessage, stages []splitStage, byteLevel *bool
 			return nil, unsupported("pre_tokenizer Split without a pattern")
 		}
 		// regexp2's default (.NET) syntax reads the patterns these files
-		// carry (Oniguruma's, with lookahead) as tokenizers does; the
-		// well-known ones (GPT-2, cl100k = Llama 3, o200k) run as the
-		// code tiktoken-go generated for them.
-		re, err := regexp2.Compile(pattern)
-		if err != nil {
+		// carry (Oniguruma's, with lookahead) as tokenizers does.
+		if _, err := regexp2.Compile(pattern); err != nil {
 			return nil, fmt.Errorf("pre_tokenizer Split pattern %q: %w", pattern, err)
 		}
-		return append(stages, splitStage{re: re}), nil
+		// Compiled, MustCompile does not panic; it runs the well-known
+		// patterns (GPT-2, cl100k = Llama 3, o200k) as the code
+		// tiktoken-go generated for them, the others interpreted.
+		return append(stages, splitStage{re: regexp2.MustCompile(pattern)}), nil
 	}
 	return nil, unsupported("pre_tokenizer %q: only ByteLevel, Split and Sequence", c.Type)
 }
