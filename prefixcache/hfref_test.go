@@ -198,6 +198,9 @@ func TestHFMatchesReferenceBPE(t *testing.T) {
 	corpus := append(hfCorpus(), est.Synthesize(2000, 12),
 		"call <tool_call>{\"a\":1}</tool_call> and <tool and <|im_end|>",
 		"cafe\u0301 decomposed, café composed")
+	if _, err := h.ChatTemplate(); !errors.Is(err, ErrNoChatMarkers) {
+		t.Fatalf("ChatTemplate of a file without chat tokens: %v", err)
+	}
 	for _, text := range corpus {
 		if !utf8.ValidString(text) {
 			continue // the reference splits bytes, not runes

@@ -84,17 +84,6 @@ func LoadHF(path string) (*HF, error) {
 // bytes).
 func (t *HF) Name() string { return t.path }
 
-// TokenID is the id of an added token ("<|im_start|>") or of a
-// vocabulary token written in the byte-level alphabet, as the file has
-// it.
-func (t *HF) TokenID(content string) (uint32, bool) {
-	if id, ok := t.special[content]; ok {
-		return id, true
-	}
-	id, ok := t.vocab[fromByteLevel(content)]
-	return id, ok
-}
-
 // AppendTokens implements Tokenizer.
 func (t *HF) AppendTokens(dst []uint32, text string) []uint32 {
 	if text == "" {
