@@ -39,7 +39,7 @@ var ErrNoChatMarkers = errors.New("no ChatML (<|im_start|>, <|im_end|>) or Llama
 // with special tokens on reads it as the token, and the blocks differ
 // from that message on.
 func (t *HF) ChatTemplate() (ChatTemplate, error) {
-	id := func(s string) (uint32, bool) { v, ok := t.special[s]; return v, ok }
+	id := func(s string) (uint32, bool) { v, ok := t.addedIDs[s]; return v, ok }
 	if start, ok := id("<|im_start|>"); ok {
 		if end, ok := id("<|im_end|>"); ok {
 			return ChatTemplate{Start: start, End: end, SepText: "\n",

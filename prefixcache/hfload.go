@@ -69,7 +69,7 @@ func ParseHF(data []byte) (*HF, error) {
 	if err := json.Unmarshal(data, &f); err != nil {
 		return nil, fmt.Errorf("parse: %w", err)
 	}
-	t := &HF{special: map[string]uint32{}}
+	t := &HF{addedIDs: map[string]uint32{}}
 	m := &f.Model
 	switch {
 	case m.Type != "BPE" && m.Type != "":
@@ -104,17 +104,17 @@ func ParseHF(data []byte) (*HF, error) {
 	if err := t.buildVocab(vocab, m.Merges); err != nil {
 		return nil, err
 	}
-	t.ignoreMrg = m.IgnoreMerges
+	t.ignoreMerges = m.IgnoreMerges
 	for _, a := range f.AddedTokens {
 		if a.Content == "" {
 			continue
 		}
-		t.special[a.Content] = a.ID
+		t.addedIDs[a.Content] = a.ID
 		if !a.Special {
 			t.added = append(t.added, addedToken{content: a.Content, id: a.ID})
 		}
 	}
-	if t.prompt, err = parsePostProcessor(f.PostProcessor, t.special); err != nil {
+	if t.prompt, err = parsePostProcessor(f.PostProcessor, t.addedIDs); err != nil {
 		return nil, err
 	}
 	return t, nil

@@ -29,18 +29,18 @@ import (
 // byte fallback, word prefixes and suffixes — is refused at load, so that
 // a pool never keys its index by ids the engine does not compute.
 type HF struct {
-	path      string
-	nfc       bool
-	stages    []splitStage // pre-tokenizers, in order
-	byteIDs   [256]uint32  // each byte's symbol
-	hasByte   [256]bool    // false only for bytes valid UTF-8 never holds
-	vocab     map[string]uint32
-	merges    mergeTable
-	ignoreMrg bool
-	added     []addedToken // non-special added tokens, matched in text
-	special   map[string]uint32
-	prompt    []uint32 // the post-processor's ids before a single prompt
-	scratch   sync.Pool
+	path         string
+	nfc          bool              // normalize to NFC first
+	stages       []splitStage      // pre-tokenizers, in order
+	byteIDs      [256]uint32       // each byte's symbol
+	hasByte      [256]bool         // false only for bytes valid UTF-8 never holds
+	vocab        map[string]uint32 // token bytes (not byte-level text) → id
+	merges       mergeTable        // by pair of ids
+	ignoreMerges bool              // a piece in vocab is one token
+	added        []addedToken      // non-special added tokens, matched in text
+	addedIDs     map[string]uint32 // every added token by content
+	prompt       []uint32          // the post-processor's ids before a single prompt
+	scratch      sync.Pool         // *bpeScratch
 }
 
 // splitStage is one pre-tokenizer: a split of each piece by re (nil:
@@ -162,7 +162,7 @@ func (t *HF) appendSplit(dst []uint32, s *bpeScratch, text string, stage int) []
 
 // appendPiece appends one pre-tokenized piece's BPE ids.
 func (t *HF) appendPiece(dst []uint32, s *bpeScratch, piece string) []uint32 {
-	if t.ignoreMrg {
+	if t.ignoreMerges {
 		if id, ok := t.vocab[piece]; ok {
 			return append(dst, id)
 		}
