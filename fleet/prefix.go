@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/gpurouter/gpurouter/balancer"
 	"github.com/gpurouter/gpurouter/gpu"
@@ -51,9 +52,15 @@ type PrefixCache struct {
 	// vllm:cache_config_info, DefaultPrefixBlockSize until one does.
 	// Events mode only.
 	BlockSize int
-	// Tokenizer is the embedded vocabulary a request's prompt is
-	// tokenized with (prefixcache.NewBPE: cl100k_base, o200k_base); ""
-	// means DefaultPrefixTokenizer. Events mode only.
+	// Tokenizer is what a request's prompt is tokenized with: an
+	// embedded vocabulary (prefixcache.NewBPE: cl100k_base, o200k_base;
+	// chat rendered as the simulator does, prefixcache.CL100KChat), or a
+	// value ending in ".json", the path of a model's Hugging Face
+	// tokenizer.json (prefixcache.LoadHF; chat rendered as its ChatML or
+	// Llama 3 tokens say, prefixcache.HF.ChatTemplate). The file is read
+	// when the index is built; a reload with the same path keeps the
+	// index and the tokenizer read before. "" means
+	// DefaultPrefixTokenizer. Events mode only.
 	Tokenizer string
 	// KVEvents is where each replica publishes its events; events mode
 	// requires Endpoint.
@@ -78,6 +85,25 @@ func blockTokens(pc *balancer.PrefixCache) int {
 		return pc.Block()
 	}
 	return prefixcache.DefaultBlockBytes / 4
+}
+
+// isTokenizerFile is whether a PrefixCache.Tokenizer names a
+// tokenizer.json file rather than an embedded vocabulary.
+func isTokenizerFile(name string) bool { return strings.HasSuffix(name, ".json") }
+
+// prefixTokenizer is the tokenizer and chat rendering PrefixCache.Tokenizer
+// names.
+func prefixTokenizer(name string) (prefixcache.Tokenizer, prefixcache.ChatTemplate, error) {
+	if !isTokenizerFile(name) {
+		tok, err := prefixcache.NewBPE(name)
+		return tok, prefixcache.CL100KChat(), err
+	}
+	tok, err := prefixcache.LoadHF(name)
+	if err != nil {
+		return nil, prefixcache.ChatTemplate{}, err
+	}
+	chat, err := tok.ChatTemplate()
+	return tok, chat, err
 }
 
 // poolPrefix is one pool's prefix index and what feeds it.
@@ -114,13 +140,13 @@ func (f *Fleet) buildPrefix(pc Pool, reps []*balancer.Replica, prev *poolPrefix)
 			pp.pc.BlockSize = DefaultPrefixBlockSize
 		}
 		if cfg.Mode == PrefixEvents {
-			tok, err := prefixcache.NewBPE(cfg.Tokenizer)
+			tok, chat, err := prefixTokenizer(cfg.Tokenizer)
 			if err != nil {
-				return nil, err
+				return nil, fmt.Errorf("prefix_cache.tokenizer: %w", err)
 			}
 			// Chat resends its history each turn: only the new
 			// messages are tokenized.
-			pp.pc.Tokenizer, pp.pc.Chat = prefixcache.NewMemo(tok, 0, 0), prefixcache.CL100KChat()
+			pp.pc.Tokenizer, pp.pc.Chat = prefixcache.NewMemo(tok, 0, 0), chat
 		} else {
 			pp.pc.BlockSize = prefixcache.DefaultBlockBytes
 		}

@@ -1,7 +1,11 @@
 package fleet
 
 import (
+	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -105,7 +109,8 @@ func TestPrefixValidate(t *testing.T) {
 		{"not tcp", PrefixCache{Mode: PrefixEvents, KVEvents: KVEvents{Endpoint: "ipc:///x"}}, "kv_events.endpoint"},
 		{"bad port offset", PrefixCache{Mode: PrefixEvents, KVEvents: KVEvents{Endpoint: "tcp://{host}:{port*2}"}}, "kv_events.endpoint"},
 		{"replay", PrefixCache{Mode: PrefixEvents, KVEvents: KVEvents{Endpoint: "tcp://{host}:5557", ReplayEndpoint: "tcp://{host}"}}, "kv_events.replay_endpoint"},
-		{"tokenizer", PrefixCache{Mode: PrefixEvents, Tokenizer: "/models/tokenizer.json", KVEvents: KVEvents{Endpoint: "tcp://{host}:5557"}}, "prefix_cache.tokenizer"},
+		{"tokenizer", PrefixCache{Mode: PrefixEvents, Tokenizer: "llama3", KVEvents: KVEvents{Endpoint: "tcp://{host}:5557"}}, "prefix_cache.tokenizer: must be"},
+		{"tokenizer file", PrefixCache{Mode: PrefixEvents, Tokenizer: "/models/none/tokenizer.json", KVEvents: KVEvents{Endpoint: "tcp://{host}:5557"}}, "prefix_cache.tokenizer: stat /models/none/tokenizer.json"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := onePool(Replica{URL: "http://127.0.0.1:1"})
@@ -164,3 +169,65 @@ type nopSink struct{}
 
 func (nopSink) StoreEngine(*gpu.EngineStats) {}
 func (nopSink) StoreGPU(*gpu.GPUSnapshot)    {}
+
+// tinyTokenizerJSON is a byte-level BPE tokenizer.json: the 256 bytes,
+// one merge ("h", "i"), ChatML's tokens.
+func tinyTokenizerJSON(t *testing.T) []byte {
+	t.Helper()
+	vocab := map[string]int{}
+	n := 256
+	for b := range 256 {
+		r := rune(b)
+		if !(b >= '!' && b <= '~' || b >= 0xA1 && b <= 0xAC || b >= 0xAE) {
+			r = rune(n)
+			n++
+		}
+		vocab[string(r)] = b
+	}
+	vocab["hi"] = 256
+	data, err := json.Marshal(map[string]any{
+		"added_tokens": []any{
+			map[string]any{"id": 300, "content": "<|im_start|>", "special": true},
+			map[string]any{"id": 301, "content": "<|im_end|>", "special": true},
+		},
+		"pre_tokenizer": map[string]any{"type": "ByteLevel", "add_prefix_space": false, "use_regex": true},
+		"decoder":       map[string]any{"type": "ByteLevel"},
+		"model":         map[string]any{"type": "BPE", "vocab": vocab, "merges": []string{"h i"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+// A tokenizer.json path loads the model's tokenizer and its ChatML
+// rendering; a file the loader refuses fails the build, naming the path.
+func TestPrefixTokenizerFile(t *testing.T) {
+	dir := t.TempDir()
+	good, bad := filepath.Join(dir, "tokenizer.json"), filepath.Join(dir, "unigram.json")
+	if err := os.WriteFile(good, tinyTokenizerJSON(t), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bad, []byte(`{"model":{"type":"Unigram","vocab":[["a",0]]}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	spec := onePool(Replica{Name: "a", URL: "http://127.0.0.1:1"})
+	spec.Pools[0].Prefix = PrefixCache{Mode: PrefixEvents, BlockSize: 16, Tokenizer: good, KVEvents: KVEvents{Endpoint: "tcp://{host}:{port+100}"}}
+	f, tb := newFleet(t, spec)
+	pc := tb.last()[0].Pool.PrefixCache()
+	if pc == nil {
+		t.Fatal("no prefix cache")
+	}
+	// "hi" is one token (256) in the file's vocabulary only.
+	ids := pc.Chat.AppendChat(nil, pc.Tokenizer, []prefixcache.Message{{Role: "user", Content: "hi"}})
+	// <|im_start|> "user\nhi" <|im_end|> "\n" <|im_start|> "assistant\n"
+	if ids[0] != 300 || !slices.Contains(ids, 256) || ids[len(ids)-1] != '\n' {
+		t.Fatalf("chat ids %v", ids)
+	}
+
+	spec.Pools[0].Prefix.Tokenizer = bad
+	err := f.Reload(spec)
+	if err == nil || !strings.Contains(err.Error(), bad) || !strings.Contains(err.Error(), "prefix_cache.tokenizer") {
+		t.Fatalf("Reload with a Unigram file = %v", err)
+	}
+}

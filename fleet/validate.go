@@ -6,6 +6,7 @@ import (
 	"maps"
 	"math"
 	"net/url"
+	"os"
 	"slices"
 	"strings"
 
@@ -235,8 +236,17 @@ func (v *validator) prefix(pool string, c PrefixCache, replicas int) {
 	if c.BlockSize < 0 || c.BlockSize > 1<<16 {
 		v.add(at+".block_size", "must be between 1 and 65536 tokens, or 0 for the engines', got %d", c.BlockSize)
 	}
-	if !slices.Contains([]string{"cl100k_base", "o200k_base"}, c.Tokenizer) {
-		v.add(at+".tokenizer", "must be cl100k_base or o200k_base (embedded), got %q", c.Tokenizer)
+	switch {
+	case isTokenizerFile(c.Tokenizer):
+		// Read in full when the index is built; here only whether it
+		// is there, so that a mistyped path reads as one.
+		if fi, err := os.Stat(c.Tokenizer); err != nil {
+			v.add(at+".tokenizer", "%v", err)
+		} else if !fi.Mode().IsRegular() {
+			v.add(at+".tokenizer", "%s is not a file", c.Tokenizer)
+		}
+	case !slices.Contains([]string{"cl100k_base", "o200k_base"}, c.Tokenizer):
+		v.add(at+".tokenizer", "must be cl100k_base or o200k_base (embedded) or a tokenizer.json's path ending in .json, got %q", c.Tokenizer)
 	}
 	// A replica's URL fills the templates; any well-formed one checks them.
 	const probe = "http://127.0.0.1:8000"

@@ -2,6 +2,7 @@ package prefixcache
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/tiktoken-go/tokenizer"
 )
@@ -71,24 +72,46 @@ type Message struct {
 
 // ChatTemplate renders chat messages as token ids, ChatML-style:
 //
-//	Prefix, then for every message: Start, role, Sep, content, End; then
-//	Start, "assistant", Sep (the generation prompt).
+//	Prefix, then for every message: Start, role, Sep, content, End,
+//	AfterEnd; then Start, "assistant", Sep (the generation prompt).
 //
 // Role and content are tokenized separately, as the template's special
-// tokens split a rendered prompt's text anyway. This is the rendering of
-// the simulator (CL100KChat, bench/sim), so the router's blocks are its
-// blocks exactly. A real model's chat template (Jinja, in its
+// tokens split a rendered prompt's text anyway — unless SepText is set:
+// then the text between two special tokens is tokenized as one, as an
+// engine tokenizes a rendered prompt (role, SepText and content when Sep
+// is empty; SepText and content after a non-empty Sep).
+//
+// With only Prefix, Start, End and Sep set this is the rendering of the
+// simulator (CL100KChat, bench/sim), so the router's blocks are its
+// blocks exactly; HF.ChatTemplate fills the other fields for a model's
+// tokenizer.json. A real model's chat template (Jinja, in its
 // tokenizer_config.json) may differ: a default system prompt when the
 // request has none (Qwen2.5), a date line (Llama 3.1), other separators,
-// a BOS token, tools or reasoning markers. Where it does, the blocks
-// diverge from the first difference on and the index matches less than the
-// engine caches (never more): a prompt's shared system prompt still
-// matches when the difference comes after it.
+// tools or reasoning markers. Where it does, the blocks diverge from the
+// first difference on and the index matches less than the engine caches
+// (never more): a prompt's shared system prompt still matches when the
+// difference comes after it. The zero value renders nothing but the
+// messages' tokens, delimited by id 0: set Start and End.
 type ChatTemplate struct {
 	Prefix        []uint32 // e.g. a BOS token; may be empty
 	Start, End    uint32   // message delimiters (<|im_start|>, <|im_end|>)
 	Sep           []uint32 // between role and content ("\n")
 	AssistantRole string   // the generation prompt's role; "" = "assistant"
+	// SepText is the text that ends a message's header, tokenized with
+	// the content that follows ("\n" in ChatML, "\n\n" after Llama 3's
+	// <|end_header_id|>); "" = none, and role and content are tokenized
+	// apart (the simulator's rendering).
+	SepText string
+	// AfterEnd is ids after each message's End ("\n" after ChatML's
+	// <|im_end|>); may be empty.
+	AfterEnd []uint32
+	// TrimContent strips each message's leading and trailing white space
+	// (Llama 3's template trims).
+	TrimContent bool
+	// PromptPrefix is the ids an engine puts before a completion's
+	// prompt (not a chat's): the tokenizer's BOS when its post-processor
+	// adds one (Llama 3). Empty: none.
+	PromptPrefix []uint32
 }
 
 // CL100KChat is ChatML over cl100k_base: <|im_start|> (100264), role, "\n"
@@ -112,13 +135,43 @@ func (ct ChatTemplate) AppendChat(dst []uint32, tok Tokenizer, msgs []Message) [
 	return ct.appendTurn(dst, tok, role, "", false)
 }
 
+// AppendPrompt appends the token ids of a completion's prompt, as an
+// engine tokenizes it: PromptPrefix, then the prompt's text.
+func (ct ChatTemplate) AppendPrompt(dst []uint32, tok Tokenizer, prompt string) []uint32 {
+	return tok.AppendTokens(append(dst, ct.PromptPrefix...), prompt)
+}
+
 func (ct ChatTemplate) appendTurn(dst []uint32, tok Tokenizer, role, content string, closed bool) []uint32 {
 	dst = append(dst, ct.Start)
+	if ct.SepText != "" {
+		return ct.appendJoinedTurn(dst, tok, role, content, closed)
+	}
 	dst = tok.AppendTokens(dst, role)
 	dst = append(dst, ct.Sep...)
 	if !closed {
 		return dst
 	}
 	dst = tok.AppendTokens(dst, content)
-	return append(dst, ct.End)
+	return append(append(dst, ct.End), ct.AfterEnd...)
+}
+
+// appendJoinedTurn is appendTurn after Start when SepText is set: each
+// text between two special tokens is tokenized as one.
+func (ct ChatTemplate) appendJoinedTurn(dst []uint32, tok Tokenizer, role, content string, closed bool) []uint32 {
+	if ct.TrimContent {
+		content = strings.TrimSpace(content)
+	}
+	text := ct.SepText + content
+	if len(ct.Sep) == 0 {
+		text = role + text
+	} else {
+		dst = tok.AppendTokens(dst, role)
+		dst = append(dst, ct.Sep...)
+	}
+	dst = tok.AppendTokens(dst, text)
+	if !closed {
+		return dst
+	}
+	dst = append(dst, ct.End)
+	return append(dst, ct.AfterEnd...)
 }

@@ -122,7 +122,7 @@ func (p *promptText) prefixKeys(pc *balancer.PrefixCache) []uint64 {
 	if p.chat {
 		toks = pc.Chat.AppendChat(nil, pc.Tokenizer, p.msgs)
 	} else if p.prompt != "" {
-		toks = pc.Tokenizer.AppendTokens(nil, p.prompt)
+		toks = pc.Chat.AppendPrompt(nil, pc.Tokenizer, p.prompt) // with the BOS an engine adds
 	}
 	return prefixcache.AppendKeys(nil, prefixcache.RootSeed, toks, pc.Block())
 }

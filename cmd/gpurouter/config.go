@@ -214,7 +214,12 @@ type prefixCacheConfig struct {
 	// off; default approximate.
 	Mode      string `yaml:"mode"`
 	BlockSize int    `yaml:"block_size"` // events: the engines' KV block size in tokens (vLLM --block-size); default 0: the one they report in vllm:cache_config_info, 16 until then
-	Tokenizer string `yaml:"tokenizer"`  // events: embedded vocabulary the prompt is tokenized with, cl100k_base|o200k_base; default cl100k_base
+	// Tokenizer (events) is what the prompt is tokenized with: an
+	// embedded vocabulary, cl100k_base|o200k_base (chat rendered as the
+	// simulator renders it), or a value ending in .json, the path of the
+	// served model's Hugging Face tokenizer.json (byte-level BPE; chat
+	// rendered as its ChatML or Llama 3 tokens say); default cl100k_base.
+	Tokenizer string `yaml:"tokenizer"`
 }
 
 // kvEventsConfig is where a pool's engines publish KV-cache events (vLLM

@@ -95,6 +95,16 @@ func TestConfigRejects(t *testing.T) {
 			want: []string{"line 1", `durations are strings such as "2s"`},
 		},
 		{
+			name: "tokenizer.json not there",
+			yaml: "pools: [{model: m, replicas: [{url: 'http://a:1'}], prefix_cache: {mode: events, tokenizer: /nonexistent/tokenizer.json}, kv_events: {endpoint: 'tcp://{host}:5557'}}]\n",
+			want: []string{"pools[0].prefix_cache.tokenizer: stat /nonexistent/tokenizer.json"},
+		},
+		{
+			name: "tokenizer neither embedded nor a file",
+			yaml: "pools: [{model: m, replicas: [{url: 'http://a:1'}], prefix_cache: {mode: events, tokenizer: llama3}, kv_events: {endpoint: 'tcp://{host}:5557'}}]\n",
+			want: []string{"pools[0].prefix_cache.tokenizer: must be cl100k_base or o200k_base (embedded) or a tokenizer.json's path"},
+		},
+		{
 			name: "syntax error",
 			yaml: "pools: [\n",
 			want: []string{"yaml:"},
