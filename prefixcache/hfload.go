@@ -203,6 +203,23 @@ func parseNormalizer(raw json.RawMessage) (nfc bool, err error) {
 	return false, unsupported("normalizer %q: only NFC or none", c.Type)
 }
 
+// maxSplitBacktrack bounds the backtracking of one split match: a
+// whitespace run of a megabyte still splits, and a pattern a crafted
+// prompt makes backtrack without end fails (the text is then one piece)
+// instead of spinning.
+const maxSplitBacktrack = 1 << 20
+
+// splitOptions are the options a split pattern is compiled with. Besides
+// the bound, they keep regexp2 from running the code tiktoken-go
+// registered for the well-known patterns (GPT-2, cl100k = Llama 3, o200k;
+// regexp2.RegisterEngine, keyed by pattern and options): that code
+// splits some texts otherwise than a backtracking engine — "\n \n"
+// after a digit as two pieces, DEL as none — where tokenizers (Oniguruma)
+// and so the engines split as regexp2's interpreter does.
+func splitOptions() []regexp2.CompileOption {
+	return []regexp2.CompileOption{regexp2.OptionMaxBacktrackingStackSize(maxSplitBacktrack)}
+}
+
 // parsePreTokenizer appends raw's split stages to stages; byteLevel is
 // set when a ByteLevel is among them.
 func parsePreTokenizer(raw json.RawMessage, stages []splitStage, byteLevel *bool) ([]splitStage, error) {
@@ -226,7 +243,7 @@ func parsePreTokenizer(raw json.RawMessage, stages []splitStage, byteLevel *bool
 		*byteLevel = true
 		st := splitStage{prefixSpace: c.AddPrefixSpace}
 		if c.UseRegex == nil || *c.UseRegex {
-			st.re = regexp2.MustCompile(gpt2Split) // a constant that compiles
+			st.re = regexp2.MustCompile(gpt2Split, splitOptions()...) // a constant that compiles
 		}
 		if st.re == nil && !st.prefixSpace {
 			return stages, nil // the byte mapping alone: BPE does it
@@ -247,13 +264,11 @@ func parsePreTokenizer(raw json.RawMessage, stages []splitStage, byteLevel *bool
 		}
 		// regexp2's default (.NET) syntax reads the patterns these files
 		// carry (Oniguruma's, with lookahead) as tokenizers does.
-		if _, err := regexp2.Compile(pattern); err != nil {
+		re, err := regexp2.Compile(pattern, splitOptions()...)
+		if err != nil {
 			return nil, fmt.Errorf("pre_tokenizer Split pattern %q: %w", pattern, err)
 		}
-		// Compiled, MustCompile does not panic; it runs the well-known
-		// patterns (GPT-2, cl100k = Llama 3, o200k) as the code
-		// tiktoken-go generated for them, the others interpreted.
-		return append(stages, splitStage{re: regexp2.MustCompile(pattern)}), nil
+		return append(stages, splitStage{re: re}), nil
 	}
 	return nil, unsupported("pre_tokenizer %q: only ByteLevel, Split and Sequence", c.Type)
 }

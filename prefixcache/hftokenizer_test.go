@@ -8,6 +8,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unicode/utf8"
+
+	"github.com/dlclark/regexp2/v2"
 
 	"github.com/gpurouter/gpurouter/bench/tokens"
 )
@@ -255,12 +258,6 @@ func BenchmarkHFTokenize32k(b *testing.B) {
 	benchTokenize32k(b, loadCL100KHF(b))
 }
 
-// BenchmarkHFTokenize32kInterpreted is the same with the split regex
-// interpreted (as Qwen2's is).
-func BenchmarkHFTokenize32kInterpreted(b *testing.B) {
-	benchTokenize32k(b, interpretedCL100KHF(b))
-}
-
 func BenchmarkBPETokenize32k(b *testing.B) {
 	bpe, _ := NewBPE("")
 	benchTokenize32k(b, bpe)
@@ -278,4 +275,53 @@ func benchTokenize32k(b *testing.B, tok Tokenizer) {
 	perOp := float64(b.Elapsed().Nanoseconds()) / float64(b.N)
 	b.ReportMetric(perOp/float64(len(ids))*1000, "ns/1k-tokens")
 	b.ReportMetric(float64(len(ids)), "tokens")
+}
+
+// FuzzHFMatchesTiktoken: for any text a client may send the loader never
+// panics, and its ids over cl100k_base as a tokenizer.json are
+// tiktoken-go's wherever tiktoken-go splits the text as a backtracking
+// engine does. Where it does not (TestHFSplitsAsTokenizersDoes), the
+// pieces differ and so may the ids.
+func FuzzHFMatchesTiktoken(f *testing.F) {
+	for _, s := range hfCorpus() {
+		f.Add(s)
+	}
+	h := loadCL100KHF(f)
+	bpe, _ := NewBPE("cl100k_base")
+	generated := regexp2.MustCompile(cl100kSplit) // tiktoken-go's registered code
+	interpreted := regexp2.MustCompile(cl100kSplit, splitOptions()...)
+	f.Fuzz(func(t *testing.T, text string) {
+		got := h.AppendTokens(nil, text)
+		if !utf8.ValidString(text) {
+			return // both read it with U+FFFD for the bad bytes: TestHFMatchesTiktokenCL100K
+		}
+		g, err1 := generated.FindAllStringIndex(text, -1)
+		i, err2 := interpreted.FindAllStringIndex(text, -1)
+		if err1 != nil || err2 != nil || !slices.EqualFunc(g, i, slices.Equal) {
+			return
+		}
+		if want := bpe.AppendTokens(nil, text); !slices.Equal(got, want) {
+			t.Fatalf("%q: ids differ\n got %v\nwant %v", text, got, want)
+		}
+	})
+}
+
+// TestHFSplitsAsTokenizersDoes: the loader splits as Hugging Face's
+// tokenizers (Oniguruma, backtracking) and tiktoken (fancy-regex) do, not
+// as the code tiktoken-go generated for the same patterns, which the
+// engines do not run: "\n \n" before a digit is one piece (\s*[\r\n]+
+// backtracks one space), and DEL is byte 0x7f's token, not dropped.
+func TestHFSplitsAsTokenizersDoes(t *testing.T) {
+	h := loadCL100KHF(t)
+	for _, tc := range []struct {
+		text string
+		want []uint32
+	}{
+		{"0000\n \n0", []uint32{931, 15, 27907, 15}}, // "000" "0" "\n \n" "0"
+		{"\x7f", []uint32{221}},
+	} {
+		if got := h.AppendTokens(nil, tc.text); !slices.Equal(got, tc.want) {
+			t.Errorf("%q: ids %v, want %v", tc.text, got, tc.want)
+		}
+	}
 }
