@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -21,19 +20,8 @@ func pdSim(t *testing.T, kc sim.KVTransferConfig, f sim.Faults) *sim.Fleet {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fl, err := sim.NewFleet(sim.FleetConfig{Replicas: 1, Profiles: []sim.Profile{p}, Speeds: []float64{10},
+	return runSims(t, sim.FleetConfig{Replicas: 1, Profiles: []sim.Profile{p}, Speeds: []float64{10},
 		ServedModelNames: []string{"m"}, Seed: 1, KVTransfer: &kc, Faults: f})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := fl.Listen(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { fl.Run(ctx); close(done) }() //nolint:errcheck
-	t.Cleanup(func() { cancel(); <-done })
-	return fl
 }
 
 // The prefill replica dies half-way through the decode replica's read of

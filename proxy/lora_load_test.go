@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"context"
 	"encoding/json"
 	"io"
 	"net"
@@ -28,19 +27,8 @@ func loadSims(t *testing.T, n int, runtime bool, faults sim.Faults, mods ...sim.
 		t.Fatal(err)
 	}
 	p.Engine.EnableLoRA, p.Engine.MaxLoRAs = true, 2
-	f, err := sim.NewFleet(sim.FleetConfig{Replicas: n, Profiles: []sim.Profile{p}, ServedModelNames: []string{"m"}, Seed: 7,
+	return runSims(t, sim.FleetConfig{Replicas: n, Profiles: []sim.Profile{p}, ServedModelNames: []string{"m"}, Seed: 7,
 		LoRAModules: mods, AllowRuntimeLoRAUpdating: runtime, Faults: faults})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Listen(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { f.Run(ctx); close(done) }() //nolint:errcheck
-	t.Cleanup(func() { cancel(); <-done })
-	return f
 }
 
 // withLoadOnDemand makes the pool load sql-lora on demand, from a path.

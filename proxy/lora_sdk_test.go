@@ -23,19 +23,8 @@ func loraSims(t *testing.T) *sim.Fleet {
 		t.Fatal(err)
 	}
 	p.Engine.EnableLoRA, p.Engine.MaxLoRAs = true, 2
-	f, err := sim.NewFleet(sim.FleetConfig{Replicas: 2, Profiles: []sim.Profile{p}, ServedModelNames: []string{"m"}, Seed: 5,
+	return runSims(t, sim.FleetConfig{Replicas: 2, Profiles: []sim.Profile{p}, ServedModelNames: []string{"m"}, Seed: 5,
 		LoRAModules: []sim.LoRAModule{{Name: "sql-lora", Path: "/adapters/sql"}, {Name: "chat-lora", Path: "/adapters/chat"}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Listen(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { f.Run(ctx); close(done) }() //nolint:errcheck
-	t.Cleanup(func() { cancel(); <-done })
-	return f
 }
 
 // The official SDK calls a LoRA adapter by name through the router,

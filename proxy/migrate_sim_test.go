@@ -35,7 +35,14 @@ func simPair(t *testing.T, n int, speed float64) *sim.Fleet {
 	for i := range speeds {
 		speeds[i] = speed
 	}
-	f, err := sim.NewFleet(sim.FleetConfig{Replicas: n, Profiles: []sim.Profile{p}, Speeds: speeds, ServedModelNames: []string{"m"}, Seed: 3})
+	return runSims(t, sim.FleetConfig{Replicas: n, Profiles: []sim.Profile{p}, Speeds: speeds, ServedModelNames: []string{"m"}, Seed: 3})
+}
+
+// runSims runs the simulated fleet cfg describes, on loopback, until the
+// test ends.
+func runSims(t *testing.T, cfg sim.FleetConfig) *sim.Fleet {
+	t.Helper()
+	f, err := sim.NewFleet(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
