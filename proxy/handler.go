@@ -126,7 +126,7 @@ func (s *Server) attempts(f *flow, a act, w **clientWatch, client net.Conn) (*fa
 			s.sleep(f.delay)
 			a = f.resume()
 		case actLoad:
-			a = f.loaded(s.loadAdapter(f))
+			a = f.loaded(s.loadAdapter(f, w, client))
 		case actPrefillAdmit:
 			a = f.prefillAdmitted(s.prefillAdmitWatched(f, client))
 		case actPrefill:

@@ -2,9 +2,11 @@ package proxy
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"sync"
 	"time"
@@ -106,9 +108,12 @@ func newLoRAClient(cfg Config) *fasthttp.Client {
 }
 
 // ensure makes adapter served on rep within cfg's bounds: at once when
-// rep has it, else the load in flight there or a new one. The error is
-// an *adapterLoadError (ErrAdapterLoad).
-func (l *adapterLoads) ensure(rep *balancer.Replica, model, adapter string, cfg *balancer.LoRAConfig) error {
+// rep has it, else the load in flight there or a new one. The load runs
+// on its own goroutine, bounded by cfg's LoadTimeout, so a request that
+// stops waiting — ctx ended: its client left, its total deadline passed —
+// leaves it to finish for the requests that share it. The error is an
+// *adapterLoadError (ErrAdapterLoad), or ctx's cause.
+func (l *adapterLoads) ensure(ctx context.Context, rep *balancer.Replica, model, adapter string, cfg *balancer.LoRAConfig) error {
 	if rep.HasAdapter(adapter) {
 		return nil
 	}
@@ -134,7 +139,7 @@ func (l *adapterLoads) ensure(rep *balancer.Replica, model, adapter string, cfg 
 			delete(l.m, k) // its backoff passed: load again
 		default:
 			l.mu.Unlock()
-			return l.wait(e, timeout, adapter, rep, backoff)
+			return l.wait(ctx, e, timeout, adapter, rep, backoff)
 		}
 	}
 	if len(l.m) >= loadsPruneAt {
@@ -143,40 +148,52 @@ func (l *adapterLoads) ensure(rep *balancer.Replica, model, adapter string, cfg 
 	e := &adapterLoad{done: make(chan struct{})}
 	l.m[k] = e
 	l.mu.Unlock()
+	go l.load(e, k, model, cfg.Paths[adapter], timeout, backoff)
+	return l.wait(ctx, e, timeout, adapter, rep, backoff)
+}
 
-	why, already := l.call(rep, adapter, cfg.Paths[adapter], timeout)
+// load is one load e of k, on its own goroutine: its outcome recorded
+// and e.done closed, within timeout.
+func (l *adapterLoads) load(e *adapterLoad, k loadKey, model, path string, timeout, backoff time.Duration) {
+	why, already := l.call(k.rep, k.adapter, path, timeout)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	defer close(e.done)
-	switch {
-	case why == "":
+	if why == "" {
 		result := "loaded"
 		if already {
 			result = "already_loaded"
 		}
 		l.calls.WithLabelValues(model, result).Inc()
-		rep.AdapterLoaded(adapter)
+		k.rep.AdapterLoaded(k.adapter)
 		delete(l.m, k)
-		return nil
+		return
 	}
 	l.calls.WithLabelValues(model, "failed").Inc()
 	e.until = l.now().Add(backoff)
-	e.err = &adapterLoadError{adapter: adapter, replica: rep.Name(), why: why, retryAfter: backoff}
-	return e.err
+	e.err = &adapterLoadError{adapter: k.adapter, replica: k.rep.Name(), why: why, retryAfter: backoff}
 }
 
-// wait is a request's share of the load e in flight: its outcome, or an
-// error when it does not end within timeout (the load itself is bounded
-// by the same timeout: this one only guards against a stuck one).
-func (l *adapterLoads) wait(e *adapterLoad, timeout time.Duration, adapter string, rep *balancer.Replica, backoff time.Duration) error {
-	t := time.NewTimer(timeout)
+// loadGuard is how much longer than a load's timeout a request waits for
+// its outcome before giving up on it as stuck: the load's own timeout
+// ends it first, with the engine's reason.
+const loadGuard = time.Second
+
+// wait is a request's share of the load e: its outcome; ctx's cause when
+// ctx ends first (the load goes on for the others); an error when it
+// does not end within timeout and loadGuard (the load itself is bounded
+// by timeout: this only guards against a stuck one).
+func (l *adapterLoads) wait(ctx context.Context, e *adapterLoad, timeout time.Duration, adapter string, rep *balancer.Replica, backoff time.Duration) error {
+	t := time.NewTimer(timeout + loadGuard)
 	defer t.Stop()
 	select {
 	case <-e.done:
+	case <-ctx.Done():
+		return context.Cause(ctx)
 	case <-t.C:
-		return &adapterLoadError{adapter: adapter, replica: rep.Name(), why: "the load in flight did not end within " + timeout.String(), retryAfter: backoff}
+		return &adapterLoadError{adapter: adapter, replica: rep.Name(), why: "the load in flight did not end within " + (timeout + loadGuard).String(), retryAfter: backoff}
 	}
-	if e.err == nil {
+	if e.err == nil { // written before done closed
 		return nil
 	}
 	err := *e.err
@@ -278,11 +295,21 @@ func (f *flow) needsLoad() bool {
 }
 
 // loadAdapter is actLoad: the request's adapter loaded on f.rep, or why
-// not.
-func (s *Server) loadAdapter(f *flow) error {
+// not. The request's watch (w, started here if no attempt started it)
+// ends its wait when the client leaves or its total deadline passes: a
+// load can take up to the pool's LoadTimeout, longer than a request may
+// have left.
+func (s *Server) loadAdapter(f *flow, w **clientWatch, client net.Conn) error {
 	p := f.x.route.Pool
 	cfg := p.LoRA()
-	return s.loads.ensure(f.rep, p.Model(), p.AdapterOf(f.x.req.Model), &cfg)
+	ctx, cancel := context.WithCancelCause(s.base)
+	defer cancel(nil)
+	if *w == nil {
+		*w = s.startWatch(f.x, client, nil)
+	}
+	(*w).retarget(abortFunc(cancel))
+	defer (*w).retarget(nil)
+	return s.loads.ensure(ctx, f.rep, p.Model(), p.AdapterOf(f.x.req.Model), &cfg)
 }
 
 // loaded goes on after actLoad: err nil sends the request; else nothing
@@ -299,5 +326,8 @@ func (f *flow) loaded(err error) act {
 	f.sending = false
 	f.x.attempts--
 	f.lease.Done(errors.Join(err, balancer.ErrNotReplicaFault))
+	if !errors.Is(err, ErrAdapterLoad) {
+		return f.end(err) // the watch's cause: the client left, the deadline passed
+	}
 	return f.retry(err)
 }

@@ -336,3 +336,40 @@ func TestLoRALoadOnDemandFailsOver(t *testing.T) {
 		t.Fatalf("%d failed loads, %d loaded", loads(tr, "failed"), loads(tr, "loaded"))
 	}
 }
+
+// A load that outlasts a request's total deadline ends the request at its
+// deadline (504, the router's timeout), not at the load's own timeout;
+// the load goes on for the requests that share it. And a client that
+// leaves while its adapter loads stops waiting: the router holds nothing
+// of it once the load times out.
+func TestLoRALoadOnDemandWithinTheDeadline(t *testing.T) {
+	urls, calls := fakeLoadAPIs(t, 1, 0, "") // never answers
+	tr := startRouter(t, urls, withLoadOnDemand("least_loaded", func(c *balancer.LoRAConfig) {
+		c.LoadTimeout = 5 * time.Second
+	}), withConfig(func(c *Config) { c.TotalTimeout = 300 * time.Millisecond }))
+	start := time.Now()
+	st, body, _ := chatAdapter(t, tr.url, false)
+	took := time.Since(start)
+	if st != http.StatusGatewayTimeout {
+		t.Fatalf("%d %q after %v, want 504 at the request's deadline", st, body, took)
+	}
+	if took > 3*time.Second {
+		t.Fatalf("answered after %v: the wait outlasted the 300ms deadline", took)
+	}
+	// A second request shares the load in flight: no second call.
+	if st, body, _ := chatAdapter(t, tr.url, true); st != http.StatusGatewayTimeout {
+		t.Fatalf("stream: %d %q, want 504", st, body)
+	}
+	if n := calls(); n != 1 {
+		t.Fatalf("%d load calls, want the one both requests shared", n)
+	}
+	// The load still ends within its own timeout, as a failure the
+	// next request reads at once.
+	deadline := time.Now().Add(10 * time.Second)
+	for loads(tr, "failed") == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the load never ended")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
