@@ -317,16 +317,32 @@ func (r *Replica) tpotSlope(p *prior) float64 {
 // what it has learned (the default rate before anything is learned): the
 // least of a request's TTFT that waiting at the router cannot save.
 func (p *Pool) PrefillTime(n int, now time.Time) time.Duration {
+	return p.PrefillTimeCached(n, nil, now)
+}
+
+// PrefillTimeCached is PrefillTime for a prompt of n tokens whose prefix
+// index keys are keys (Request.Prefix): on each replica only the tokens
+// its prefix cache does not hold, as the pool's index says now. A prompt
+// that a replica holds most of can be prefilled there in a fraction of
+// its whole prefill time, and a wait at the router that PrefillTime says
+// is too long may still leave it its TTFT objective there.
+func (p *Pool) PrefillTimeCached(n int, keys []uint64, now time.Time) time.Duration {
+	r := Request{PromptTokens: n, Prefix: keys}
+	p.lookupPrefix(&r)
 	best := -1.0
-	for _, r := range *p.replicas.Load() {
-		if !r.Available(now) {
+	for _, c := range *p.replicas.Load() {
+		if !c.Available(now) {
 			continue
 		}
-		a, b, ok := r.pred.ttft.coeffs()
+		a, b, ok := c.pred.ttft.coeffs()
 		if !ok || b <= 0 {
 			a, b = 0, DefaultPrefillSecondsPerToken
 		}
-		if t := a + b*float64(max(n, 0)); best < 0 || t < best {
+		tokens := max(n, 0)
+		if r.prefix.found {
+			tokens = r.uncached(c)
+		}
+		if t := a + b*float64(tokens); best < 0 || t < best {
 			best = t
 		}
 	}

@@ -203,3 +203,24 @@ func TestPredictiveTakesTheCacheOverRoom(t *testing.T) {
 		t.Fatalf("picked %s, full by admission's rules and holding at most 2,000 of 16,000 tokens", got.Name())
 	}
 }
+
+// The least prefill time a request can have is on the replica holding
+// most of its prompt: admission's TTFT deadline (proxy: steer) subtracts
+// it, so a follow-up turn that one replica holds is not judged by the
+// prefill of its whole history.
+func TestPrefillTimeCounts(t *testing.T) {
+	pool, _, idx, c := prefixPool(t, "predictive", 3, false)
+	k := keys(1, 1000) // 16,000 tokens
+	whole := pool.PrefillTime(16000, c.now())
+	if got := pool.PrefillTimeCached(16000, k, c.now()); got != whole {
+		t.Fatalf("nothing cached: %v, want the whole prefill %v", got, whole)
+	}
+	idx.Store(2, k[:900]) // replica 2 holds 14,400 tokens
+	got := pool.PrefillTimeCached(16000, k, c.now())
+	if want := pool.PrefillTime(1600, c.now()); got != want {
+		t.Fatalf("14,400 of 16,000 tokens cached: %v, want the prefill of the 1,600 left (%v; whole %v)", got, want, whole)
+	}
+	if got >= whole/5 {
+		t.Fatalf("cached prefill %v not well under the whole %v", got, whole)
+	}
+}

@@ -59,8 +59,9 @@ func (s *Server) steer(hdr *clientHeaders, x *exchange) error {
 			return openai.BadParam(headerSLOTTFT, err.Error())
 		}
 		// Admitted after received + SLO − its own prefill, the request
-		// cannot meet the SLO on any replica.
-		d -= x.route.Pool.PrefillTime(x.cost.PromptTokens, x.received)
+		// cannot meet the SLO on any replica: its prefill where that is
+		// shortest, on the replica holding most of its prompt cached.
+		d -= x.route.Pool.PrefillTimeCached(x.cost.PromptTokens, x.prompt.prefixKeysOf(), x.received)
 		if dl := x.received.Add(d); x.cost.Deadline.IsZero() || dl.Before(x.cost.Deadline) {
 			x.cost.Deadline = dl
 		}
