@@ -137,10 +137,10 @@ func (p *Predictive) pick(r *Request, candidates []*Replica) (*Replica, int) {
 			continue
 		}
 		x := rating{tier: tierNeutral}
-		x.miss, x.cost, x.load = p.rate(c, r, &pr, st, sp)
 		if mean >= 0 {
 			x.cached = r.cachedWithin(c, p.cfg, mean)
 		}
+		x.miss, x.cost, x.load = p.rate(c, r, &pr, st, sp, 2*x.cached >= r.PromptTokens && x.cached > 0)
 		if r.lora.aware {
 			e, _ := p.cfg.freshEngine(c, r.Now)
 			x.tier, x.wait = r.tier(c, e, bound)
@@ -205,7 +205,19 @@ func (p *Predictive) soonest(r *Request, candidates []*Replica, pr *prior) float
 // capacity, while a 500-token generation there took twice its time.
 // For a short output the term is a fraction of a request and load
 // decides; 0 when the output is unknown.
-func (p *Predictive) rate(c *Replica, r *Request, pr *prior, st, sp float64) (miss int, cost, load float64) {
+//
+// holds says c holds most of r's prompt (at least half) in its prefix
+// cache, within the cache's load bound (cachedWithin): c is not "late"
+// then. Finishing later there comes from the batch c decodes now, which
+// changes within seconds on replicas of one speed; anywhere else the
+// prompt is prefilled again, seconds of a replica's steps on a long
+// history that stall every decode there. On the long-chat trace (chat85,
+// even fleet) "late" alone sent 40 of 1,000 requests away from the
+// replica holding their history, 350k prompt tokens recomputed (3 points
+// of a 25% ideal hit rate). A slow replica's TPOT still counts against
+// it, as the TPOT objective, and its load bound still spreads a hot
+// conversation.
+func (p *Predictive) rate(c *Replica, r *Request, pr *prior, st, sp float64, holds bool) (miss int, cost, load float64) {
 	e, stale := p.cfg.freshEngine(c, r.Now)
 	var joins EngineLoad
 	if e != nil && e.loraBound && r.lora.aware && slices.Contains(e.loraRunning, r.lora.key) {
@@ -222,7 +234,7 @@ func (p *Predictive) rate(c *Replica, r *Request, pr *prior, st, sp float64) (mi
 	if tpot > sp {
 		miss++
 	}
-	if r.soonest > 0 && ttft+float64(r.OutputTokens)*tpot-r.soonest > lateSlack*st {
+	if !holds && r.soonest > 0 && ttft+float64(r.OutputTokens)*tpot-r.soonest > lateSlack*st {
 		miss++ // late
 	}
 	if c.stalls(r.uncached(c), r.Now, pr) {

@@ -29,7 +29,7 @@ func (p *Predictive) spread(r *Request, candidates []*Replica, pr *prior, st, sp
 		if !eligible(c, r) {
 			continue
 		}
-		if miss, cost, _ := p.rate(c, r, pr, st, sp); miss != bestMiss || cost > limit {
+		if miss, cost, _ := p.rate(c, r, pr, st, sp, false); miss != bestMiss || cost > limit {
 			continue
 		}
 		k++

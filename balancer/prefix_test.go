@@ -224,3 +224,45 @@ func TestPrefillTimeCounts(t *testing.T) {
 		t.Fatalf("cached prefill %v not well under the whole %v", got, whole)
 	}
 }
+
+// A long generation whose history one replica holds stays there when
+// that replica streams a little slower now than the others (45 ms steps
+// against 30, well within the 100 ms objective): finishing it there ends
+// ~15 s later than elsewhere, past the predictive policy's "late" slack,
+// but elsewhere its 15,000 cached tokens would be prefilled again. Before
+// the cache counted, "late" sent it away.
+func TestPredictiveKeepsAHistoryWhereItIsCachedThoughItDecodesSlower(t *testing.T) {
+	pool, rs, idx, c := prefixPool(t, "predictive", 4, false)
+	var all []*streams
+	for range 40 {
+		for i, r := range rs {
+			if len(all) < len(rs) {
+				all = append(all, newStreams(t, r, c, 3))
+			}
+			d := 30 * time.Millisecond
+			if i == 2 {
+				d = 45 * time.Millisecond
+			}
+			all[i].gap(d)
+		}
+		c.advance(45 * time.Millisecond)
+	}
+	defer func() {
+		for _, s := range all {
+			s.done()
+		}
+	}()
+	prompt := keys(7, 1000)
+	idx.Store(2, prompt[:window(15000)])
+	req := &balancer.Request{Now: c.now(), PromptTokens: 16000, OutputTokens: 1000, Prefix: prompt,
+		SLOTTFT: 2 * time.Second, SLOTPOT: 100 * time.Millisecond}
+	if got := pool.Pick(req); got != rs[2] {
+		t.Fatalf("picked %s, want r2: it holds 15,000 of the 16,000 tokens and streams within the objective", got.Name())
+	}
+	// Without the cache the same request is late there and goes elsewhere.
+	req = &balancer.Request{Now: c.now(), PromptTokens: 16000, OutputTokens: 1000, Prefix: keys(8, 1000),
+		SLOTTFT: 2 * time.Second, SLOTPOT: 100 * time.Millisecond}
+	if got := pool.Pick(req); got == rs[2] {
+		t.Fatal("an uncached 1,000-token generation went to the replica decoding slowest")
+	}
+}
