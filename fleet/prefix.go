@@ -262,9 +262,49 @@ type prefixTelemetry struct {
 	learn   bool // the pool's block size is the engines' (PrefixCache.BlockSize 0)
 	replica string
 	log     *zap.Logger
+	// rep is the replica, whose placements (balancer.Replica.PrefixStats)
+	// an approximate index ages against the engine's writes.
+	rep *balancer.Replica
 	// The poller's goroutine only:
 	last   int  // the capacity last set, in keys
 	warned bool // the engine's block size differs from the pool's, said once
+	writes writeBalance
+}
+
+// writeBalance is what an approximate index has not seen of one engine's
+// cache: the prompt tokens the engine computed and stored (its prefix
+// cache's queried less hit tokens) beyond the uncached tokens of the
+// requests this router placed there. With other routers in front of the
+// same engines, each router's own placements are a share of what the
+// engine stores, and its index would keep blocks the engine has long
+// evicted; the difference ages the index (prefixcache.Index.Age).
+type writeBalance struct {
+	seen        bool
+	engine, own float64 // the counters at the previous scrape
+	tokens      float64 // the engine's writes not yet aged; negative: the router's placements ahead of the engine
+}
+
+// step takes one scrape's counters: the tokens to age the index by now
+// (≥ 0), and whether the engine's counters went back (it restarted, and
+// its cache is empty).
+func (b *writeBalance) step(engine, own float64) (age float64, restarted bool) {
+	if !b.seen || engine < b.engine {
+		restarted = b.seen
+		*b = writeBalance{seen: true, engine: engine, own: own}
+		return 0, restarted
+	}
+	de, do := engine-b.engine, max(own-b.own, 0)
+	b.engine, b.own = engine, own
+	// The router counts a placement when it sends it, the engine when it
+	// schedules the prefill: a placement may be a scrape ahead, not more
+	// (one the engine never served — shed, failed — must not hide
+	// another router's writes for good).
+	b.tokens = max(b.tokens+de-do, -do)
+	if b.tokens <= 0 {
+		return 0, false
+	}
+	age, b.tokens = b.tokens, 0
+	return age, false
 }
 
 func (s *prefixTelemetry) StoreEngine(e *gpu.EngineStats) {
@@ -277,12 +317,35 @@ func (s *prefixTelemetry) StoreEngine(e *gpu.EngineStats) {
 		s.log.Warn("fleet: prefix index: replica's block size differs from its pool's: its cache is never matched",
 			zap.String("replica", s.replica), zap.Int("block_size", e.KVBlockSize), zap.Int("pool_block_size", s.pc.Block()))
 	}
-	if e.KVCapacityTokens <= 0 {
+	if e.KVCapacityTokens > 0 {
+		if n := max(e.KVCapacityTokens/blockTokens(s.pc), 1); n != s.last {
+			s.last = n
+			s.pc.Index.SetCapacity(s.slot, n)
+		}
+	}
+	if s.pc.Approximate && s.rep != nil && e.Reported.Has(gpu.FieldPrefixCache) {
+		s.age(e)
+	}
+}
+
+// age ages the replica's entries in an approximate index by the engine's
+// writes its placements do not account for, and drops them all when the
+// engine restarted.
+func (s *prefixTelemetry) age(e *gpu.EngineStats) {
+	var own float64
+	if st := s.rep.PrefixStats(); st != nil {
+		own = float64(st.PromptTokens - st.CachedTokens)
+	}
+	tokens, restarted := s.writes.step(e.PrefixCacheQueries-e.PrefixCacheHits, own)
+	if restarted {
+		s.pc.Index.Clear(s.slot)
+		s.log.Info("fleet: prefix index: replica's engine restarted (its prefix-cache counters went back): its entries dropped",
+			zap.String("replica", s.replica))
 		return
 	}
-	if n := max(e.KVCapacityTokens/blockTokens(s.pc), 1); n != s.last {
-		s.last = n
-		s.pc.Index.SetCapacity(s.slot, n)
+	if n := int(tokens) / blockTokens(s.pc); n > 0 {
+		s.pc.Index.Age(s.slot, n)
+		s.writes.tokens += tokens - float64(n*blockTokens(s.pc)) // a part block waits for the next
 	}
 }
 
@@ -296,7 +359,7 @@ func (st *state) prefixSink(pool int, r *balancer.Replica, sink gpu.Sink, log *z
 	if !ok {
 		return sink
 	}
-	return &prefixTelemetry{Sink: sink, pc: pp.pc, slot: s, replica: r.Name(), log: log,
+	return &prefixTelemetry{Sink: sink, pc: pp.pc, slot: s, replica: r.Name(), rep: r, log: log,
 		learn: pp.cfg.Mode == PrefixEvents && pp.cfg.BlockSize == 0}
 }
 

@@ -231,3 +231,60 @@ func TestPrefixTokenizerFile(t *testing.T) {
 		t.Fatalf("Reload with a Unigram file = %v", err)
 	}
 }
+
+// An approximate index ages a replica's entries by what its engine
+// stored beyond this router's placements (another router's requests):
+// with room for 100 blocks of 128 tokens, a placement of 40 blocks stays
+// while the engine stores only it, goes once the engine has stored 100
+// blocks more than this router sent, and an engine restart (its
+// counters back to 0) drops everything.
+func TestPrefixApproximateAgesByTheEnginesWrites(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	r, err := balancer.NewReplica(balancer.ReplicaConfig{Name: "a", URL: "http://127.0.0.1:1"}, balancer.BreakerConfig{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := balancer.NewPool(balancer.PoolConfig{Model: "m"}, []*balancer.Replica{r})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc := &balancer.PrefixCache{Index: prefixcache.NewIndex(), BlockSize: prefixcache.DefaultBlockBytes, Approximate: true}
+	slot, _ := pc.Index.Add("a", 1000)
+	pool.SetPrefixCache(pc)
+	r.SetPrefixSlot(slot)
+	bt := blockTokens(pc)
+	tel := &prefixTelemetry{Sink: nopSink{}, pc: pc, slot: slot, replica: "a", rep: r, log: zap.New(core)}
+	scrape := func(queried, hits int) {
+		tel.StoreEngine(&gpu.EngineStats{KVCapacityTokens: 100 * bt, Reported: gpu.FieldPrefixCache,
+			PrefixCacheQueries: float64(queried), PrefixCacheHits: float64(hits)})
+	}
+	scrape(0, 0)
+	keys := make([]uint64, 40)
+	for i := range keys {
+		keys[i] = uint64(i+1) * 0x9e3779b97f4a7c15
+	}
+	l, err := r.AcquireRequest(balancer.LeaseCost{PromptTokens: int64(40 * bt), Prefix: keys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Done(nil)
+	held := make([]int, 1)
+	scrape(40*bt, 0) // the engine stored just this placement
+	if n := pc.Index.Lookup(keys, held); n != 40 {
+		t.Fatalf("the engine stored only this router's placement: %d of 40 blocks held, want 40", n)
+	}
+	scrape(40*bt+50*bt, 5*bt) // 45 blocks more: the cache has room for them
+	if n := pc.Index.Lookup(keys, held); n != 40 {
+		t.Fatalf("85 of 100 places used: %d of 40 blocks held, want 40", n)
+	}
+	scrape(40*bt+110*bt, 5*bt) // 105 more in all: the 40 oldest are gone
+	if n := pc.Index.Lookup(keys, held); n != 0 {
+		t.Fatalf("the engine stored 105 blocks past this router's 40: %d still held, want 0", n)
+	}
+	l, _ = r.AcquireRequest(balancer.LeaseCost{PromptTokens: int64(40 * bt), Prefix: keys})
+	l.Done(nil)
+	scrape(10*bt, 0) // counters went back: a restart
+	if n := pc.Index.Len(slot); n != 0 || logs.FilterMessageSnippet("restarted").Len() != 1 {
+		t.Fatalf("after the engine restarted: %d blocks held, %d logs; want 0, 1", n, logs.FilterMessageSnippet("restarted").Len())
+	}
+}

@@ -168,7 +168,7 @@ func (x *Index) Store(slot int, keys []uint64) {
 		}
 		x.set(k, bit)
 		for st.cap > 0 && st.lru.len > st.cap {
-			x.unset(st.evictOldest(), bit)
+			x.evictOne(st, bit)
 		}
 	}
 }
@@ -201,8 +201,51 @@ func (x *Index) EvictOldest(slot, n int) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	for ; n > 0 && st.lru.len > 0; n-- {
-		x.unset(st.evictOldest(), bit)
+		x.evictOne(st, bit)
 	}
+}
+
+// Age records that the replica in slot stored n blocks the index cannot
+// name: written by requests it never saw (another router's, a client
+// sent straight to the engine) or without keys. In the engine they took
+// n places in its cache's recency order, so here n stand-ins do: past
+// the slot's capacity the least recent blocks go, as the engine evicted
+// them. A stand-in is never found by Lookup and is not counted by Len.
+// A slot without a capacity bound ages nothing.
+func (x *Index) Age(slot, n int) {
+	st := x.slot(slot)
+	if st == nil || n <= 0 {
+		return
+	}
+	bit := uint64(1) << slot
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.dead || st.cap <= 0 {
+		return
+	}
+	for n = min(n, st.cap); n > 0; n-- {
+		st.standIns.hi++
+		st.lru.touch(standInTag + st.standIns.hi)
+		for st.lru.len > st.cap {
+			x.evictOne(st, bit)
+		}
+	}
+}
+
+// standInTag offsets Age's stand-in keys, numbered from 1. Real keys are
+// 64-bit hashes: one falls among a slot's live stand-ins (at most its
+// capacity, millions) with odds of about 2^-40.
+const standInTag uint64 = 0x5bd1e9955bd1e995
+
+// evictOne drops the slot's least recent block: a stand-in (Age) leaves
+// the index's map alone.
+func (x *Index) evictOne(st *slotState, bit uint64) {
+	k := st.evictOldest()
+	if st.standIns.holds(k) {
+		st.standIns.lo++ // stand-ins are never touched again: they go in order
+		return
+	}
+	x.unset(k, bit)
 }
 
 // Clear drops everything the replica in slot holds.
@@ -218,7 +261,7 @@ func (x *Index) Clear(slot int) {
 
 func (x *Index) clearLocked(st *slotState, bit uint64) {
 	for st.lru.len > 0 {
-		x.unset(st.evictOldest(), bit)
+		x.evictOne(st, bit)
 	}
 	st.reset()
 }
@@ -236,11 +279,12 @@ func (x *Index) SetCapacity(slot, n int) {
 	defer st.mu.Unlock()
 	st.cap = max(n, 0)
 	for st.cap > 0 && st.lru.len > st.cap {
-		x.unset(st.evictOldest(), bit)
+		x.evictOne(st, bit)
 	}
 }
 
-// Len is how many blocks the replica in slot holds in the index.
+// Len is how many blocks the replica in slot holds in the index (Age's
+// stand-ins aside).
 func (x *Index) Len(slot int) int {
 	st := x.slot(slot)
 	if st == nil {
@@ -248,7 +292,7 @@ func (x *Index) Len(slot int) int {
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	return st.lru.len
+	return st.lru.len - int(st.standIns.hi-st.standIns.lo)
 }
 
 func (x *Index) set(k, bit uint64) {
@@ -271,12 +315,19 @@ func (x *Index) unset(k, bit uint64) {
 
 // slotState is one replica's blocks in recency order.
 type slotState struct {
-	name string
-	mu   sync.Mutex // guards the fields below
-	cap  int
-	lru  lru
-	dead bool // removed from the index: stores are dropped
+	name     string
+	mu       sync.Mutex // guards the fields below
+	cap      int
+	lru      lru
+	standIns standIns
+	dead     bool // removed from the index: stores are dropped
 }
+
+// standIns numbers a slot's live stand-ins (Index.Age): those in
+// (lo, hi], keyed standInTag + number.
+type standIns struct{ lo, hi uint64 }
+
+func (s standIns) holds(k uint64) bool { n := k - standInTag; return n > s.lo && n <= s.hi }
 
 func newSlotState(name string, capacity int) *slotState {
 	st := &slotState{name: name, cap: max(capacity, 0)}
@@ -287,4 +338,4 @@ func newSlotState(name string, capacity int) *slotState {
 func (st *slotState) touch(k uint64) (added bool) { return st.lru.touch(k) }
 func (st *slotState) remove(k uint64) bool        { return st.lru.remove(k) }
 func (st *slotState) evictOldest() uint64         { return st.lru.popOldest() }
-func (st *slotState) reset()                      { st.lru.init() }
+func (st *slotState) reset()                      { st.lru.init(); st.standIns = standIns{} }

@@ -177,3 +177,51 @@ func BenchmarkStore(b *testing.B) {
 		i++
 	}
 }
+
+// Age's stand-ins take the places of blocks the index cannot name: past
+// the slot's capacity the least recent real blocks go, stand-ins are
+// never found and not counted, and they age out in turn.
+func TestIndexAgeEvictsLeastRecent(t *testing.T) {
+	x := NewIndex()
+	s, err := x.Add("r", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := []uint64{11, 12, 13, 14, 15, 16}
+	x.Store(s, keys)
+	x.Age(s, 3) // 9 of 10 places: nothing goes yet
+	held := make([]int, 1)
+	if got := x.Lookup(keys, held); got != 6 || x.Len(s) != 6 {
+		t.Fatalf("before capacity: match %d, len %d; want 6, 6", got, x.Len(s))
+	}
+	x.Age(s, 3) // 12 places: the 2 least recent real blocks go
+	if got := x.Lookup(keys[2:], held); got != 4 || x.Len(s) != 4 {
+		t.Fatalf("after 2 over capacity: match of the newest 4 %d, len %d; want 4, 4", got, x.Len(s))
+	}
+	if got := x.Lookup(keys, held); got != 0 {
+		t.Fatalf("the evicted first block still matches (%d)", got)
+	}
+	x.Store(s, []uint64{21, 22, 23, 24, 25, 26}) // the older real blocks go first, then stand-ins
+	if x.Len(s) != 6 || x.Lookup(keys[2:], held) != 0 {
+		t.Fatalf("len %d after 6 more real blocks, want 6 (4 stand-ins left, newer than the 4 older blocks)", x.Len(s))
+	}
+	x.Store(s, []uint64{31, 32, 33, 34}) // the stand-ins age out in turn
+	if x.Len(s) != 10 {
+		t.Fatalf("len %d after 4 more, want the capacity (10): the stand-ins aged out", x.Len(s))
+	}
+	x.Age(s, 1000) // more than the capacity: everything goes, bounded work
+	if x.Len(s) != 0 || x.Lookup([]uint64{26}, held) != 0 {
+		t.Fatalf("after aging past the capacity: len %d", x.Len(s))
+	}
+	x.Clear(s)
+	x.Store(s, keys)
+	if x.Len(s) != 6 {
+		t.Fatalf("after Clear and a store: len %d, want 6", x.Len(s))
+	}
+	u, _ := x.Add("unbounded", 0)
+	x.Store(u, keys)
+	x.Age(u, 100)
+	if x.Len(u) != 6 {
+		t.Fatalf("a slot without capacity aged: len %d", x.Len(u))
+	}
+}
