@@ -158,6 +158,7 @@ func (r *Replica) prefillWait() time.Duration {
 // starved), else the defaults.
 type prior struct {
 	ttftA, ttftB, tpotA, tpotB float64
+	ttftLearned                bool // some candidate's prefill fit: ttftA, ttftB are measured, not the default
 }
 
 func priorOf(candidates []*Replica) prior {
@@ -172,7 +173,7 @@ func priorOf(candidates []*Replica) prior {
 		}
 	}
 	if nT > 0 {
-		p.ttftA, p.ttftB = p.ttftA/nT, p.ttftB/nT
+		p.ttftA, p.ttftB, p.ttftLearned = p.ttftA/nT, p.ttftB/nT, true
 	} else {
 		p.ttftB = DefaultPrefillSecondsPerToken
 	}
@@ -314,8 +315,13 @@ func (r *Replica) tpotSlope(p *prior) float64 {
 
 // PrefillTime is the shortest time any available replica of the pool
 // would take to prefill a prompt of n tokens with nothing queued ahead, at
-// what it has learned (the default rate before anything is learned): the
-// least of a request's TTFT that waiting at the router cannot save.
+// what it has learned (a replica not measured yet at the rate of those
+// that are): the least of a request's TTFT that waiting at the router
+// cannot save. 0 until some replica of the pool has been measured: what
+// admission sheds as unservable in time must not rest on a guess — at
+// DefaultPrefillSecondsPerToken, a third of an H100's rate on a 9B
+// model, the first 16,000-token prompts of a run were shed as unable to
+// meet a 2 s TTFT objective that they met once sent.
 func (p *Pool) PrefillTime(n int, now time.Time) time.Duration {
 	return p.PrefillTimeCached(n, nil, now)
 }
@@ -329,14 +335,19 @@ func (p *Pool) PrefillTime(n int, now time.Time) time.Duration {
 func (p *Pool) PrefillTimeCached(n int, keys []uint64, now time.Time) time.Duration {
 	r := Request{PromptTokens: n, Prefix: keys}
 	p.lookupPrefix(&r)
+	reps := *p.replicas.Load()
+	pr := priorOf(reps)
+	if !pr.ttftLearned {
+		return 0
+	}
 	best := -1.0
-	for _, c := range *p.replicas.Load() {
+	for _, c := range reps {
 		if !c.Available(now) {
 			continue
 		}
 		a, b, ok := c.pred.ttft.coeffs()
 		if !ok || b <= 0 {
-			a, b = 0, DefaultPrefillSecondsPerToken
+			a, b = pr.ttftA, pr.ttftB
 		}
 		tokens := max(n, 0)
 		if r.prefix.found {

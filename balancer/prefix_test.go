@@ -266,3 +266,31 @@ func TestPredictiveKeepsAHistoryWhereItIsCachedThoughItDecodesSlower(t *testing.
 		t.Fatal("an uncached 1,000-token generation went to the replica decoding slowest")
 	}
 }
+
+// Before any replica of the pool has been measured the least prefill time
+// is unknown, and PrefillTime says 0 rather than a guess: admission sheds
+// at once what it cannot serve in time, and at the default rate the
+// first long prompts of a run were shed that an H100 served in time. A
+// replica not yet measured next to measured ones takes their rate.
+func TestPrefillTimeIsNotAGuess(t *testing.T) {
+	c := newFakeClock()
+	rs := replicas(t, c, 2)
+	pool, err := balancer.NewPool(balancer.PoolConfig{Model: "m", Policy: "predictive"}, rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := pool.PrefillTime(16000, c.now()); got != 0 {
+		t.Fatalf("nothing measured: %v, want 0", got)
+	}
+	for k := range 12 { // r0 prefills at 50 µs a token
+		prompt := int64(1000 + 700*k)
+		l, _ := rs[0].AcquireRequest(balancer.LeaseCost{PromptTokens: prompt})
+		c.advance(time.Duration(prompt) * 50 * time.Microsecond)
+		l.PrefillDone()
+		l.Done(nil)
+	}
+	got := pool.PrefillTime(16000, c.now())
+	if got < 700*time.Millisecond || got > 900*time.Millisecond {
+		t.Fatalf("r0 measured at 50 µs a token: %v for 16,000 tokens, want ~0.8 s on either replica", got)
+	}
+}
