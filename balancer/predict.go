@@ -319,9 +319,10 @@ func (r *Replica) tpotSlope(p *prior) float64 {
 // that are): the least of a request's TTFT that waiting at the router
 // cannot save. 0 until some replica of the pool has been measured: what
 // admission sheds as unservable in time must not rest on a guess — at
-// DefaultPrefillSecondsPerToken, a third of an H100's rate on a 9B
-// model, the first 16,000-token prompts of a run were shed as unable to
-// meet a 2 s TTFT objective that they met once sent.
+// DefaultPrefillSecondsPerToken, a sixth of an H100's rate on a 9B
+// model (32,000 tokens in about a second), the first 16,000-token
+// prompts of a run were shed as unable to meet a 2 s TTFT objective
+// that they met once sent.
 func (p *Pool) PrefillTime(n int, now time.Time) time.Duration {
 	return p.PrefillTimeCached(n, nil, now)
 }
