@@ -313,54 +313,6 @@ func (r *Replica) tpotSlope(p *prior) float64 {
 	return max(d, 0)
 }
 
-// PrefillTime is the shortest time any available replica of the pool
-// would take to prefill a prompt of n tokens with nothing queued ahead, at
-// what it has learned (a replica not measured yet at the rate of those
-// that are): the least of a request's TTFT that waiting at the router
-// cannot save. 0 until some replica of the pool has been measured: what
-// admission sheds as unservable in time must not rest on a guess — at
-// DefaultPrefillSecondsPerToken, a sixth of an H100's rate on a 9B
-// model (32,000 tokens in about a second), the first 16,000-token
-// prompts of a run were shed as unable to meet a 2 s TTFT objective
-// that they met once sent.
-func (p *Pool) PrefillTime(n int, now time.Time) time.Duration {
-	return p.PrefillTimeCached(n, nil, now)
-}
-
-// PrefillTimeCached is PrefillTime for a prompt of n tokens whose prefix
-// index keys are keys (Request.Prefix): on each replica only the tokens
-// its prefix cache does not hold, as the pool's index says now. A prompt
-// that a replica holds most of can be prefilled there in a fraction of
-// its whole prefill time, and a wait at the router that PrefillTime says
-// is too long may still leave it its TTFT objective there.
-func (p *Pool) PrefillTimeCached(n int, keys []uint64, now time.Time) time.Duration {
-	r := Request{PromptTokens: n, Prefix: keys}
-	p.lookupPrefix(&r)
-	reps := *p.replicas.Load()
-	pr := priorOf(reps)
-	if !pr.ttftLearned {
-		return 0
-	}
-	best := -1.0
-	for _, c := range reps {
-		if !c.Available(now) {
-			continue
-		}
-		a, b, ok := c.pred.ttft.coeffs()
-		if !ok || b <= 0 {
-			a, b = pr.ttftA, pr.ttftB
-		}
-		tokens := max(n, 0)
-		if r.prefix.found {
-			tokens = r.uncached(c)
-		}
-		if t := a + b*float64(tokens); best < 0 || t < best {
-			best = t
-		}
-	}
-	return time.Duration(max(best, 0) * float64(time.Second))
-}
-
 // PredictTTFT is the replica's predicted time to first token for a request
 // of prompt tokens sent now, from what it has learned alone (the pool's
 // prior is a picker's business): what a lease records to compare with the
