@@ -65,7 +65,7 @@ func (f *Fleet) split(spec Spec, pc Pool, p *balancer.Pool, reps []*balancer.Rep
 	sp := proxy.NewSplit(prefill, decode, pk)
 	sp.MinPromptTokens, sp.PrefillsPerReplica = pc.Split.MinPromptTokens, pc.Split.PrefillsPerReplica
 	if spec.Admission != nil {
-		ctl, err := admission.New(p.Model()+"/prefill", *spec.Admission, admission.Deps{Capacity: sp, Metrics: f.opts.AdmissionMetrics})
+		ctl, err := admission.New(p.Model()+"/prefill", sp.AdmissionConfig(*spec.Admission), admission.Deps{Capacity: sp, Metrics: f.opts.AdmissionMetrics})
 		if err != nil {
 			return nil, fmt.Errorf("prefill admission: %w", err)
 		}

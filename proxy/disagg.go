@@ -96,10 +96,7 @@ func NewSplit(prefill, decode []*balancer.Replica, pk balancer.Picker) *Split {
 // available prefill replica has fewer than PrefillsPerReplica of the
 // router's prefills.
 func (sp *Split) Admissible(admission.Cost) bool {
-	limit := int64(sp.PrefillsPerReplica)
-	if limit <= 0 {
-		limit = DefaultSplitPrefillsPerReplica
-	}
+	limit := int64(sp.perReplica())
 	now := time.Now
 	if sp.Now != nil {
 		now = sp.Now
@@ -111,6 +108,27 @@ func (sp *Split) Admissible(admission.Cost) bool {
 		}
 	}
 	return false
+}
+
+// perReplica is PrefillsPerReplica, or its default.
+func (sp *Split) perReplica() int {
+	if sp.PrefillsPerReplica > 0 {
+		return sp.PrefillsPerReplica
+	}
+	return DefaultSplitPrefillsPerReplica
+}
+
+// AdmissionConfig is c for the prefill step's controller: at most
+// PrefillsPerReplica prefills per prefill replica admitted at once.
+// Admissible alone can't bound that: two requests admitted at the same
+// moment both see a replica's last free place, since the place is taken
+// only once a prefill replica is picked; the controller counts what it
+// admitted under its own lock.
+func (sp *Split) AdmissionConfig(c admission.Config) admission.Config {
+	if n := sp.perReplica() * len(sp.Prefill); c.MaxInFlight == 0 || n < c.MaxInFlight {
+		c.MaxInFlight = n
+	}
+	return c
 }
 
 // pays reports whether splitting x, to be picked as pick, pays: a
@@ -227,12 +245,7 @@ func (f *flow) prefillAdmitted(t admission.Ticket, err error) act {
 func (f *flow) prefillNext() act {
 	x, pd := f.x, &f.pd
 	for pd.attempts < f.s.cfg.MaxAttempts {
-		cands := make([]*balancer.Replica, 0, len(pd.sp.Prefill))
-		for _, r := range pd.sp.Prefill {
-			if !slices.Contains(pd.tried, r) {
-				cands = append(cands, r)
-			}
-		}
+		cands := pd.sp.untried(pd.tried)
 		rep := pickAmong(pd.sp.Picker, &f.pick, cands)
 		if rep == nil {
 			break
@@ -259,6 +272,29 @@ func (f *flow) prefillNext() act {
 		return actPrefill
 	}
 	return f.colocate()
+}
+
+// untried are the prefill replicas not in tried, only those under
+// PrefillsPerReplica when some are: the step's admission counted a place
+// on one of them.
+func (sp *Split) untried(tried []*balancer.Replica) []*balancer.Replica {
+	limit := int64(sp.perReplica())
+	cands := make([]*balancer.Replica, 0, len(sp.Prefill))
+	room := 0 // at the front of cands: those with room
+	for i, r := range sp.Prefill {
+		if slices.Contains(tried, r) {
+			continue
+		}
+		cands = append(cands, r)
+		if sp.inFlight[i].Load() < limit {
+			cands[room], cands[len(cands)-1] = cands[len(cands)-1], cands[room]
+			room++
+		}
+	}
+	if room > 0 {
+		return cands[:room]
+	}
+	return cands
 }
 
 // pickAmong is pk's pick among cands.

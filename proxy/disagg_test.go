@@ -346,7 +346,7 @@ func TestSplitPrefillQueuesAtTheRouter(t *testing.T) {
 		withSplit(1, 1, 1)(o)
 		sp := o.Routes[0].Split
 		sp.PrefillsPerReplica = 2
-		ctl, err := admission.New("m/prefill", admission.Config{}, admission.Deps{Capacity: sp})
+		ctl, err := admission.New("m/prefill", sp.AdmissionConfig(admission.Config{}), admission.Deps{Capacity: sp})
 		if err != nil {
 			t.Fatal(err)
 		}
