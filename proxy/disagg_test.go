@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -410,4 +411,39 @@ func TestSplitNotWhenADecodeReplicaHoldsThePrompt(t *testing.T) {
 			t.Fatalf("after request %d: %d remote prefills; want %d", i, pre, tc.wantRemotes)
 		}
 	}
+}
+
+// The prefill step picks among the prefill replicas under their
+// PrefillsPerReplica when some are: its admission counted a place on one
+// of them, and a policy scoring by its own signals may prefer a full one.
+func TestSplitPicksAPrefillReplicaWithRoom(t *testing.T) {
+	var reps []*balancer.Replica
+	for _, name := range []string{"p0", "p1", "p2"} {
+		r, err := balancer.NewReplica(balancer.ReplicaConfig{Name: name, URL: "http://127.0.0.1:1"}, balancer.BreakerConfig{}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reps = append(reps, r)
+	}
+	sp := NewSplit(reps, nil, &balancer.RoundRobin{})
+	sp.PrefillsPerReplica = 2
+	if got := sp.AdmissionConfig(admission.Config{}).MaxInFlight; got != 6 {
+		t.Errorf("the prefill step's cap: %d in flight, want 6 (2 on each of 3)", got)
+	}
+	sp.inFlight[0].Store(2)
+	sp.inFlight[2].Store(1)
+	if got := sp.untried(nil); len(got) != 2 || slices.Contains(got, reps[0]) {
+		t.Errorf("candidates %v: want p1 and p2, not the full p0", replicaNames(got))
+	}
+	if got := sp.untried([]*balancer.Replica{reps[1], reps[2]}); len(got) != 1 || got[0] != reps[0] {
+		t.Errorf("candidates once p1 and p2 were tried: %v, want the full p0 (a retry may still go there)", replicaNames(got))
+	}
+}
+
+func replicaNames(rs []*balancer.Replica) []string {
+	out := make([]string, len(rs))
+	for i, r := range rs {
+		out[i] = r.Name()
+	}
+	return out
 }
