@@ -126,7 +126,7 @@ func (c *Controller) Estimate(rawPromptTokens, maxTokens int) Cost {
 // at once, never after waiting past its deadline — or ctx's error when ctx
 // ends while the request waits (it leaves the queue at once).
 func (c *Controller) Admit(ctx context.Context, cost Cost) (Ticket, error) {
-	tokens := cost.Tokens()
+	tokens := cost.charge()
 	c.mu.Lock()
 	if c.queued == 0 && c.fits(cost, tokens) {
 		c.inFlight++

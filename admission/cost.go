@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"math"
 	"time"
 
 	"github.com/gpurouter/gpurouter/balancer"
@@ -54,6 +55,37 @@ type Cost struct {
 	// objective (the TTFT SLO header), after which serving it is wasted work
 	// that would push requests that can still meet theirs past them.
 	ExpireAtDeadline bool
+	// cached is how much of the prompt a replica holds in its prefix
+	// cache (SetCached), in units of cachedUnit tokens: a uint16 in the
+	// padding after the flags above, so that Cost keeps its size.
+	cached uint16
+}
+
+// cachedUnit is the granularity of Cost's cached prompt tokens: vLLM's
+// default block size, the unit a prefix cache holds a prompt in.
+const cachedUnit = 16
+
+// SetCached records that a replica holds n of the prompt's tokens in its
+// prefix cache where the request is bound to go (balancer: Pool.HeldPrefix),
+// rounded down to cachedUnit. Admission then counts only the rest as its
+// prefill — what it costs the replica's batch and KV, and what orders it
+// in the queue — as the balancer does once it places the request there.
+// Tokens still counts the whole prompt (rate limits, the lease's own
+// accounting of what is cached on the replica it picks).
+func (c *Cost) SetCached(n int) {
+	c.cached = uint16(min(max(n, 0)/cachedUnit, math.MaxUint16))
+}
+
+// prefill is the prompt tokens admission counts: the prompt less what
+// SetCached says is cached, at least 0.
+func (c Cost) prefill() int {
+	return max(c.PromptTokens-int(c.cached)*cachedUnit, 0)
+}
+
+// charge is the request's cost to its pool's admission: prefill plus
+// decode, at least 1 (Tokens less the cached prompt).
+func (c Cost) charge() int64 {
+	return max(int64(c.prefill())+int64(max(c.OutputTokens, 0)), 1)
 }
 
 // Tokens is the request's total cost, prefill plus decode, at least 1 so

@@ -6,7 +6,7 @@ package admission
 // skip what only a wait needs (a cancelable context, a watch on the
 // client) for the requests that never wait.
 func (c *Controller) TryAdmit(cost Cost) (Ticket, bool) {
-	tokens := cost.Tokens()
+	tokens := cost.charge()
 	c.mu.Lock()
 	if c.queued != 0 || !c.fits(cost, tokens) {
 		c.mu.Unlock()

@@ -209,13 +209,13 @@ func (s SaturationConfig) holdOn(r ReplicaLoad, c Cost, long bool) Hold {
 	if h := s.saturation(r); h != HoldNone {
 		return h
 	}
-	if b := s.TokenBudget(r.KVCapacityTokens); b > 0 && r.OutstandingTokens > 0 && r.OutstandingTokens+c.Tokens() > b {
+	if b := s.TokenBudget(r.KVCapacityTokens); b > 0 && r.OutstandingTokens > 0 && r.OutstandingTokens+c.charge() > b {
 		return HoldTokenBudget
 	}
 	if c.TPOT > 0 && s.MaxITLShare > 0 && r.ITL > 0 && float64(r.ITL) >= s.MaxITLShare*float64(c.TPOT) {
 		return HoldITL
 	}
-	if r.HeadroomKnown && c.PromptTokens > 0 && time.Duration(c.PromptTokens)*r.PrefillPerToken > r.Headroom {
+	if n := c.prefill(); r.HeadroomKnown && n > 0 && time.Duration(n)*r.PrefillPerToken > r.Headroom {
 		return HoldHeadroom // its prefill would stall a request decoding there past its TPOT objective
 	}
 	if long && s.MaxLongPrefills >= 0 && r.LongPrefills >= s.MaxLongPrefills {
@@ -226,7 +226,8 @@ func (s SaturationConfig) holdOn(r ReplicaLoad, c Cost, long bool) Hold {
 
 // LongPrefill reports whether c's prompt makes it a long prefill, counted
 // against ReplicaLoad.LongPrefills while it is in prefill: its prefill
-// at perToken a prompt token (the pool's fastest learned rate; 0 for
+// (the prompt less what a replica holds cached, Cost.SetCached) at
+// perToken a prompt token (the pool's fastest learned rate; 0 for
 // none learned: balancer.DefaultPrefillSecondsPerToken) takes at least
 // LongPrefillTime, or it has LongPrefillTokens when that is set.
 func (s SaturationConfig) LongPrefill(c Cost, perToken time.Duration) bool {
@@ -235,12 +236,13 @@ func (s SaturationConfig) LongPrefill(c Cost, perToken time.Duration) bool {
 	case s.LongPrefillTokens < 0:
 		return false
 	case s.LongPrefillTokens > 0:
-		return c.PromptTokens >= s.LongPrefillTokens
+		return c.prefill() >= s.LongPrefillTokens
 	}
 	if perToken <= 0 {
 		perToken = defaultPrefillPerToken
 	}
-	return c.PromptTokens > 0 && time.Duration(c.PromptTokens)*perToken >= s.LongPrefillTime
+	n := c.prefill()
+	return n > 0 && time.Duration(n)*perToken >= s.LongPrefillTime
 }
 
 // defaultPrefillPerToken is the prefill time of a prompt token before any

@@ -53,3 +53,46 @@ func (p *Pool) PrefillTimeCached(n int, keys []uint64, now time.Time) time.Durat
 	}
 	return time.Duration(max(best, 0) * float64(time.Second))
 }
+
+// HeldPrefix is how much of a prompt of n tokens, with prefix index keys
+// keys (Request.Prefix), the pool's predictive placement would find
+// cached where it sends it: the most any available replica holds within
+// the load bound cache affinity keeps (cachedWithin), when that is at
+// least half the prompt (cachedRoom: the predictive policy then takes
+// that replica even without room for the whole prompt). 0 otherwise.
+// Admission counts the rest as the request's prefill
+// (admission.Cost.SetCached): a follow-up turn whose 14,000-token
+// history a replica holds costs that replica a few hundred tokens, and
+// judged by its whole prompt it waits at the router behind requests that
+// cost ten times more, until the engine has evicted its history.
+func (p *Pool) HeldPrefix(n int, keys []uint64, now time.Time) int {
+	if len(keys) == 0 || p.prefix.Load() == nil {
+		return 0
+	}
+	r := Request{PromptTokens: n, Prefix: keys, Now: now}
+	p.lookupPrefix(&r)
+	if !r.prefix.found {
+		return 0
+	}
+	reps := *p.replicas.Load()
+	var total, avail int64 // meanLoad over the available replicas
+	for _, c := range reps {
+		if c.Available(now) {
+			total += c.inFlight.Load()
+			avail++
+		}
+	}
+	if avail == 0 {
+		return 0
+	}
+	mean, most := float64(total+1)/float64(avail), 0
+	for _, c := range reps {
+		if !c.Available(now) {
+			continue
+		}
+		if k := r.cachedWithin(c, &p.score, mean); 2*k >= n {
+			most = max(most, k)
+		}
+	}
+	return most
+}

@@ -294,3 +294,29 @@ func TestPrefillTimeIsNotAGuess(t *testing.T) {
 		t.Fatalf("r0 measured at 50 µs a token: %v for 16,000 tokens, want ~0.8 s on either replica", got)
 	}
 }
+
+// HeldPrefix is what admission may leave out of a request's prefill: the
+// most of its prompt a replica holds, when that is at least half of it
+// and the replica is within cache affinity's load bound (else the
+// predictive policy sends the request elsewhere, to prefill it whole).
+func TestHeldPrefix(t *testing.T) {
+	pool, rs, idx, c := prefixPool(t, "predictive", 3, false)
+	k := keys(3, 1000) // 16,000 tokens
+	if got := pool.HeldPrefix(16000, k, c.now()); got != 0 {
+		t.Fatalf("nothing cached: %d", got)
+	}
+	idx.Store(1, k[:400]) // 6,400 tokens: under half
+	if got := pool.HeldPrefix(16000, k, c.now()); got != 0 {
+		t.Fatalf("6,400 of 16,000 tokens cached: %d, want 0 (under half the prompt)", got)
+	}
+	idx.Store(2, k[:900]) // 14,400 tokens
+	if got := pool.HeldPrefix(16000, k, c.now()); got != 14400 {
+		t.Fatalf("14,400 of 16,000 tokens cached: %d", got)
+	}
+	for range 8 {
+		rs[2].Acquire() //nolint:errcheck // held: 8 in flight where the others have none
+	}
+	if got := pool.HeldPrefix(16000, k, c.now()); got != 0 {
+		t.Fatalf("the holder far over the mean load: %d, want 0 (the request goes elsewhere)", got)
+	}
+}

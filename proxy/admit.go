@@ -108,6 +108,19 @@ func (s *Server) admitNow(x *exchange) (wait bool, err error) {
 		x.ticket = t
 		return false, nil
 	}
+	// No room for the whole prompt. Where a replica holds most of it in
+	// its prefix cache, the request costs that replica only the rest:
+	// judged (and queued) by that, it goes there before its history is
+	// evicted. Only here, where it would wait: the lookup is not paid by
+	// a request the pool has room for.
+	if held := x.route.Pool.HeldPrefix(x.cost.PromptTokens, x.prompt.prefixKeysOf(), x.received); held > 0 {
+		x.cost.SetCached(held)
+		if t, ok := ctl.TryAdmit(x.cost); ok {
+			x.admitted = s.now()
+			x.ticket = t
+			return false, nil
+		}
+	}
 	return true, nil
 }
 

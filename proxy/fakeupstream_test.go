@@ -39,6 +39,10 @@ type fakeVLLM struct {
 	// a fast client wins only now and then.
 	closeDelay time.Duration
 	tokens     int           // tokens per response [5]
+	// promptTokens is the prompt_tokens its usage reports [7]; -1 reports
+	// 0, as an engine that counts none: nothing for the router to learn
+	// its prompt estimate from.
+	promptTokens int
 	prefill    time.Duration // wait before the first token (honours cancellation)
 	gap        time.Duration // wait between tokens
 	// roleLead: a stream's first chunk carries no output (chat: the role
@@ -156,9 +160,9 @@ func (f *fakeVLLM) serve(w http.ResponseWriter, r *http.Request) {
 		}
 		text := strings.Repeat("tok ", f.tokens)
 		if chat {
-			fmt.Fprintf(w, `{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":%q,"choices":[{"index":0,"message":{"role":"assistant","content":%q},"finish_reason":"length"}],"usage":{"prompt_tokens":7,"total_tokens":%d,"completion_tokens":%d}}`, req.Model, text, 7+f.tokens, f.tokens)
+			fmt.Fprintf(w, `{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":%q,"choices":[{"index":0,"message":{"role":"assistant","content":%q},"finish_reason":"length"}],"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}}`, req.Model, text, f.usagePrompt(), f.usagePrompt()+f.tokens, f.tokens)
 		} else {
-			fmt.Fprintf(w, `{"id":"cmpl-1","object":"text_completion","created":1,"model":%q,"choices":[{"index":0,"text":%q,"finish_reason":"length"}],"usage":{"prompt_tokens":7,"total_tokens":%d,"completion_tokens":%d}}`, req.Model, text, 7+f.tokens, f.tokens)
+			fmt.Fprintf(w, `{"id":"cmpl-1","object":"text_completion","created":1,"model":%q,"choices":[{"index":0,"text":%q,"finish_reason":"length"}],"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}}`, req.Model, text, f.usagePrompt(), f.usagePrompt()+f.tokens, f.tokens)
 		}
 		return
 	}
@@ -218,7 +222,7 @@ func (f *fakeVLLM) serve(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if req.StreamOptions != nil && req.StreamOptions.IncludeUsage {
-		fmt.Fprintf(w, "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":%q,\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"total_tokens\":%d,\"completion_tokens\":%d}}\n\n", req.Model, 7+f.tokens, f.tokens)
+		fmt.Fprintf(w, "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":%q,\"choices\":[],\"usage\":{\"prompt_tokens\":%d,\"total_tokens\":%d,\"completion_tokens\":%d}}\n\n", req.Model, f.usagePrompt(), f.usagePrompt()+f.tokens, f.tokens)
 	}
 	io.WriteString(w, "data: [DONE]\n\n")
 	fl.Flush()
@@ -239,4 +243,15 @@ func (f *fakeVLLM) wait(r *http.Request, d time.Duration) bool {
 		f.canceled.Add(1)
 		return false
 	}
+}
+
+// usagePrompt is the prompt_tokens f's usage reports (promptTokens).
+func (f *fakeVLLM) usagePrompt() int {
+	switch {
+	case f.promptTokens < 0:
+		return 0
+	case f.promptTokens == 0:
+		return 7
+	}
+	return f.promptTokens
 }
