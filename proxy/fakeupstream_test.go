@@ -38,13 +38,13 @@ type fakeVLLM struct {
 	// the engine's FIN or the client's next request, is otherwise a race
 	// a fast client wins only now and then.
 	closeDelay time.Duration
-	tokens     int           // tokens per response [5]
+	tokens     int // tokens per response [5]
 	// promptTokens is the prompt_tokens its usage reports [7]; -1 reports
 	// 0, as an engine that counts none: nothing for the router to learn
 	// its prompt estimate from.
 	promptTokens int
-	prefill    time.Duration // wait before the first token (honours cancellation)
-	gap        time.Duration // wait between tokens
+	prefill      time.Duration // wait before the first token (honours cancellation)
+	gap          time.Duration // wait between tokens
 	// roleLead: a stream's first chunk carries no output (chat: the role
 	// alone, as vLLM sends it; completions: empty text), this long before
 	// the first token.
