@@ -56,14 +56,7 @@ func TestCachedTurnQueuesByWhatItMustPrefill(t *testing.T) {
 	h.add("cold", tok(1400, 0))
 	h.add("cached", cachedTurn(14000, 300))
 	h.add("whole", tok(14000, 0))
-	var got []string
-	prev := "hold"
-	for range 3 {
-		h.release(prev)
-		prev = h.nextAdmitted()
-		got = append(got, prev)
-	}
-	if want := []string{"cached", "cold", "whole"}; !slices.Equal(got, want) {
+	if got, want := h.serialOrder("hold", 3), []string{"cached", "cold", "whole"}; !slices.Equal(got, want) {
 		t.Fatalf("admission order %v, want %v", got, want)
 	}
 }

@@ -195,6 +195,20 @@ func (h *harness) next() event {
 	}
 }
 
+// serialOrder releases holder, then each request admitted after it, n
+// admissions in all, on a pool that takes one request at a time
+// (serial): the order its queue let them out.
+func (h *harness) serialOrder(holder string, n int) []string {
+	h.t.Helper()
+	got := make([]string, 0, n)
+	for range n {
+		h.release(holder)
+		holder = h.nextAdmitted()
+		got = append(got, holder)
+	}
+	return got
+}
+
 // nextAdmitted waits for the next decision and checks it is an admission.
 func (h *harness) nextAdmitted() string {
 	h.t.Helper()

@@ -23,14 +23,7 @@ func TestShortestFirst(t *testing.T) {
 	h.add("b", tok(100, 0))
 	h.add("c", tok(200, 0))
 	h.add("d", tok(100, 0)) // ties with b: arrival order breaks it
-	var got []string
-	prev := "hold"
-	for range 4 {
-		h.release(prev)
-		prev = h.nextAdmitted()
-		got = append(got, prev)
-	}
-	if want := []string{"b", "d", "c", "a"}; !slices.Equal(got, want) {
+	if got, want := h.serialOrder("hold", 4), []string{"b", "d", "c", "a"}; !slices.Equal(got, want) {
 		t.Fatalf("admission order %v, want %v", got, want)
 	}
 }
@@ -232,13 +225,7 @@ func TestFairnessChargesTokensNotRequests(t *testing.T) {
 	for i := range 8 {
 		h.add(fmt.Sprint("b", i), Cost{PromptTokens: 100, Tenant: "b"})
 	}
-	var got []string
-	prev := "hold"
-	for range 11 {
-		h.release(prev)
-		prev = h.nextAdmitted()
-		got = append(got, prev)
-	}
+	got := h.serialOrder("hold", 11)
 	want := []string{"a0", "b0", "b1", "b2", "b3", "a1", "b4", "b5", "b6", "b7", "a2"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("order %v, want %v", got, want)
