@@ -2,9 +2,10 @@ package balancer
 
 import "time"
 
-// The least prefill a prompt can have in a pool: what admission's TTFT
-// deadline subtracts (proxy: steer), from the replicas' learned prefill
-// fits and the pool's prefix index.
+// The least prefill a prompt can have in a pool, from the replicas'
+// learned prefill fits and the pool's prefix index: what admission's TTFT
+// deadline subtracts (proxy: steer), and the cached part admission leaves
+// out of a waiting request's cost (HeldPrefix; proxy: admitNow).
 
 // PrefillTime is the shortest time any available replica of the pool
 // would take to prefill a prompt of n tokens with nothing queued ahead, at
