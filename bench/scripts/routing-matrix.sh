@@ -3,8 +3,10 @@
 # admission runs before it lands. One command, one table.
 #
 # Every run starts a fresh simulated fleet (`gpurouter sim`, 4 replicas) and
-# puts one configuration in front of it: round_robin; HAProxy 2.6 `balance
-# leastconn` (bench/scripts/haproxy.cfg); the router's default (no --policy);
+# puts one configuration in front of it: round_robin (or another policy by
+# its name: least_loaded, prefix_affinity, least_tokens, kv_aware, p2c,
+# least_request, random; each with the router's admission on); HAProxy 2.6
+# `balance leastconn` (bench/scripts/haproxy.cfg); the router's default (no --policy);
 # the default with --admission off; default_events, the default with its
 # prefix index fed by the engines' KV-cache events (the sims publish them,
 # `--kv-events-endpoint`, PUB on BASE_PORT+50+i and replay on
@@ -206,7 +208,7 @@ start_fleet() { # RUN PROFILE SPEEDS [SIM FLAGS...]
 }
 
 start_front() { # CONFIG RUN
-  local flags=()
+  local flags=() policy=
   case $1 in
   haproxy)
     sed -e "s/LISTEN_PORT/$fport/" $(for i in $(seq 0 $((nrep - 1))); do echo "-e s/REPLICA_PORT_$i\b/$((BASE_PORT + i))/"; done) \
@@ -215,13 +217,14 @@ start_front() { # CONFIG RUN
     pids+=($!)
     wait_up "http://127.0.0.1:$fport/v1/models"
     return ;;
-  round_robin | default | default_admission_off | default_events) ;;
+  default | default_admission_off | default_events) ;;
+  round_robin | least_loaded | least_request | least_tokens | kv_aware | p2c | random | prefix_affinity) policy=$1 ;;
   *) echo "unknown config $1"; exit 2 ;;
   esac
   [ "$1" = default_admission_off ] && flags=(--admission off)
   if [ -n "$SERVE_CONFIG" ] || [ "$1" = default_events ]; then # the file, plus this fleet as pool m
     { [ -z "$SERVE_CONFIG" ] || cat "$SERVE_CONFIG"; echo "pools:"; echo "  - model: m"
-      [ "$1" = round_robin ] && echo "    policy: round_robin"
+      [ -z "$policy" ] || echo "    policy: $policy"
       if [ "$1" = default_events ]; then
         echo "    prefix_cache: {mode: events}"
         echo "    kv_events: {endpoint: \"tcp://{host}:{port+50}\", replay_endpoint: \"tcp://{host}:{port+60}\"}"
@@ -229,7 +232,7 @@ start_front() { # CONFIG RUN
       echo "    replicas:"; for u in ${replicas//,/ }; do echo "      - url: $u"; done; } >"$work/serve.yaml"
     flags+=(--config "$work/serve.yaml")
   else
-    [ "$1" = round_robin ] && flags+=(--policy round_robin)
+    [ -z "$policy" ] || flags+=(--policy "$policy")
     flags+=(--pool "m=$replicas")
   fi
   "$bin" serve --listen "127.0.0.1:$fport" "${flags[@]}" >"$out/$2.front.log" 2>&1 &
