@@ -138,7 +138,7 @@ func (p *Predictive) pick(r *Request, candidates []*Replica) (*Replica, int) {
 		}
 		x := rating{tier: tierNeutral}
 		if mean >= 0 {
-			x.cached = r.cachedWithin(c, p.cfg, mean)
+			x.cached = r.cachedWithin(c, p.cfg, mean, &pr)
 		}
 		x.miss, x.cost, x.load = p.rate(c, r, &pr, st, sp, 2*x.cached >= r.PromptTokens && x.cached > 0)
 		if r.lora.aware {

@@ -87,11 +87,12 @@ func (p *Pool) HeldPrefix(n int, keys []uint64, now time.Time) int {
 		return 0
 	}
 	mean, most := float64(total+1)/float64(avail), 0
+	pr := priorOf(reps)
 	for _, c := range reps {
 		if !c.Available(now) {
 			continue
 		}
-		if k := r.cachedWithin(c, &p.score, mean); 2*k >= n {
+		if k := r.cachedWithin(c, &p.score, mean, &pr); 2*k >= n {
 			most = max(most, k)
 		}
 	}

@@ -175,23 +175,44 @@ func meanLoad(candidates []*Replica) float64 {
 // cachedWithin is CachedTokens(c) while c's load is within the bound
 // that keeps cache affinity from making a hot spot, else 0: in flight
 // (this request included, per unit of capacity) at most
-// ⌈(1 + ε·(1 + 2f))·mean⌉, f the share of the prompt c holds. A replica
-// holding most of a long prompt saves its whole prefill there — seconds
-// at tens of thousands of tokens — so it may run up to (1 + 3ε)× the
-// mean (1.75× by default) before the request goes elsewhere; one holding
-// a sliver of it (1 + ε)×, as bounded-load hashing allows. No replica
-// takes much more than its share of a hot prefix, and the others soon
-// hold the prefixes they are sent, so a hot one spreads.
-func (r *Request) cachedWithin(c *Replica, cfg *ScoreConfig, mean float64) int {
+// ⌈(1 + ε·(1 + 2f))·mean·s⌉, f the share of the prompt c holds and s
+// c's learned speed (relSpeed: 1, or less for a replica measured slower
+// than the pool). A replica holding most of a long prompt saves its
+// whole prefill there — seconds at tens of thousands of tokens — so it
+// may run up to (1 + 3ε)× the mean (1.75× by default) before the
+// request goes elsewhere; one holding a sliver of it (1 + ε)×, as
+// bounded-load hashing allows. No replica takes much more than its
+// share of a hot prefix, and the others soon hold the prefixes they are
+// sent, so a hot one spreads.
+//
+// The speed is why a half-speed replica's bound is about the mean, not
+// 1.75× it: its capacity in configuration (weight) says nothing of its
+// speed, and counted as a whole replica it kept every later turn of the
+// conversations it had started — 22% of a long multi-turn chat's requests
+// against its 14% of the fleet's capacity (routing matrix, chat85 on the
+// uneven fleet), the hot spot the bound is there to prevent.
+func (r *Request) cachedWithin(c *Replica, cfg *ScoreConfig, mean float64, pr *prior) int {
 	cached := r.CachedTokens(c)
 	if cached == 0 {
 		return 0
 	}
 	f := float64(cached) / float64(max(r.PromptTokens, 1))
-	if float64(c.inFlight.Load()+1)/c.capacity() > math.Ceil((1+cfg.Epsilon*(1+2*f))*mean) {
+	if float64(c.inFlight.Load()+1)/c.capacity() > math.Ceil((1+cfg.Epsilon*(1+2*f))*mean*c.relSpeed(pr)) {
 		return 0
 	}
 	return cached
+}
+
+// relSpeed is c's prefill speed relative to the pool's (pr: the mean of
+// the candidates' learned prefill slopes), at most 1: about 0.5 for a
+// replica that prefills at half the others' rate, 1 for one as fast or
+// faster, or not measured yet (nothing to say it is slow).
+func (c *Replica) relSpeed(pr *prior) float64 {
+	_, b, ok := c.pred.ttft.coeffs()
+	if !ok || b <= 0 || !pr.ttftLearned || pr.ttftB >= b {
+		return 1
+	}
+	return pr.ttftB / b
 }
 
 // cachedRoom reports whether c holds most of r's prompt (at least half

@@ -320,3 +320,57 @@ func TestHeldPrefix(t *testing.T) {
 		t.Fatalf("the holder far over the mean load: %d, want 0 (the request goes elsewhere)", got)
 	}
 }
+
+// A replica measured at half the pool's prefill speed keeps a history it
+// holds only while its load stays near the mean: cache affinity's bound
+// scales by what the replica has shown of its speed. Its weight (1, as
+// the others') says nothing of it, and counted as a whole replica it kept
+// the later turns of every conversation it had started, past twice its
+// share of the load.
+func TestCacheAffinityBoundShrinksOnASlowReplica(t *testing.T) {
+	pool, rs, idx, c := prefixPool(t, "predictive", 4, false)
+	k := keys(3, 1000) // 16,000 tokens
+	idx.Store(3, k[:900])
+	var held []balancer.Lease
+	hold := func(r *balancer.Replica, n int) {
+		for range n {
+			l, err := r.Acquire()
+			if err != nil {
+				t.Fatal(err)
+			}
+			held = append(held, l)
+		}
+	}
+	hold(rs[0], 2)
+	hold(rs[1], 2)
+	hold(rs[2], 2)
+	hold(rs[3], 3)
+	// All as fast: mean (9+1)/4 = 2.5, bound ⌈1.7·2.5⌉ = 5, and r3 with
+	// this request would run 4.
+	if got := pool.HeldPrefix(16000, k, c.now()); got != 14400 {
+		t.Fatalf("equal speeds: HeldPrefix %d, want 14,400", got)
+	}
+	for i := range 30 { // r3 now prefills at 100 µs a token, twice the others' time
+		prompt := int64(1000 + 700*(i%12))
+		l, _ := rs[3].AcquireRequest(balancer.LeaseCost{PromptTokens: prompt})
+		c.advance(time.Duration(prompt) * 100 * time.Microsecond)
+		l.PrefillDone()
+		l.Done(nil)
+	}
+	if got := pool.HeldPrefix(16000, k, c.now()); got != 0 {
+		t.Fatalf("r3 at half speed with 4 in flight where the mean is 2.5: HeldPrefix %d, want 0", got)
+	}
+	req := &balancer.Request{Now: c.now(), PromptTokens: 16000, OutputTokens: 200, Prefix: k}
+	if got := pool.Pick(req); got == rs[3] {
+		t.Fatal("picked the half-speed replica over its load bound for its cache")
+	}
+	held[len(held)-1].Done(nil) // r3 down to 1 in flight, 2 with the request: within ⌈1.7·2·~0.6⌉ = 3
+	held[len(held)-2].Done(nil)
+	held = held[:len(held)-2]
+	if got := pool.HeldPrefix(16000, k, c.now()); got != 14400 {
+		t.Fatalf("r3 at half speed, 1 in flight: HeldPrefix %d, want 14,400", got)
+	}
+	for _, l := range held {
+		l.Done(nil)
+	}
+}
