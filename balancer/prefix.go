@@ -187,10 +187,9 @@ func meanLoad(candidates []*Replica) float64 {
 //
 // The speed is why a half-speed replica's bound is about the mean, not
 // 1.75× it: its capacity in configuration (weight) says nothing of its
-// speed, and counted as a whole replica it kept every later turn of the
-// conversations it had started — 22% of a long multi-turn chat's requests
-// against its 14% of the fleet's capacity (routing matrix, chat85 on the
-// uneven fleet), the hot spot the bound is there to prevent.
+// speed, and counted as a whole replica it could run 1.75× the mean in
+// flight for the prompts it holds — 3.5× its share of the work, the hot
+// spot the bound is there to prevent.
 func (r *Request) cachedWithin(c *Replica, cfg *ScoreConfig, mean float64, pr *prior) int {
 	cached := r.CachedTokens(c)
 	if cached == 0 {

@@ -324,9 +324,9 @@ func TestHeldPrefix(t *testing.T) {
 // A replica measured at half the pool's prefill speed keeps a history it
 // holds only while its load stays near the mean: cache affinity's bound
 // scales by what the replica has shown of its speed. Its weight (1, as
-// the others') says nothing of it, and counted as a whole replica it kept
-// the later turns of every conversation it had started, past twice its
-// share of the load.
+// the others') says nothing of it, and counted as a whole replica it could
+// run 1.75× the mean in flight for the prompts it holds: 3.5× its share
+// of the work.
 func TestCacheAffinityBoundShrinksOnASlowReplica(t *testing.T) {
 	pool, rs, idx, c := prefixPool(t, "predictive", 4, false)
 	k := keys(3, 1000) // 16,000 tokens
