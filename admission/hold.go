@@ -13,7 +13,7 @@ const (
 	HoldStale            // telemetry older than the staleness bound
 	HoldResting          // resting after a 429/503
 	HoldWaiting          // the engine keeps a waiting queue
-	HoldKVUsage          // the engine's KV usage at the threshold
+	HoldKVUsage          // the engine's KV full: at the threshold (capacity unknown), or the prompt not fitting in what is free
 	HoldPrefillWait      // the router's queued prefill there at MaxPrefillWait
 	HoldTokenBudget      // the router's KV peak there plus this request over the budget
 	HoldITL              // streaming slower than MaxITLShare of the request's TPOT objective

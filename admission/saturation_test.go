@@ -28,6 +28,12 @@ func TestSaturationRule(t *testing.T) {
 		{"kv at threshold", def, ReplicaLoad{KVUsage: 0.9}, short, true, false, HoldKVUsage},
 		{"kv below threshold", def, ReplicaLoad{KVUsage: 0.89}, short, false, true, HoldNone},
 		{"kv ignored", SaturationConfig{KVUsageThreshold: -1}, ReplicaLoad{KVUsage: 1}, short, false, true, HoldNone},
+		// Capacity known: the engine's own rule, the prompt in the free KV
+		// above vLLM's 1% watermark (7,000 of 100,000 tokens free at 92%).
+		{"kv past the threshold, a prompt that fits", def, ReplicaLoad{KVUsage: 0.92, KVCapacityTokens: 100000}, tok(6000, 0), false, true, HoldNone},
+		{"kv past the threshold, a prompt that does not fit", def, ReplicaLoad{KVUsage: 0.92, KVCapacityTokens: 100000}, tok(8000, 0), false, false, HoldKVUsage},
+		{"kv at the watermark", def, ReplicaLoad{KVUsage: 0.99, KVCapacityTokens: 100000}, short, true, false, HoldKVUsage},
+		{"kv free, capacity known, ignored", SaturationConfig{KVUsageThreshold: -1}, ReplicaLoad{KVUsage: 0.995, KVCapacityTokens: 100000}, tok(8000, 0), false, true, HoldNone},
 		{"budget used up", def, ReplicaLoad{KVCapacityTokens: 10000, OutstandingTokens: 10000}, short, true, false, HoldTokenBudget},
 		{"request over remaining budget", def, ReplicaLoad{KVCapacityTokens: 10000, OutstandingTokens: 9950}, short, false, false, HoldTokenBudget},
 		{"request within budget", def, ReplicaLoad{KVCapacityTokens: 10000, OutstandingTokens: 9900}, short, false, true, HoldNone},
@@ -68,8 +74,11 @@ func TestSaturationRule(t *testing.T) {
 func TestSaturationLevel(t *testing.T) {
 	t.Parallel()
 	s := SaturationConfig{MaxWaiting: 3}
-	if got := s.Level(ReplicaLoad{Waiting: 2, KVUsage: 0.45, KVCapacityTokens: 1000, OutstandingTokens: 100}); got != 0.5 {
-		t.Fatalf("Level = %v, want 0.5 (the larger of 2/4, 0.45/0.9, 0.1)", got)
+	if got := s.Level(ReplicaLoad{Waiting: 2, KVUsage: 0.45, OutstandingTokens: 100}); got != 0.5 {
+		t.Fatalf("Level = %v, want 0.5 (the larger of 2/4, 0.45/0.9)", got)
+	}
+	if got := s.Level(ReplicaLoad{KVUsage: 0.891, KVCapacityTokens: 1000, OutstandingTokens: 100}); math.Abs(got-0.9) > 1e-9 {
+		t.Fatalf("Level = %v, want 0.9 (0.891 of the KV over the 0.99 below vLLM's watermark)", got)
 	}
 }
 

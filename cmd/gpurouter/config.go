@@ -85,7 +85,7 @@ type admissionConfig struct {
 // saturationConfig says when a replica can take no more without queueing.
 type saturationConfig struct {
 	MaxWaiting        int     `yaml:"max_waiting"`         // engine waiting requests tolerated, -1 = ignore; default 0
-	KVUsageThreshold  float64 `yaml:"kv_usage_threshold"`  // KV usage (0–1) that saturates, -1 = ignore; default 0.9
+	KVUsageThreshold  float64 `yaml:"kv_usage_threshold"`  // KV usage (0–1) that saturates while the capacity is unknown (then: the prompt must fit in the free KV), -1 = ignore; default 0.9
 	TokenBudgetRatio  float64 `yaml:"token_budget_ratio"`  // the router's requests' fullest KV (balancer/kvpeak.go) + the request's ≤ ratio × KV capacity, -1 = none; default 1
 	LongPrefillTokens int     `yaml:"long_prefill_tokens"` // prompt tokens that make a long prefill, 0 = by long_prefill_time, -1 = no cap; default 0
 	// LongPrefillTime: a prompt whose prefill takes this long at the
