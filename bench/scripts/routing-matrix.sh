@@ -86,7 +86,9 @@
 # P99 TTFT, P99 TPOT, goodput); no replica's request share over 1.5x its
 # capacity share. It writes every run's medians to $SUMMARY (JSON); with
 # BASELINE=an earlier summary it prints each run's change against it and
-# flags the router's runs that got worse by more than 5%. Exit status 1
+# flags the router's runs that got worse by more than 5%. With OUT, each
+# router run's own metrics at its end stay in RUN.router.metrics (why
+# admission held requests: gpurouter_admission_held_total{reason}). Exit status 1
 # when a verdict misses or a router run got worse than the baseline.
 #
 #   bench/scripts/routing-matrix.sh                     # everything: 14 rows x 4 configs
@@ -309,6 +311,9 @@ for w in $WORKLOADS; do for fl in $FLEETS; do
       --save-result --result-dir "$out" --result-filename "$run.json" >"$out/$run.txt" 2>&1 ||
       { cat "$out/$run.txt"; exit 1; }
     engine_counts "$run"
+    # The router's own metrics at the end of the run: why admission held
+    # requests (gpurouter_admission_held_total{reason}), what it shed.
+    [ "$c" = haproxy ] || curl -fsS "http://127.0.0.1:$fport/metrics" >"$out/$run.router.metrics" 2>/dev/null || true
     stop_all
   done; done
 done; done
