@@ -182,7 +182,7 @@ func (s SaturationConfig) saturation(r ReplicaLoad) Hold {
 	case s.MaxWaiting >= 0 && r.Waiting > s.MaxWaiting:
 		return HoldWaiting
 	case s.KVUsageThreshold >= 0 && r.KVCapacityTokens <= 0 && r.KVUsage >= s.KVUsageThreshold,
-		s.KVUsageThreshold >= 0 && r.KVUsage >= 1-kvWatermark:
+		s.KVUsageThreshold >= 0 && r.KVCapacityTokens > 0 && r.KVUsage >= 1-kvWatermark:
 		return HoldKVUsage
 	case s.MaxPrefillWait > 0 && r.PrefillWait >= s.MaxPrefillWait:
 		return HoldPrefillWait

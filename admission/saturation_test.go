@@ -33,6 +33,7 @@ func TestSaturationRule(t *testing.T) {
 		{"kv past the threshold, a prompt that fits", def, ReplicaLoad{KVUsage: 0.92, KVCapacityTokens: 100000}, tok(6000, 0), false, true, HoldNone},
 		{"kv past the threshold, a prompt that does not fit", def, ReplicaLoad{KVUsage: 0.92, KVCapacityTokens: 100000}, tok(8000, 0), false, false, HoldKVUsage},
 		{"kv at the watermark", def, ReplicaLoad{KVUsage: 0.99, KVCapacityTokens: 100000}, short, true, false, HoldKVUsage},
+		{"capacity unknown: the threshold alone", SaturationConfig{KVUsageThreshold: 1}, ReplicaLoad{KVUsage: 0.995}, short, false, true, HoldNone},
 		{"kv free, capacity known, ignored", SaturationConfig{KVUsageThreshold: -1}, ReplicaLoad{KVUsage: 0.995, KVCapacityTokens: 100000}, tok(8000, 0), false, true, HoldNone},
 		{"budget used up", def, ReplicaLoad{KVCapacityTokens: 10000, OutstandingTokens: 10000}, short, true, false, HoldTokenBudget},
 		{"request over remaining budget", def, ReplicaLoad{KVCapacityTokens: 10000, OutstandingTokens: 9950}, short, false, false, HoldTokenBudget},
