@@ -23,6 +23,7 @@ type Collector struct {
 	power, temp, throttled    *prometheus.Desc
 	prefixBlocks              *prometheus.Desc
 	prefixPrompt, prefixHits  *prometheus.Desc
+	prefixForgone             *prometheus.Desc
 }
 
 // NewCollector builds a collector over the current pools.
@@ -51,6 +52,8 @@ func NewCollector(pools func() []*Pool) *Collector {
 		prefixPrompt: d("gpurouter_replica_prefix_prompt_tokens_total", "Prompt tokens of requests placed on the replica with prefix-index keys.", labels, nil),
 		prefixHits: d("gpurouter_replica_prefix_predicted_cached_tokens_total",
 			"Of those, the tokens the prefix index predicted the replica had cached: over prompt tokens, the router's predicted prefix-cache hit rate.", labels, nil),
+		prefixForgone: d("gpurouter_replica_prefix_forgone_cached_tokens_total",
+			"Of those prompts, the tokens beyond the replica's predicted hits that another replica held cached, as the prefix index said: cache affinity given up for load or an objective.", labels, nil),
 	}
 }
 
@@ -58,7 +61,7 @@ func NewCollector(pools func() []*Pool) *Collector {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.inFlight, c.healthy, c.breaker, c.running, c.waiting, c.kvUsage,
 		c.capacity, c.gpuFault, c.util, c.memUsed, c.memTotal, c.power, c.temp, c.throttled,
-		c.prefixBlocks, c.prefixPrompt, c.prefixHits} {
+		c.prefixBlocks, c.prefixPrompt, c.prefixHits, c.prefixForgone} {
 		ch <- d
 	}
 }
@@ -82,6 +85,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 				gauge(c.prefixBlocks, float64(ps.Blocks))
 				ch <- prometheus.MustNewConstMetric(c.prefixPrompt, prometheus.CounterValue, float64(ps.PromptTokens), p.Model(), r.Name())
 				ch <- prometheus.MustNewConstMetric(c.prefixHits, prometheus.CounterValue, float64(ps.CachedTokens), p.Model(), r.Name())
+				ch <- prometheus.MustNewConstMetric(c.prefixForgone, prometheus.CounterValue, float64(ps.ForgoneTokens), p.Model(), r.Name())
 			}
 			g := r.GPULoad()
 			if g == nil {

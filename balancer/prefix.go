@@ -138,11 +138,34 @@ func (r *Request) CachedTokens(c *Replica) int {
 	if !ok {
 		return 0
 	}
-	n := int(int64(r.PromptTokens) * int64(r.prefix.held[s]) / int64(len(r.Prefix)))
-	if r.prefix.block > 0 {
-		n = int(r.prefix.held[s]) * int(r.prefix.block)
+	return r.heldTokens(r.prefix.held[s])
+}
+
+// MostCachedTokens is the most of r's prompt tokens any replica of its
+// pool holds in its prefix cache, as the index says (CachedTokens of the
+// best-placed one, whether or not it was a candidate): 0 without an index
+// or before r's lookup.
+func (r *Request) MostCachedTokens() int {
+	if !r.prefix.looked || len(r.Prefix) == 0 {
+		return 0
 	}
-	return max(min(n, r.PromptTokens-1), 0)
+	most := uint16(0)
+	for _, n := range r.prefix.held {
+		most = max(most, n)
+	}
+	return r.heldTokens(most)
+}
+
+// heldTokens is the prompt tokens of n leading keys held: whole engine
+// blocks where the keys are blocks, else that share of the prompt; never
+// the whole prompt, as an engine computes at least the last prompt token
+// to produce the first output token.
+func (r *Request) heldTokens(n uint16) int {
+	t := int(int64(r.PromptTokens) * int64(n) / int64(len(r.Prefix)))
+	if r.prefix.block > 0 {
+		t = int(n) * int(r.prefix.block)
+	}
+	return max(min(t, r.PromptTokens-1), 0)
 }
 
 // MostCached is the most of r's prompt tokens any of among holds in its
@@ -226,15 +249,17 @@ func (r *Request) uncached(c *Replica) int {
 	return max(r.PromptTokens-r.CachedTokens(c), 0)
 }
 
-// recordPlacement counts a placed request's predicted hits and, in an
+// recordPlacement counts a placed request's predicted hits, and the hits
+// another replica (most: the most any held) would have had, and, in an
 // approximate index (PrefixCache.Approximate), stores its blocks on the
 // replica: the engine will hold them once it has prefilled the prompt.
-func (r *Replica) recordPlacement(keys []uint64, uncached, cached int64) {
+func (r *Replica) recordPlacement(keys []uint64, uncached, cached, most int64) {
 	if len(keys) == 0 {
 		return
 	}
 	r.prefixPrompt.Add(max(uncached, 0) + max(cached, 0))
 	r.prefixCached.Add(max(cached, 0))
+	r.prefixForgone.Add(max(most-cached, 0))
 	p := r.pool.Load()
 	if p == nil {
 		return
@@ -259,6 +284,10 @@ type PrefixStats struct {
 	// CachedTokens how many of those tokens the index said it held.
 	PromptTokens int64 `json:"prompt_tokens"`
 	CachedTokens int64 `json:"predicted_cached_tokens"`
+	// ForgoneTokens is how many more of those prompts' tokens another
+	// replica held, as the index said: cache affinity the placements gave
+	// up for load or an objective (what the bounded load costs in hits).
+	ForgoneTokens int64 `json:"forgone_cached_tokens"`
 	// HitRate is CachedTokens / PromptTokens: the index's predicted
 	// prefix-cache hit rate (0 before any request).
 	HitRate float64 `json:"predicted_hit_rate"`
@@ -276,7 +305,8 @@ func (r *Replica) PrefixStats() *PrefixStats {
 	if pc == nil || !ok {
 		return nil
 	}
-	st := &PrefixStats{Blocks: pc.Index.Len(s), PromptTokens: r.prefixPrompt.Load(), CachedTokens: r.prefixCached.Load()}
+	st := &PrefixStats{Blocks: pc.Index.Len(s), PromptTokens: r.prefixPrompt.Load(), CachedTokens: r.prefixCached.Load(),
+		ForgoneTokens: r.prefixForgone.Load()}
 	if !pc.Approximate {
 		st.BlockSize = pc.Block()
 	}

@@ -374,3 +374,37 @@ func TestCacheAffinityBoundShrinksOnASlowReplica(t *testing.T) {
 		l.Done(nil)
 	}
 }
+
+// A request placed away from the replica holding most of its prompt —
+// the holder over its load bound, say — counts the hits it gave up on the
+// replica it went to, so an operator sees what the bounded load costs in
+// prefix-cache hits; one placed where its prompt is cached gives up none.
+func TestPlacementCountsForgoneHits(t *testing.T) {
+	pool, rs, idx, c := prefixPool(t, "predictive", 3, false)
+	prompt := keys(7, 1000)    // 16,000 tokens in 16-token blocks
+	idx.Store(1, prompt[:600]) // rs[1] holds 9,600 of them
+	idx.Store(2, prompt[:100]) // rs[2] 1,600
+	place := func(on *balancer.Replica) {
+		t.Helper()
+		req := &balancer.Request{Now: c.now(), PromptTokens: 16000, OutputTokens: 50, Prefix: prompt}
+		if pool.Pick(req) == nil {
+			t.Fatal("no pick")
+		}
+		cached := req.CachedTokens(on)
+		l, err := on.AcquireRequest(balancer.LeaseCost{PromptTokens: int64(16000 - cached), CachedTokens: int64(cached),
+			MostCached: int64(req.MostCachedTokens()), Prefix: req.Prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Done(nil)
+	}
+	place(rs[2])
+	place(rs[1])
+	place(rs[0])
+	for i, want := range []int64{9600, 0, 8000} {
+		st := rs[i].PrefixStats()
+		if st == nil || st.ForgoneTokens != want || st.PromptTokens != 16000 {
+			t.Errorf("%s: %+v, want forgone %d of 16000 prompt tokens", rs[i].Name(), st, want)
+		}
+	}
+}

@@ -93,8 +93,9 @@ type Replica struct {
 	prefixSlot atomic.Int32
 	// prefixPrompt and prefixCached sum the prompt tokens of requests
 	// placed here with prefix keys, and how many of them the index said
-	// were cached (PrefixStats).
-	prefixPrompt, prefixCached atomic.Int64
+	// were cached; prefixForgone how many more another replica held
+	// (PrefixStats).
+	prefixPrompt, prefixCached, prefixForgone atomic.Int64
 	// lora is the router's record of the adapters on the replica (lora.go).
 	lora loraTable
 
@@ -323,6 +324,11 @@ type LeaseCost struct {
 	// CachedTokens is the prompt tokens the pool's index says the
 	// replica holds (Request.CachedTokens): PromptTokens excludes them.
 	CachedTokens int64
+	// MostCached is the most of the prompt any replica of the pool held,
+	// as the index said (Request.MostCachedTokens): what it holds beyond
+	// CachedTokens is cache the placement gave up, for load or an
+	// objective. 0 = none, or not known.
+	MostCached   int64
 	OutputTokens int64 // expected output tokens, for the replica's decode headroom; 0 = unknown
 	// TPOTObjective is the request's TPOT objective (its SLO header); 0
 	// means the pool's (ScoreConfig.SLOTPOT).
@@ -374,7 +380,7 @@ func (r *Replica) AcquireRequest(c LeaseCost) (Lease, error) {
 	if c.Long {
 		r.longPrefills.Add(1)
 	}
-	r.recordPlacement(c.Prefix, c.PromptTokens, c.CachedTokens)
+	r.recordPlacement(c.Prefix, c.PromptTokens, c.CachedTokens, c.MostCached)
 	if c.Adapter != "" {
 		st.adapter = adapterKey(c.Adapter)
 		r.lora.acquire(st.adapter, r.now().UnixNano())

@@ -61,7 +61,7 @@ type Observer struct {
 	latBefore    *RouterLatency // the router's sketches at the start; nil when unread
 	latErr       error          // why latBefore is nil
 	engBefore    []Snapshot
-	prefixBefore [2]int64 // the router's prefix counters at the start (PrefixTotals)
+	prefixBefore PrefixCounts // the router's prefix counters at the start
 	beforeErr    error
 }
 
@@ -101,6 +101,11 @@ type ServerReport struct {
 	// replicas' counters in GET /debug/pools, after minus before); -1
 	// when the router has no prefix index or the reads failed.
 	PredictedPrefixHitRate float64
+	// ForgonePrefixHitRate is the share of the run's prompt tokens that
+	// another replica held cached beyond what the chosen one did, as the
+	// router's index said: the hits its placements gave up for load or
+	// an objective. -1 when PredictedPrefixHitRate is.
+	ForgonePrefixHitRate float64
 	// Err joins what could not be measured; the report is usable anyway.
 	Err error
 }
@@ -150,7 +155,7 @@ func (o *Observer) Before(ctx context.Context) error {
 		o.metricsURLs[i] = MetricsURL(u)
 	}
 	if o.router {
-		o.prefixBefore[0], o.prefixBefore[1] = PrefixTotals(pools)
+		o.prefixBefore = PrefixTotals(pools)
 		o.poolModels = PoolModels(pools, o.Model)
 		// The current window (the bench's clock; a router whose clock is
 		// behind may answer the one before, which the end read covers too).
@@ -193,7 +198,7 @@ func (o *Observer) scrapeEngines(ctx context.Context) ([]Snapshot, error) {
 // have recorded every completed client request and for the engines'
 // request counts to cover them.
 func (o *Observer) After(ctx context.Context, res *Result) *ServerReport {
-	rep := &ServerReport{Router: o.router, MetricsURLs: o.metricsURLs, PredictedPrefixHitRate: -1}
+	rep := &ServerReport{Router: o.router, MetricsURLs: o.metricsURLs, PredictedPrefixHitRate: -1, ForgonePrefixHitRate: -1}
 	if !o.began {
 		rep.Err = errors.New("bench: Observer.After without Before")
 		return rep
@@ -267,7 +272,7 @@ func (o *Observer) After(ctx context.Context, res *Result) *ServerReport {
 			rep.RouterHist, err = ColumnFromSnapshots("router", []Snapshot{o.routerBefore}, []Snapshot{ra}, RouterHistogramNames(), nil)
 		}
 		errs = append(errs, err)
-		rep.Capacity, rep.PredictedPrefixHitRate = o.capacity(ctx)
+		rep.Capacity, rep.PredictedPrefixHitRate, rep.ForgonePrefixHitRate = o.capacity(ctx)
 		rep.RouterSketches, rep.SketchErr = o.runSketches(ctx)
 		if rs := rep.RouterSketches; rs != nil {
 			rep.RouterHist.Sketches = map[string]*sketch.Snapshot{RowITL: &rs.ITL, RowQueue: &rs.Queue}
@@ -284,16 +289,19 @@ func (o *Observer) After(ctx context.Context, res *Result) *ServerReport {
 
 // capacity reads each replica's measured prefill rate from the router's
 // predictor (nil when it has none or the read fails: the report just
-// lacks the column), and the run's predicted prefix-cache hit rate
-// (Report.PredictedPrefixHitRate).
-func (o *Observer) capacity(ctx context.Context) (map[string]float64, float64) {
+// lacks the column), and the run's predicted and forgone prefix-cache
+// hit rates (Report.PredictedPrefixHitRate, ForgonePrefixHitRate).
+func (o *Observer) capacity(ctx context.Context) (map[string]float64, float64, float64) {
 	pools, err := o.api().Pools(ctx, o.BaseURL)
 	if err != nil {
-		return nil, -1
+		return nil, -1, -1
 	}
 	hit := -1.0
-	if prompt, cached := PrefixTotals(pools); prompt > o.prefixBefore[0] {
-		hit = float64(cached-o.prefixBefore[1]) / float64(prompt-o.prefixBefore[0])
+	forgone := -1.0
+	if t := PrefixTotals(pools); t.Prompt > o.prefixBefore.Prompt {
+		n := float64(t.Prompt - o.prefixBefore.Prompt)
+		hit = float64(t.Cached-o.prefixBefore.Cached) / n
+		forgone = float64(t.Forgone-o.prefixBefore.Forgone) / n
 	}
 	var out map[string]float64
 	for _, p := range pools {
@@ -307,7 +315,7 @@ func (o *Observer) capacity(ctx context.Context) (map[string]float64, float64) {
 			out[r.Name] = r.Predictor.PrefillTokensPerS
 		}
 	}
-	return out, hit
+	return out, hit, forgone
 }
 
 // runSketches reads the router's sketches from the window the run started

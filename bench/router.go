@@ -126,20 +126,31 @@ type RouterReplica struct {
 type RouterPrefix struct {
 	PromptTokens int64 `json:"prompt_tokens"`
 	CachedTokens int64 `json:"predicted_cached_tokens"`
+	// ForgoneTokens is how many more of those tokens another replica held.
+	ForgoneTokens int64 `json:"forgone_cached_tokens"`
 }
 
-// PrefixTotals sums the replicas' prefix index counters over pools:
-// prompt tokens placed with keys, and those predicted cached.
-func PrefixTotals(pools []RouterPool) (prompt, cached int64) {
+// PrefixCounts are the router's prefix index counters summed over its
+// replicas (PrefixTotals).
+type PrefixCounts struct {
+	Prompt  int64 // prompt tokens placed with keys
+	Cached  int64 // of those, predicted cached where they were placed
+	Forgone int64 // of those, held beyond that by another replica
+}
+
+// PrefixTotals sums the replicas' prefix index counters over pools.
+func PrefixTotals(pools []RouterPool) PrefixCounts {
+	var t PrefixCounts
 	for _, p := range pools {
 		for _, r := range p.Replicas {
 			if r.PrefixCache != nil {
-				prompt += r.PrefixCache.PromptTokens
-				cached += r.PrefixCache.CachedTokens
+				t.Prompt += r.PrefixCache.PromptTokens
+				t.Cached += r.PrefixCache.CachedTokens
+				t.Forgone += r.PrefixCache.ForgoneTokens
 			}
 		}
 	}
-	return prompt, cached
+	return t
 }
 
 // RouterPredictor is the part of a replica's learned latency model bench

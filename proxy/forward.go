@@ -93,7 +93,7 @@ func (s *Server) beginAttempt(rt *routeTable, x *exchange, rep *balancer.Replica
 	}
 	work, kv, long := x.leaseCost()
 	lease, err := rep.AcquireRequest(balancer.LeaseCost{Work: work, KV: kv, Long: long,
-		PromptTokens: int64(x.leasePrompt()), CachedTokens: int64(x.prompt.cachedTokens()), Prefix: pick.Prefix,
+		PromptTokens: int64(x.leasePrompt()), CachedTokens: int64(x.prompt.cachedTokens()), MostCached: int64(pick.MostCachedTokens()), Prefix: pick.Prefix,
 		OutputTokens: int64(max(x.cost.OutputTokens, 0)), TPOTObjective: x.cost.TPOT, Adapter: x.route.Pool.AdapterOf(x.req.Model)})
 	if err != nil {
 		// An open breaker: nothing was sent.

@@ -19,7 +19,7 @@ SPEEDS = {"even": [1, 1, 1, 1], "uneven": [1, 1, 1, 0.5]}
 ISSUE14 = ("conv85", "conv130", "burst")  # and their bounds, on the uneven fleet
 ROUTER = ("default", "default_admission_off", "default_events")
 PREFIX = ("mooncake85", "mooncake130")  # issue 51's bounds: prefix-cache hits near the ideal
-FIGURES = ("p50", "p90", "p99", "tpot", "good", "fail", "preempt", "prefix", "pred", "ideal", "kv", "lag")
+FIGURES = ("p50", "p90", "p99", "tpot", "good", "fail", "preempt", "prefix", "pred", "gave", "ideal", "kv", "lag")
 LAG_WARN = 0.05  # a run whose simulator ran this much late measured the machine, not the router
 TOL = 0.05
 
@@ -50,6 +50,7 @@ def load_run(out, run):
         prefix=hits / queries if queries else None,
         ideal=j.get("gpurouter_ideal_prefix_cache_hit_rate"),
         pred=j.get("gpurouter_router_predicted_prefix_cache_hit_rate"),
+        gave=j.get("gpurouter_router_forgone_prefix_cache_hit_rate"),
         kv=statistics.mean(kvs) if kvs else None,
         shares=[k / n for k in counts], dropped=j.get("gpurouter_dataset_dropped") or 0, lag=lag,
         in_slo=round((j.get("request_goodput") or 0) * j["duration"]), total=len(j["ttfts"]), dur=j["duration"])
@@ -72,7 +73,7 @@ def pct(v):
 
 def table(res, args):
     hdr = (f"{'workload':11} {'fleet':6} {'config':24} {'P50 TTFT':>8} {'P90':>7} {'P99':>7} {'P99 TPOT':>8} "
-           f"{'goodput':>7} {'fail':>4} {'preempt':>7} {'prefix%':>7} {'pred%':>5} {'ideal%':>6} {'KV%':>5} {'lag%':>4}  request share % (capacity %)")
+           f"{'goodput':>7} {'fail':>4} {'preempt':>7} {'prefix%':>7} {'pred%':>5} {'gave%':>5} {'ideal%':>6} {'KV%':>5} {'lag%':>4}  request share % (capacity %)")
     print(hdr)
     print("-" * len(hdr))
     for w in args.workloads:
@@ -84,7 +85,7 @@ def table(res, args):
                     shares = " ".join(f"{s * 100:.0f}" for s in r["shares"])
                     print(f"{w:11} {fl:6} {label:24} {r['p50'] / 1000:7.2f}s {r['p90'] / 1000:6.2f}s {r['p99'] / 1000:6.2f}s "
                           f"{r['tpot']:6.0f}ms {r['good']:7.2f} {r['fail']:4d} {r['preempt']:7.0f} {pct(r['prefix']):>7} "
-                          f"{pct(r['pred']):>5} {pct(r['ideal']):>6} {pct(r['kv']):>5} {pct(r['lag']):>4}  {shares} ({' '.join(f'{x * 100:.0f}' for x in cap)})")
+                          f"{pct(r['pred']):>5} {pct(r['gave']):>5} {pct(r['ideal']):>6} {pct(r['kv']):>5} {pct(r['lag']):>4}  {shares} ({' '.join(f'{x * 100:.0f}' for x in cap)})")
         late = [r for k, runs in res.items() if k[0] == w for r in runs if (r["lag"] or 0) > LAG_WARN]
         if late:
             print(f"{w}: WARNING: {len(late)} run(s) where the simulator ended its steps over {LAG_WARN * 100:.0f}% late (lag%): "

@@ -76,7 +76,9 @@
 # The table: per run P50/P90/P99 TTFT, P99 TPOT, goodput, failures, the
 # engines' preemptions, their prefix-cache hit rate over the run (hits /
 # queried tokens; for mooncake beside the ideal: one shared unbounded
-# cache), mean KV-cache use (each replica read every second, averaged), and
+# cache), the router's index beside them (pred%: the tokens it predicted
+# cached where it sent them; gave%: the tokens another replica held
+# beyond that, given up for load or an objective), mean KV-cache use (each replica read every second, averaged), and
 # each replica's share of requests (counted by the engines) beside its
 # share of capacity (its speed). Then per row (workload x fleet) the
 # verdicts against HAProxy, on the medians of the reps: default goodput

@@ -58,6 +58,10 @@ func observeAfter(ctx context.Context, obs *bench.Observer, res *bench.Result, s
 		fmt.Fprintf(stdout, "Router's prefix index: %.1f%% of the prompt tokens predicted cached where they were sent\n", 100*rep.PredictedPrefixHitRate)
 		side.extra["gpurouter_router_predicted_prefix_cache_hit_rate"] = rep.PredictedPrefixHitRate
 	}
+	if rep.ForgonePrefixHitRate >= 0 {
+		fmt.Fprintf(stdout, "Router's prefix index: %.1f%% more was cached on another replica than where they were sent (given up for load or an objective)\n", 100*rep.ForgonePrefixHitRate)
+		side.extra["gpurouter_router_forgone_prefix_cache_hit_rate"] = rep.ForgonePrefixHitRate
+	}
 	return side, nil
 }
 
