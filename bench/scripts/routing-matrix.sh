@@ -98,14 +98,19 @@
 #   REPS=3 OUT=/tmp/m1 bench/scripts/routing-matrix.sh  # medians of 3; keeps every run's files
 #   BASELINE=/tmp/m1/summary.json bench/scripts/routing-matrix.sh
 #   SERVE_CONFIG=mine.yaml CONFIGS="haproxy default" bench/scripts/routing-matrix.sh
+#   ROUTERS=4 WORKLOADS=mooncake85 CONFIGS=default_events bench/scripts/routing-matrix.sh
 #
 # Knobs: WORKLOADS, FLEETS, CONFIGS, REPS, {CONV,BURST,MOONCAKE,LONG}_PROMPTS,
 # the rates above, BIN (a gpurouter binary; built from this tree when
 # empty), OUT (keep every run's output there; default a temp dir, removed),
 # SUMMARY (default $OUT/summary.json, or ./routing-matrix-summary.json
 # without OUT), BASELINE, SERVE_CONFIG (YAML for the router's runs, without
-# pools), BASE_PORT, SEED. OUT, SUMMARY, BASELINE and SERVE_CONFIG are
-# relative to where it is started; TRACE and MOONCAKE to the repository.
+# pools), BASE_PORT, SEED, ROUTERS (that many routers, alike and sharing
+# no state, on each router run's fleet, bench spreading the requests over
+# them round robin; each one's metrics in RUN.router[K].metrics; the
+# router-side figures pred% and gave% are the first router's). OUT,
+# SUMMARY, BASELINE and SERVE_CONFIG are relative to where it is started;
+# TRACE and MOONCAKE to the repository.
 # Needs haproxy (apt-get install -y haproxy) and python3; everything runs
 # on loopback, and every process it starts is stopped on exit.
 set -euo pipefail
@@ -143,6 +148,7 @@ SHORT_PROFILE=${SHORT_PROFILE:-llama3-8b-a10}
 LONG_PROFILE=${LONG_PROFILE:-qwen3.5-9b-h100}
 MAX_MODEL_LEN=${MAX_MODEL_LEN:-131072} # the long-prompt fleet's, and bench's drop bound
 BASE_PORT=${BASE_PORT:-23501} # replicas; the router or HAProxy on BASE_PORT+100
+ROUTERS=${ROUTERS:-1} # router processes on one fleet (BASE_PORT+100, +101, ...); HAProxy is one
 SEED=${SEED:-1}
 BIN=${BIN:-}
 OUT=$(abspath "${OUT:-}")
@@ -199,7 +205,7 @@ port_free() { # PORT: nothing may answer there, or the run would measure someone
 start_fleet() { # RUN PROFILE SPEEDS [SIM FLAGS...]
   local run=$1 profile=$2 speeds=$3
   shift 3
-  for i in $(seq 0 $((nrep - 1))) 100; do port_free $((BASE_PORT + i)); done
+  for i in $(seq 0 $((nrep - 1))) $(seq 100 $((99 + ROUTERS))); do port_free $((BASE_PORT + i)); done
   local kv=()
   if [ "${run##*.}" = default_events ]; then
     for i in $(seq 0 $((nrep - 1))); do port_free $((BASE_PORT + 50 + i)); port_free $((BASE_PORT + 60 + i)); done
@@ -239,9 +245,19 @@ start_front() { # CONFIG RUN
     [ -z "$policy" ] || flags+=(--policy "$policy")
     flags+=(--pool "m=$replicas")
   fi
-  "$bin" serve --listen "127.0.0.1:$fport" "${flags[@]}" >"$out/$2.front.log" 2>&1 &
-  pids+=($!)
-  wait_up "http://127.0.0.1:$fport/ready"
+  for k in $(seq 0 $((ROUTERS - 1))); do # alike, sharing no state, as replicas of a Deployment
+    "$bin" serve --listen "127.0.0.1:$((fport + k))" "${flags[@]}" >"$out/$2.front$([ "$k" = 0 ] || echo "$k").log" 2>&1 &
+    pids+=($!)
+  done
+  for k in $(seq 0 $((ROUTERS - 1))); do wait_up "http://127.0.0.1:$((fport + k))/ready"; done
+}
+
+# fronts CONFIG: bench's --base-url flags, one a router (requests spread
+# over them round robin, as a Service does); HAProxy is always one.
+fronts() {
+  local n=$ROUTERS
+  [ "$1" != haproxy ] || n=1
+  for k in $(seq 0 $((n - 1))); do echo --base-url "http://127.0.0.1:$((fport + k))"; done
 }
 
 # engine_counts RUN: each replica's finished requests, from its own metrics
@@ -302,12 +318,13 @@ for w in $WORKLOADS; do for fl in $FLEETS; do
     run=$w.$fl.$c
     [ "$rep" = 1 ] || run=$run.r$rep
     echo "$(date -u +%H:%M:%S) $run" >&2
-    echo "${sim[*]} --speed $speeds | ${wl[*]} | slo ttft:$slo_ttft tpot:$slo_tpot headers:$SLO_HEADERS" >"$out/$run.settings"
+    echo "${sim[*]} --speed $speeds | ${wl[*]} | slo ttft:$slo_ttft tpot:$slo_tpot headers:$SLO_HEADERS$([ "$ROUTERS" = 1 ] || [ "$c" = haproxy ] || echo " routers:$ROUTERS")" >"$out/$run.settings"
     start_fleet "$run" "${sim[0]}" "$speeds" "${sim[@]:1}"
     start_front "$c" "$run"
     slo=(--header "X-Gpurouter-Slo-Ttft=${slo_ttft}ms" --header "X-Gpurouter-Slo-Tpot=${slo_tpot}ms")
     [ "$SLO_HEADERS" = 1 ] || slo=()
-    "$bin" bench --base-url "http://127.0.0.1:$fport" --model m --backend openai "${wl[@]}" --seed "$SEED" \
+    # shellcheck disable=SC2046 # fronts: flag pairs without spaces
+    "$bin" bench $(fronts "$c") --model m --backend openai "${wl[@]}" --seed "$SEED" \
       --disable-tqdm --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,99 \
       --goodput "ttft:$slo_ttft tpot:$slo_tpot" --request-timeout 600s "${engine_flags[@]}" "${slo[@]}" \
       --save-result --result-dir "$out" --result-filename "$run.json" >"$out/$run.txt" 2>&1 ||
@@ -315,7 +332,11 @@ for w in $WORKLOADS; do for fl in $FLEETS; do
     engine_counts "$run"
     # The router's own metrics at the end of the run: why admission held
     # requests (gpurouter_admission_held_total{reason}), what it shed.
-    [ "$c" = haproxy ] || curl -fsS "http://127.0.0.1:$fport/metrics" >"$out/$run.router.metrics" 2>/dev/null || true
+    if [ "$c" != haproxy ]; then
+      for k in $(seq 0 $((ROUTERS - 1))); do
+        curl -fsS "http://127.0.0.1:$((fport + k))/metrics" >"$out/$run.router$([ "$k" = 0 ] || echo "$k").metrics" 2>/dev/null || true
+      done
+    fi
     stop_all
   done; done
 done; done
