@@ -38,6 +38,12 @@ def load_run(out, run):
     usage = j.get("gpurouter_engine_usage") or []
     hits = sum(u.get("prefix_cache_hits") or 0 for u in usage)
     queries = sum(u.get("prefix_cache_queries") or 0 for u in usage)
+    if not usage:  # bench read no engine (several routers): the engines' own counters at the end
+        try:
+            rows = [line.split() for line in open(os.path.join(out, run + ".prefix")) if line.strip()]
+            hits, queries = sum(int(r[0]) for r in rows), sum(int(r[1]) for r in rows)
+        except (OSError, ValueError, IndexError):
+            pass
     kvs = [u["mean_kv_usage"] for u in usage if u.get("mean_kv_usage") is not None]
     try:  # the fleet and workload flags, so a baseline compares like with like
         settings = open(os.path.join(out, run + ".settings")).read().strip()

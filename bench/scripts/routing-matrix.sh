@@ -261,18 +261,22 @@ fronts() {
 }
 
 # engine_counts RUN: each replica's finished requests, from its own metrics
-# (RUN.counts; the fleet is fresh, so the totals are the run's), and how
-# late the simulator ended its steps, as a share of their modelled time
-# (RUN.lag): a busy machine shows there, and such a run's timings are not
-# to be trusted.
+# (RUN.counts; the fleet is fresh, so the totals are the run's), its
+# prefix-cache hits and queries (RUN.prefix: bench reads no engine when
+# it spreads a run over several routers), and how late the simulator
+# ended its steps, as a share of their modelled time (RUN.lag): a busy
+# machine shows there, and such a run's timings are not to be trusted.
 engine_counts() {
   : >"$out/$1.counts"
   : >"$out/$1.lag"
+  : >"$out/$1.prefix"
   for i in $(seq 0 $((nrep - 1))); do
     curl -fsS "http://127.0.0.1:$((BASE_PORT + i))/metrics" >"$work/metrics"
     awk '/^vllm:request_success_total/ {s += $NF} END {printf "%d ", s}' "$work/metrics" >>"$out/$1.counts"
     awk '/^gpurouter_sim_step_lag_seconds_sum/ {l = $NF} /^gpurouter_sim_step_duration_seconds_sum/ {d = $NF}
       END {printf "%.4f ", (d > 0 ? l / d : 0)}' "$work/metrics" >>"$out/$1.lag"
+    awk '/^vllm:prefix_cache_hits_total/ {h += $NF} /^vllm:prefix_cache_queries_total/ {q += $NF}
+      END {printf "%d %d\n", h, q}' "$work/metrics" >>"$out/$1.prefix"
   done
 }
 
