@@ -91,7 +91,7 @@ func (p *Predictive) Pick(r *Request, candidates []*Replica) *Replica {
 // load bound (cachedWithin). Elsewhere it would prefill its whole prompt
 // and leave the cached copy unused.
 func (p *Predictive) pickCached(r *Request, candidates []*Replica, best *Replica, miss int) *Replica {
-	if !r.roomOn || !r.prefix.found || (best != nil && r.cachedRoom(best)) {
+	if !r.roomOn || !r.prefix.found() || (best != nil && r.cachedRoom(best)) {
 		return best
 	}
 	r.roomForCache = true
@@ -121,7 +121,7 @@ func (p *Predictive) pick(r *Request, candidates []*Replica) (*Replica, int) {
 	st, sp := sloT.Seconds(), sloP.Seconds()
 	r.soonest = p.soonest(r, candidates, &pr) // for rate, within this pick
 	mean, bound := -1.0, -1.0                 // no cache or adapter affinity
-	if r.prefix.found {
+	if r.prefix.found() {
 		mean = meanLoad(candidates)
 	}
 	if r.lora.aware {

@@ -45,7 +45,7 @@ func (p *Pool) PrefillTimeCached(n int, keys []uint64, now time.Time) time.Durat
 			a, b = pr.ttftA, pr.ttftB
 		}
 		tokens := max(n, 0)
-		if r.prefix.found {
+		if r.prefix.found() {
 			tokens = r.uncached(c)
 		}
 		if t := a + b*float64(tokens); best < 0 || t < best {
@@ -72,7 +72,7 @@ func (p *Pool) HeldPrefix(n int, keys []uint64, now time.Time) int {
 	}
 	r := Request{PromptTokens: n, Prefix: keys, Now: now}
 	p.lookupPrefix(&r)
-	if !r.prefix.found {
+	if !r.prefix.found() {
 		return 0
 	}
 	reps := *p.replicas.Load()

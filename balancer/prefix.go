@@ -92,15 +92,20 @@ func (r *Replica) PrefixSlot() (int, bool) {
 // per request (retries reuse it): per index slot, how many of the
 // prompt's leading blocks that replica holds.
 type prefixMatch struct {
-	held    [prefixcache.MaxReplicas]uint16
+	held [prefixcache.MaxReplicas]uint16
+	// most is the longest of them: some replica holds a block of it when
+	// it is above 0.
+	most    uint16
 	looked  bool
 	indexed bool // the pool has an index: held says what it holds
-	found   bool // some replica holds a block of it
 	// block is the tokens of one key when the keys are the engines'
 	// blocks (an index fed by events): a hit is then exactly that many
 	// tokens a block. 0 for text keys, whose hits are a share of the prompt.
 	block int32
 }
+
+// found reports whether some replica holds a block of the prompt.
+func (m *prefixMatch) found() bool { return m.most > 0 }
 
 // lookupPrefix fills r's match from the pool's index, once.
 func (p *Pool) lookupPrefix(r *Request) {
@@ -117,7 +122,7 @@ func (p *Pool) lookupPrefix(r *Request) {
 	if !pc.Approximate {
 		r.prefix.block = int32(pc.Block())
 	}
-	r.prefix.found = pc.Index.Lookup(r.Prefix, held[:]) > 0
+	r.prefix.most = uint16(min(pc.Index.Lookup(r.Prefix, held[:]), 1<<16-1))
 	for i, n := range held {
 		r.prefix.held[i] = uint16(min(n, 1<<16-1))
 	}
@@ -149,11 +154,7 @@ func (r *Request) MostCachedTokens() int {
 	if !r.prefix.looked || len(r.Prefix) == 0 {
 		return 0
 	}
-	most := uint16(0)
-	for _, n := range r.prefix.held {
-		most = max(most, n)
-	}
-	return r.heldTokens(most)
+	return r.heldTokens(r.prefix.most)
 }
 
 // heldTokens is the prompt tokens of n leading keys held: whole engine
