@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"math"
+	"strconv"
 	"time"
 )
 
@@ -17,6 +18,9 @@ const (
 	// metricLoRASwaps is the simulator's own count of LoRA adapters
 	// swapped into GPU slots, by source (cpu, disk): vLLM has none.
 	metricLoRASwaps = "gpurouter_sim_lora_swaps_total"
+	// metricLoRAInfo is vLLM's adapter state, whose newest series (its
+	// value is a timestamp) carries the engine's max_lora label.
+	metricLoRAInfo = "vllm:lora_requests_info"
 )
 
 // EngineSampler reads every engine's /metrics while a run goes on: the KV
@@ -50,6 +54,7 @@ type engineCounters struct {
 	hasKV                          bool
 	swapsCPU, swapsDisk            float64
 	hasSwaps                       bool
+	maxLoRAs                       int
 	pd                             PDUsage
 }
 
@@ -72,6 +77,9 @@ type EngineUsage struct {
 	// exposes that counter (a real vLLM does not).
 	LoRASwapsCPU, LoRASwapsDisk float64
 	LoRASwapsRead               bool
+	// MaxLoRAs are the engine's GPU adapter slots (max_lora of its
+	// vllm:lora_requests_info at the last read); 0 when it exposes none.
+	MaxLoRAs int
 	// PD is the engine's request phases and KV reads between the first
 	// and the last read, for a split fleet's PDPhases.
 	PD PDUsage
@@ -132,6 +140,7 @@ func (s *EngineSampler) Finish(ctx context.Context) []EngineUsage {
 			out[i].PrefixCacheQueries = l.queries - f.queries
 			out[i].Preemptions = l.preemptions - f.preemptions
 			out[i].PD = l.pd.sub(f.pd)
+			out[i].MaxLoRAs = l.maxLoRAs
 			if f.hasSwaps && l.hasSwaps {
 				out[i].LoRASwapsCPU, out[i].LoRASwapsDisk = l.swapsCPU-f.swapsCPU, l.swapsDisk-f.swapsDisk
 				out[i].LoRASwapsRead = true
@@ -174,6 +183,7 @@ func countersOf(snap Snapshot) engineCounters {
 	c.swapsCPU, nc = snap.sumWhere(metricLoRASwaps, "source", "cpu")
 	c.swapsDisk, nd = snap.sumWhere(metricLoRASwaps, "source", "disk")
 	c.hasSwaps = nc+nd > 0
+	c.maxLoRAs = snap.maxLoRAs()
 	c.pd = pdUsageOf(snap)
 	kv, n := snap.sum(metricKVUsage)
 	if n == 0 {
@@ -263,4 +273,28 @@ func TotalLoRASwaps(us []EngineUsage, requests int) *LoRASwaps {
 		out.Disk += u.LoRASwapsDisk
 	}
 	return out
+}
+
+// maxLoRAs reads max_lora from the newest series of vLLM's
+// vllm:lora_requests_info (a gauge whose value is when its label set was
+// last current); 0 without one.
+func (s Snapshot) maxLoRAs() int {
+	fam := s[metricLoRAInfo]
+	if fam == nil {
+		return 0
+	}
+	newest, slots := math.Inf(-1), 0
+	for _, m := range fam.GetMetric() {
+		if v := m.GetGauge().GetValue(); m.GetGauge() == nil || !(v > newest) { // NaN too
+			continue
+		}
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "max_lora" {
+				if n, err := strconv.Atoi(l.GetValue()); err == nil && n > 0 {
+					newest, slots = m.GetGauge().GetValue(), n
+				}
+			}
+		}
+	}
+	return slots
 }

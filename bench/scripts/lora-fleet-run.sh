@@ -82,20 +82,23 @@ for f in fronts:
                 hot[rep] = hot.get(rep, 0) + v
     reqs = sum(by_rep.values()) or 1
     sw = (d.get("gpurouter_lora_swaps") or {}).get("per_1000_requests", float("nan"))
-    rows[f] = dict(ttft=d.get("p99_ttft_ms"), goodput=d.get("request_goodput"), thr=d.get("request_throughput"),
+    fl = d.get("gpurouter_lora_swap_floor") or {}
+    rows[f] = dict(offline=fl.get("offline_per_1000_requests", float("nan")), online=fl.get("online_per_1000_requests", float("nan")),
+                   ttft=d.get("p99_ttft_ms"), goodput=d.get("request_goodput"), thr=d.get("request_throughput"),
                    done=d.get("completed"), failed=d.get("failed", 0), swaps=sw,
                    share={r: v / reqs for r, v in sorted(by_rep.items())},
                    hot={r: v / (sum(hot.values()) or 1) for r, v in sorted(hot.items())})
-print(f"\n| front | completed | failed | P99 TTFT (ms) | goodput (req/s) | throughput (req/s) | swaps / 1k req | share of requests by replica | share of lora-0's by replica |")
-print("|---|---|---|---|---|---|---|---|---|")
+print(f"\n| front | completed | failed | P99 TTFT (ms) | goodput (req/s) | throughput (req/s) | swaps / 1k req | floor: offline, online | share of requests by replica | share of lora-0's by replica |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 fmt = lambda m: " ".join(f"{r}:{100*v:.0f}%" for r, v in m.items())
 for f, r in rows.items():
-    print(f"| {f} | {r['done']} | {r['failed']} | {r['ttft']:.0f} | {r['goodput']:.2f} | {r['thr']:.2f} | {r['swaps']:.1f} | {fmt(r['share'])} | {fmt(r['hot'])} |")
+    print(f"| {f} | {r['done']} | {r['failed']} | {r['ttft']:.0f} | {r['goodput']:.2f} | {r['thr']:.2f} | {r['swaps']:.1f} | {r['offline']:.1f}, {r['online']:.1f} | {fmt(r['share'])} | {fmt(r['hot'])} |")
 first = fronts[0]
 for f in fronts[1:]:
     a, b = rows[first], rows[f]
     print(f"{first} vs {f}: P99 TTFT {b['ttft'] / a['ttft']:.2f}x lower, goodput {a['goodput'] / max(b['goodput'], 1e-9):.2f}x higher, "
-          f"swaps {b['swaps'] / max(a['swaps'], 1e-9):.2f}x fewer")
+          f"swaps {b['swaps'] / max(a['swaps'], 1e-9):.2f}x fewer; the most fewer swaps any placement that takes "
+          f"each request as it comes could give: {b['swaps'] / max(a['online'], 1e-9):.2f}x ({b['swaps'] / max(a['offline'], 1e-9):.2f}x knowing every request ahead)")
 for f, r in rows.items():
     top = max(r["share"].values()) if r["share"] else 0
     print(f"{f}: largest replica share {100*top:.0f}% = {top * n:.2f}x its capacity share; lora-0 on {sum(1 for v in r['hot'].values() if v > 0.05)} replicas (>5% of its requests)")

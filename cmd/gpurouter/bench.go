@@ -214,6 +214,9 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	if swaps != nil {
 		printLoRASwaps(stdout, swaps, extra)
 	}
+	if fl, ok := loraSwapFloor(res.Records, usage, s.adapters); ok {
+		printLoRASwapFloor(stdout, fl, extra)
+	}
 	if *f.saveResult {
 		name := *f.resultFilename
 		if name == "" {

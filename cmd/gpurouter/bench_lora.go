@@ -127,3 +127,36 @@ func printLoRASwaps(w io.Writer, sw *bench.LoRASwaps, extra map[string]any) {
 	}
 	extra["gpurouter_lora_swaps"] = map[string]any{"cpu": sw.CPU, "disk": sw.Disk, "requests": sw.Requests, "per_1000_requests": per}
 }
+
+// loraSwapFloor is the fewest swaps any placement could have made on the
+// run (bench.SwapFloor), over the GPU slots the engines report; false when
+// no request named an adapter or no engine reported its slots.
+func loraSwapFloor(recs []bench.Record, usage []bench.EngineUsage, m bench.AdapterMix) (bench.SwapFloor, bool) {
+	slots := 0
+	for _, u := range usage {
+		slots += u.MaxLoRAs
+	}
+	if slots == 0 || len(m.Names) == 0 {
+		return bench.SwapFloor{}, false
+	}
+	var shares []float64
+	if !m.RoundRobin {
+		shares = m.Shares()
+	}
+	f := bench.LoRASwapFloor(recs, slots, shares)
+	return f, f.Requests > 0
+}
+
+// printLoRASwapFloor prints the swap floor beside the measured swaps and
+// adds it to the result file's keys.
+func printLoRASwapFloor(w io.Writer, f bench.SwapFloor, extra map[string]any) {
+	fmt.Fprintf(w, "LoRA swaps no placement goes below, over the fleet's %d GPU slots: %.1f per 1,000 requests knowing every request ahead (Belady)",
+		f.Slots, f.PerKilo(float64(f.Offline)))
+	floor := map[string]any{"slots": f.Slots, "requests": f.Requests, "offline": f.Offline, "offline_per_1000_requests": f.PerKilo(float64(f.Offline))}
+	if !math.IsNaN(f.Online) {
+		fmt.Fprintf(w, ", %.1f expected placing each request as it comes", f.PerKilo(f.Online))
+		floor["online"], floor["online_per_1000_requests"] = f.Online, f.PerKilo(f.Online)
+	}
+	fmt.Fprintln(w)
+	extra["gpurouter_lora_swap_floor"] = floor
+}
