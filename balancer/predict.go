@@ -199,6 +199,18 @@ func (r *Replica) predict(prompt int, e *EngineLoad, now time.Time, p *prior) (t
 	return ttft, tpot
 }
 
+// tpotUnstretched is the replica's predicted TPOT without the stretch of
+// the prompts still to arrive there (prefillLoad): the step of its batch
+// with one more request, or what the router sees it stream now when that
+// is longer.
+func (r *Replica) tpotUnstretched(now time.Time, p *prior) float64 {
+	c, d, ok := r.pred.tpot.coeffs()
+	if !ok {
+		c, d = p.tpotA, p.tpotB
+	}
+	return max(c+d*float64(r.inFlight.Load()+1), r.liveITL(now))
+}
+
 // liveITL is the replica's inter-token latency as the router sees it
 // stream now — an EWMA over every output chunk of every request decoding
 // there — or 0 when none has streamed for liveITLFresh. It is the step a
