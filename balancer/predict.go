@@ -440,8 +440,25 @@ func (l Lease) ObserveDecode(tokens int, d time.Duration) {
 	}
 	l.r.ObserveDecode(tokens, d)
 	if !l.st.prefilling && l.st.inFlight > 0 {
-		l.r.learnTPOT(l.st.inFlight, tokens, d.Seconds(), float64(l.r.pred.promptSent.Load()-l.st.decodeFrom))
+		during := float64(l.r.pred.promptSent.Load()-l.st.decodeFrom) + l.r.othersPrompt(d.Seconds(), l.r.now())
+		l.r.learnTPOT(l.st.inFlight, tokens, d.Seconds(), during)
 	}
+}
+
+// othersPrompt is the prompt tokens the other routers are expected to have
+// placed on the replica over the last d seconds: their arrival rate there
+// (EngineLoad.OthersPerS, from the fresh snapshot at now) at the mean
+// prompt, as prefillLoad counts them; 0 with one router. A decode there
+// was stretched by their prefills as by this router's, and the step fit
+// must not learn that stretch as the batch's step: prefillLoad predicts
+// it from the same rate, and counted twice it made every busy replica
+// look over the TPOT objective to a router sharing the fleet with others.
+func (r *Replica) othersPrompt(d float64, now time.Time) float64 {
+	e := r.freshEngine(now)
+	if e == nil || !(e.OthersPerS > 0) || !(d > 0) {
+		return 0
+	}
+	return e.OthersPerS * d * math.Float64frombits(r.pred.meanPrompt.Load())
 }
 
 // ObserveGap records the time between two output chunks of the request,
