@@ -223,12 +223,11 @@ func (p *Predictive) soonest(r *Request, candidates []*Replica, pr *prior) float
 // batch's step or what it streams now (tpotUnstretched). The stretch is
 // a rate over the coming seconds, and where c holds the prompt, the
 // request adds a few blocks to it; anywhere else it adds the whole prompt
-// to another replica's. With four routers on one fleet (Mooncake rows,
-// events on) that stretch alone put the replica holding the prompt over
-// the objective in most of the picks that gave its cache up — 4–9 of
-// each router's 10–15 picks with a cached prefix, 40–50% of the tokens
-// cached anywhere — and the engines hit 44–49% of the ideal against
-// one router's 80–83%.
+// to another replica's. With several routers on one fleet, that stretch
+// alone put the replica holding the prompt over the objective in most of
+// the picks that gave its cache up, and four routers found half the hits
+// one router finds (docs/routing-matrix.md, "why four routers gave the
+// cache up").
 func (p *Predictive) rate(c *Replica, r *Request, pr *prior, st, sp float64, holds bool) (miss int, cost, load float64) {
 	e, stale := p.cfg.freshEngine(c, r.Now)
 	var joins EngineLoad

@@ -13,7 +13,7 @@ import (
 // prompt. It still loses the request when its own batch's step is over
 // the objective — a slow replica stays slow, cache or not.
 func TestPredictiveKeepsTheCacheOverAPredictedPrefillStretch(t *testing.T) {
-	stretch := func(t *testing.T, pool *balancer.Pool, r *balancer.Replica, c *fakeClock) {
+	stretch := func(t *testing.T, r *balancer.Replica, c *fakeClock) {
 		t.Helper()
 		// 8,000-token prompts back to back, each prefilled in 0.4 s at
 		// 50 µs a token: its prefill is busy all the time, and its
@@ -36,7 +36,7 @@ func TestPredictiveKeepsTheCacheOverAPredictedPrefillStretch(t *testing.T) {
 	t.Run("stretch only", func(t *testing.T) {
 		pool, rs, idx, c := prefixPool(t, "predictive", 2, false)
 		idx.Store(0, keys(3, 1000)[:900]) // rs[0] holds 14,400 of the 16,000 tokens
-		stretch(t, pool, rs[0], c)
+		stretch(t, rs[0], c)
 		r := req(c)
 		if _, tpot := rs[0].Predict(1600, c.now()); tpot <= 50*time.Millisecond {
 			t.Fatalf("set-up: %v predicted TPOT on the stretched replica, want over the 50 ms objective", tpot)
@@ -60,7 +60,7 @@ func TestPredictiveKeepsTheCacheOverAPredictedPrefillStretch(t *testing.T) {
 			l.Done(nil)
 			c.advance(10 * time.Second)
 		}
-		stretch(t, pool, rs[0], c)
+		stretch(t, rs[0], c)
 		if got := pool.Pick(req(c)); got != rs[1] {
 			t.Fatalf("picked %s, want %s: %s's own step (80 ms) is over the 50 ms objective", got.Name(), rs[1].Name(), rs[0].Name())
 		}
