@@ -3,8 +3,9 @@ package bench
 import (
 	"context"
 	"math"
-	"strconv"
 	"time"
+
+	"github.com/gpurouter/gpurouter/gpu"
 )
 
 // Engine gauges and counters the sampler reads (vLLM V1 names; the KV
@@ -275,26 +276,9 @@ func TotalLoRASwaps(us []EngineUsage, requests int) *LoRASwaps {
 	return out
 }
 
-// maxLoRAs reads max_lora from the newest series of vLLM's
-// vllm:lora_requests_info (a gauge whose value is when its label set was
-// last current); 0 without one.
+// maxLoRAs is the engine's max_lora, as the router reads it from the
+// newest series of vllm:lora_requests_info (gpu.LoRAInfo); 0 without one.
 func (s Snapshot) maxLoRAs() int {
-	fam := s[metricLoRAInfo]
-	if fam == nil {
-		return 0
-	}
-	newest, slots := math.Inf(-1), 0
-	for _, m := range fam.GetMetric() {
-		if v := m.GetGauge().GetValue(); m.GetGauge() == nil || !(v > newest) { // NaN too
-			continue
-		}
-		for _, l := range m.GetLabel() {
-			if l.GetName() == "max_lora" {
-				if n, err := strconv.Atoi(l.GetValue()); err == nil && n > 0 {
-					newest, slots = m.GetGauge().GetValue(), n
-				}
-			}
-		}
-	}
-	return slots
+	l, _ := gpu.LoRAInfo(s[metricLoRAInfo])
+	return l.MaxLoRAs
 }

@@ -175,17 +175,18 @@ func parseVLLM(mfs map[string]*dto.MetricFamily) *EngineStats {
 		s.RequestsFinished = uint64(max(0, sum))
 		s.Reported |= FieldFinished
 	}
-	if l, ok := loraInfo(mfs[vllmLoRAInfo]); ok {
+	if l, ok := LoRAInfo(mfs[vllmLoRAInfo]); ok {
 		s.LoRA = l
 		s.Reported |= FieldLoRA
 	}
 	return s
 }
 
-// loraInfo reads vllm:lora_requests_info's newest series (the largest
+// LoRAInfo reads vllm:lora_requests_info's newest series (the largest
 // value; of equal ones, the last): false when there is none, or when its
-// max_lora is not a positive number (LoRA off).
-func loraInfo(mf *dto.MetricFamily) (LoRAStats, bool) {
+// max_lora is not a positive number (LoRA off). bench reads an engine's
+// GPU adapter slots with it too.
+func LoRAInfo(mf *dto.MetricFamily) (LoRAStats, bool) {
 	if mf == nil {
 		return LoRAStats{}, false
 	}
