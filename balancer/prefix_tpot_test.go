@@ -49,17 +49,7 @@ func TestPredictiveKeepsTheCacheOverAPredictedPrefillStretch(t *testing.T) {
 	t.Run("slow batch", func(t *testing.T) {
 		pool, rs, idx, c := prefixPool(t, "predictive", 2, false)
 		idx.Store(0, keys(3, 1000)[:900])
-		for range 40 { // rs[0] now decodes at 80 ms a token
-			l, err := rs[0].AcquireRequest(balancer.LeaseCost{PromptTokens: 1000})
-			if err != nil {
-				t.Fatal(err)
-			}
-			c.advance(50 * time.Millisecond)
-			l.PrefillDone()
-			l.ObserveDecode(20, 19*80*time.Millisecond)
-			l.Done(nil)
-			c.advance(10 * time.Second)
-		}
+		teach(t, rs[0], c, 40, 1000, 50*time.Microsecond, 0, 80*time.Millisecond) // rs[0] now decodes at 80 ms a token
 		stretch(t, rs[0], c)
 		if got := pool.Pick(req(c)); got != rs[1] {
 			t.Fatalf("picked %s, want %s: %s's own step (80 ms) is over the 50 ms objective", got.Name(), rs[1].Name(), rs[0].Name())
